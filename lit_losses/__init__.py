@@ -1,0 +1,27 @@
+"""lit_losses: PyTorch Lightning integration for language models trained with custom losses."""
+
+from lit_losses.aggregation import AGG_MODES, GlobalStats, MaskStats, aggregate, token_weights
+from lit_losses.data import TextDataModule
+from lit_losses.heads import FusedLMHead, HeadOutput
+from lit_losses.models import TinyLM, TinyTransformer
+from lit_losses.module import LossContext, LossOutput, RegularizedLM
+from lit_losses.optim import OptimizerConfig
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AGG_MODES",
+    "FusedLMHead",
+    "GlobalStats",
+    "HeadOutput",
+    "LossContext",
+    "LossOutput",
+    "MaskStats",
+    "OptimizerConfig",
+    "RegularizedLM",
+    "TextDataModule",
+    "TinyLM",
+    "TinyTransformer",
+    "aggregate",
+    "token_weights",
+]

@@ -1,0 +1,65 @@
+"""Aggregation modes: how a per-token loss matrix becomes one number, with global denominators.
+
+With ``m`` the mask, ``N`` the global number of valid tokens, ``S`` the global number of sequences
+with a valid token and ``n_s`` the number of valid tokens of sequence ``s`` (complete within a
+micro-batch), the loss of a micro-batch is ``Σ_t w_t · L_t`` with
+
+=======================  ==================  =========================================
+mode                     ``w_t``             global value
+=======================  ==================  =========================================
+``token-mean``           ``m_t / N``         ``Σ_t L_t / N``
+``token-sum``            ``m_t``             ``Σ_t L_t``
+``seq-mean-token-sum``   ``m_t / S``         ``(1/S) Σ_s Σ_{t∈s} L_t``
+``seq-mean-token-mean``  ``m_t / (S·n_s)``   ``(1/S) Σ_s (1/n_s) Σ_{t∈s} L_t``
+=======================  ==================  =========================================
+
+Summed over every micro-batch of every rank these give exactly the loss of the global batch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from lit_losses.aggregation.stats import MaskStats, sequence_ids
+
+AggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"]
+AGG_MODES: tuple[str, ...] = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean")
+
+
+def check_mode(mode: str, where: str = "agg") -> str:
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r} (from {where}); choose among {AGG_MODES}")
+    return mode
+
+
+def token_weights(
+    mask: Tensor, mode: str, stats: MaskStats, segment_ids: Tensor | None = None, dtype=torch.float32
+) -> Tensor:
+    """Per-position weights ``w`` (0 where ``mask`` is False) with ``loss = Σ w · L`` (see module doc)."""
+    check_mode(mode)
+    mask = mask.bool()
+    m = mask.to(dtype)
+    if mode == "token-sum":
+        return m
+    if mode == "token-mean":
+        return m / max(stats.num_tokens, 1)
+    if mode == "seq-mean-token-sum":
+        return m / max(stats.num_sequences, 1)
+    ids = sequence_ids(mask, segment_ids)
+    lengths = torch.bincount(ids[mask], minlength=int(ids.max()) + 1 if ids.numel() else 1).to(dtype)
+    return m / (lengths[ids].clamp_min(1) * max(stats.num_sequences, 1))
+
+
+def aggregate(
+    loss_mat: Tensor, mask: Tensor, mode: str, stats: MaskStats, segment_ids: Tensor | None = None
+) -> Tensor:
+    """``Σ_t w_t · loss_mat_t`` with the weights of ``mode`` (masked positions never contribute)."""
+    if loss_mat.shape != mask.shape:
+        raise ValueError(
+            f"loss matrix shape {tuple(loss_mat.shape)} differs from the mask shape {tuple(mask.shape)}"
+        )
+    w = token_weights(mask, mode, stats, segment_ids, dtype=loss_mat.dtype)
+    return (w * torch.where(mask.bool(), loss_mat, torch.zeros_like(loss_mat))).sum()

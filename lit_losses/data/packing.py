@@ -1,0 +1,150 @@
+"""Packing tokenized documents into rows, and rows into micro-batches of a token budget.
+
+A *piece* is a run of at most ``seq_len`` tokens of one document (long documents are cut into
+several pieces). A *row* holds one or more whole pieces (packing) or exactly one (no packing).
+A *micro-batch* holds as many rows as fit ``rows × longest row ≤ tokens_per_batch``, so the number of
+rows and of sequences varies from one micro-batch to the next.
+
+Row layout, for pieces ``a`` then ``b``::
+
+    input_ids     a0 a1 a2 b0 b1 PAD
+    labels        a1 a2 -100 b1 -100 -100      (-100: no next token in the same document)
+    segment_ids   1  1  1  2  2  0             (0: padding)
+    position_ids  0  1  2  0  1  0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Pieces:
+    """Pieces as ``(start, length)`` into one flat token tensor."""
+
+    tokens: Tensor
+    starts: Tensor
+    lengths: Tensor
+
+    @classmethod
+    def from_documents(cls, documents: list[list[int]], seq_len: int) -> Pieces:
+        """Concatenate ``documents`` and cut each into pieces of at most ``seq_len`` tokens."""
+        flat, starts, lengths, offset = [], [], [], 0
+        for doc in documents:
+            flat.extend(doc)
+            for s in range(0, len(doc), seq_len):
+                starts.append(offset + s)
+                lengths.append(min(seq_len, len(doc) - s))
+            offset += len(doc)
+        return cls(
+            torch.tensor(flat, dtype=torch.int32),
+            torch.tensor(starts, dtype=torch.int64),
+            torch.tensor(lengths, dtype=torch.int64),
+        )
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+
+def pack_rows(lengths: list[int], seq_len: int, packing: bool) -> list[list[int]]:
+    """Group piece indices into rows: greedily in order (packing) or one piece per row, by length."""
+    if not packing:
+        return [[i] for i in sorted(range(len(lengths)), key=lambda i: lengths[i])]
+    rows, current, used = [], [], 0
+    for i, n in enumerate(lengths):
+        if current and used + n > seq_len:
+            rows.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += n
+    if current:
+        rows.append(current)
+    return rows
+
+
+def batch_rows(row_lengths: list[int], tokens_per_batch: int) -> list[list[int]]:
+    """Consecutive rows per micro-batch while ``rows × longest ≤ tokens_per_batch``."""
+    batches, current, longest = [], [], 0
+    for r, n in enumerate(row_lengths):
+        new_longest = max(longest, n)
+        if current and (len(current) + 1) * new_longest > tokens_per_batch:
+            batches.append(current)
+            current, new_longest = [], n
+        current.append(r)
+        longest = new_longest
+    if current:
+        batches.append(current)
+    return batches
+
+
+def collate_rows(pieces: Pieces, rows: list[list[int]], pad_id: int, ignore_index: int = -100) -> dict:
+    """Build the padded micro-batch tensors (see the module docstring for the layout)."""
+    widths = [int(pieces.lengths[row].sum()) for row in rows]
+    B, T = len(rows), max(widths)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    labels = torch.full((B, T), ignore_index, dtype=torch.long)
+    segment_ids = torch.zeros((B, T), dtype=torch.long)
+    position_ids = torch.zeros((B, T), dtype=torch.long)
+    for b, row in enumerate(rows):
+        col = 0
+        for seg, p in enumerate(row, start=1):
+            start, n = int(pieces.starts[p]), int(pieces.lengths[p])
+            toks = pieces.tokens[start : start + n].long()
+            input_ids[b, col : col + n] = toks
+            labels[b, col : col + n - 1] = toks[1:]
+            segment_ids[b, col : col + n] = seg
+            position_ids[b, col : col + n] = torch.arange(n)
+            col += n
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "segment_ids": segment_ids,
+        "position_ids": position_ids,
+    }
+
+
+class MicroBatchDataset(torch.utils.data.Dataset):
+    """Item ``i`` is the whole micro-batch ``i`` (use ``DataLoader(batch_size=None)``).
+
+    Indexing micro-batches rather than rows keeps token budgets intact under Lightning's automatic
+    ``DistributedSampler`` (which shards and shuffles the micro-batch indices) and ``num_workers > 0``.
+    """
+
+    def __init__(
+        self, pieces: Pieces, seq_len: int, tokens_per_batch: int, packing: bool, pad_id: int
+    ) -> None:
+        self.pieces, self.pad_id = pieces, pad_id
+        self.rows = pack_rows(pieces.lengths.tolist(), seq_len, packing)
+        row_lengths = [int(pieces.lengths[row].sum()) for row in self.rows]
+        self.batches = batch_rows(row_lengths, tokens_per_batch)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        return collate_rows(self.pieces, [self.rows[r] for r in self.batches[index]], self.pad_id)
+
+
+class EpochShuffleSampler(torch.utils.data.Sampler[int]):
+    """A permutation of ``range(length)`` that depends only on ``seed`` and the epoch.
+
+    Unlike ``shuffle=True`` (seeded from the global RNG), the order of an epoch is the same in a
+    resumed run as in an uninterrupted one. Lightning calls ``set_epoch``, and under DDP wraps this
+    sampler so that each rank gets its shard.
+    """
+
+    def __init__(self, length: int, seed: int = 0) -> None:
+        self.length, self.seed, self.epoch = length, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(self.length, generator=generator).tolist())

@@ -1,0 +1,187 @@
+"""`TextDataModule`: text files or JSONL → byte-level BPE → packed micro-batches of a token budget."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+import sysconfig
+from pathlib import Path
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from lit_losses.data.packing import EpochShuffleSampler, MicroBatchDataset, Pieces
+from lit_losses.data.tokenizer import (
+    EOS_TOKEN,
+    MIN_VOCAB_SIZE,
+    PAD_TOKEN,
+    corpus_fingerprint,
+    load_or_train_tokenizer,
+)
+
+#: Folders of the standard library left out of the default corpus (tests and generated tables).
+_STDLIB_EXCLUDED = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo"}
+
+
+def stdlib_sources() -> list[str]:
+    """The standard library's own ``.py`` files (sorted): real text shipped with every Python."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [
+        p
+        for p in root.rglob("*.py")
+        if not _STDLIB_EXCLUDED.intersection(p.relative_to(root).parts)
+    ]
+    return sorted(str(p) for p in files)
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("LIT_LOSSES_CACHE", Path.home() / ".cache" / "lit_losses"))
+
+
+class TextDataModule(L.LightningDataModule):
+    """Train/validation micro-batches of packed, tokenized text.
+
+    Documents are whole text files, or the ``text_field`` of each line of ``.jsonl`` files; with no
+    ``paths``, the standard library's ``.py`` sources. A byte-level BPE tokenizer is trained on the
+    training documents (or loaded from ``cache_dir``). Documents (each followed by an end-of-text
+    token) are shuffled with ``seed``, split into train/validation, cut into pieces of at most
+    ``seq_len`` tokens, packed into rows and grouped into micro-batches of at most ``tokens_per_batch``
+    tokens (padding included). See `lit_losses.data.packing` for the row layout.
+
+    Args:
+        paths: file globs (text files or ``.jsonl``); default: the standard library sources.
+        text_field: JSONL field holding the text.
+        vocab_size: tokenizer vocabulary size (special tokens included).
+        seq_len: longest row, in tokens (≥ 2).
+        tokens_per_batch: token budget of a micro-batch (rows × longest row, ≥ ``seq_len``).
+        packing: pack several documents per row (else one document piece per row).
+        val_fraction: fraction of documents held out for validation.
+        max_documents: use only the first documents (after the seeded shuffle); ``None``: all.
+        seed: seed of the document shuffle.
+        cache_dir: where the tokenizer is cached (default ``$LIT_LOSSES_CACHE`` or
+            ``~/.cache/lit_losses``).
+        num_workers: DataLoader workers.
+    """
+
+    def __init__(
+        self,
+        paths: list[str] | None = None,
+        text_field: str = "text",
+        vocab_size: int = 32768,
+        seq_len: int = 256,
+        tokens_per_batch: int = 4096,
+        packing: bool = True,
+        val_fraction: float = 0.02,
+        max_documents: int | None = None,
+        seed: int = 0,
+        cache_dir: str | None = None,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if vocab_size < MIN_VOCAB_SIZE:
+            raise ValueError(
+                f"data.vocab_size={vocab_size} is smaller than the byte-level alphabet plus special "
+                f"tokens ({MIN_VOCAB_SIZE})"
+            )
+        if seq_len < 2:
+            raise ValueError(f"data.seq_len={seq_len} must be >= 2 (a label needs a next token)")
+        if tokens_per_batch < seq_len:
+            raise ValueError(
+                f"data.tokens_per_batch={tokens_per_batch} is smaller than one sequence (seq_len={seq_len})"
+            )
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction={val_fraction} must be in [0, 1)")
+        if max_documents is not None and max_documents < 1:
+            raise ValueError(f"data.max_documents={max_documents} must be >= 1")
+        self.save_hyperparameters()
+        self.paths, self.text_field = paths, text_field
+        self.vocab_size, self.seq_len, self.tokens_per_batch = vocab_size, seq_len, tokens_per_batch
+        self.packing, self.val_fraction, self.max_documents = packing, val_fraction, max_documents
+        self.seed, self.num_workers = seed, num_workers
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.sources = self._resolve_sources()
+        self.tokenizer = None
+        self.train_set: MicroBatchDataset | None = None
+        self.val_set: MicroBatchDataset | None = None
+
+    # ---- corpus ------------------------------------------------------------------------------
+    def _resolve_sources(self) -> list[str]:
+        if not self.paths:
+            return stdlib_sources()
+        sources: list[str] = []
+        for pattern in self.paths:
+            matches = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise FileNotFoundError(f"data.paths entry {pattern!r} matches no file")
+            sources.extend(matches)
+        return sources
+
+    def _read_documents(self) -> list[str]:
+        documents: list[str] = []
+        for src in self.sources:
+            text = Path(src).read_text(encoding="utf-8", errors="replace")
+            if src.endswith(".jsonl"):
+                for lineno, line in enumerate(text.splitlines(), start=1):
+                    if not line.strip():
+                        continue
+                    record = json.loads(line)
+                    if self.text_field not in record:
+                        raise KeyError(f"{src}:{lineno} has no field data.text_field={self.text_field!r}")
+                    documents.append(str(record[self.text_field]))
+            else:
+                documents.append(text)
+        documents = [d for d in documents if d.strip()]
+        if not documents:
+            raise ValueError(f"the corpus is empty: no non-blank document in {len(self.sources)} source(s)")
+        random.Random(self.seed).shuffle(documents)
+        return documents[: self.max_documents] if self.max_documents else documents
+
+    def _split(self, documents: list[str]) -> tuple[list[str], list[str]]:
+        n_val = round(len(documents) * self.val_fraction)
+        if self.val_fraction > 0 and len(documents) > 1:
+            n_val = max(1, n_val)
+        return documents[n_val:], documents[:n_val]
+
+    def _tokenizer_cache_file(self) -> Path:
+        key = corpus_fingerprint(self.sources, f"{self.vocab_size}|{self.seed}|{self.max_documents}")
+        return self.cache_dir / "tokenizers" / f"bpe-{self.vocab_size}-{key}.json"
+
+    # ---- Lightning hooks ---------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Train and cache the tokenizer once (rank 0)."""
+        train_docs, _ = self._split(self._read_documents())
+        load_or_train_tokenizer(train_docs, self.vocab_size, self._tokenizer_cache_file())
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        train_docs, val_docs = self._split(self._read_documents())
+        self.tokenizer = load_or_train_tokenizer(train_docs, self.vocab_size, self._tokenizer_cache_file())
+        eos, self.pad_id = self.tokenizer.token_to_id(EOS_TOKEN), self.tokenizer.token_to_id(PAD_TOKEN)
+
+        def build(docs: list[str]) -> MicroBatchDataset:
+            ids = [enc.ids + [eos] for enc in self.tokenizer.encode_batch(docs)]
+            pieces = Pieces.from_documents(ids, self.seq_len)
+            return MicroBatchDataset(pieces, self.seq_len, self.tokens_per_batch, self.packing, self.pad_id)
+
+        self.train_set = build(train_docs)
+        self.val_set = build(val_docs) if val_docs else None
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(
+            self.train_set,
+            batch_size=None,
+            sampler=EpochShuffleSampler(len(self.train_set), self.seed),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> DataLoader | list:
+        if self.val_set is None:
+            return []
+        return DataLoader(self.val_set, batch_size=None, shuffle=False, num_workers=self.num_workers)
+
+    def predict_dataloader(self) -> DataLoader | list:
+        return self.val_dataloader()

@@ -1,0 +1,191 @@
+"""The ``chunked`` backend: a pure-PyTorch fused output head that never materializes ``[N, V]`` logits.
+
+Notation for one token: ``z = W h + b`` (logits), ``lse = log Σ_v e^{z_v}``, ``p = softmax(z)``,
+``ℓ = z_y − lse`` (log-probability of the target ``y``), ``H = lse − Σ_v p_v z_v`` (entropy).
+Given upstream gradients ``(g_ℓ, g_lse, g_H)`` the logit gradient is
+
+    ∂/∂z_v = g_ℓ (δ_vy − p_v) + g_lse p_v − g_H p_v (z_v − lse + H)
+           = p_v [g_lse − g_ℓ − g_H (log p_v + H)] + g_ℓ δ_vy,
+
+and ``∂/∂h = (∂/∂z) W``, ``∂/∂W = (∂/∂z)ᵀ h``, ``∂/∂b = Σ_t ∂/∂z``. Forward keeps only ``O(N)`` state
+(``lse``, ``H``) and backward recomputes the logits chunk by chunk, folding each token's upstream
+gradient into ``∂/∂z`` before the weight-gradient matmul: four ``N·D·V`` matmuls in all.
+
+`ChunkedWeightedCE` is the plain cross-entropy fast path: when the loss is ``Σ_t w_t (−ℓ_t)`` with
+weights known in forward (global denominators), the gradients are computed during forward and
+backward only rescales them: three matmuls, no recompute.
+
+Inputs of lower precision (bf16/fp16) accumulate in ``accum_dtype`` (fp32 by default); float64
+inputs stay float64 (which is what `torch.autograd.gradcheck` needs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+#: Target size of one chunk of fp32 logits; the chunk's token count is derived from it and V.
+DEFAULT_CHUNK_BYTES = 64 * 2**20
+
+
+def default_chunk_size(n_tokens: int, vocab_size: int, bytes_per_elem: int = 4) -> int:
+    """Tokens per chunk so that a chunk of logits takes about `DEFAULT_CHUNK_BYTES`."""
+    rows = DEFAULT_CHUNK_BYTES // max(1, vocab_size * bytes_per_elem)
+    return int(max(16, min(max(n_tokens, 1), rows)))
+
+
+def _logits(h: Tensor, weight: Tensor, bias: Tensor | None, acc: torch.dtype) -> Tensor:
+    z = torch.nn.functional.linear(h, weight, bias)
+    return z if z.dtype == acc else z.to(acc)
+
+
+def _matmul_into(out: Tensor, a: Tensor, b: Tensor, accumulate: bool) -> None:
+    """``out (+)= a @ b`` computed in the operands' dtype and accumulated in ``out.dtype``."""
+    if a.dtype == out.dtype and b.dtype == out.dtype:
+        if accumulate:
+            out.addmm_(a, b)
+        else:
+            torch.mm(a, b, out=out)
+    elif accumulate:
+        out.add_(torch.mm(a, b))
+    else:
+        out.copy_(torch.mm(a, b))
+
+
+def _accum_dtype(x: Tensor, accum_dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(x.dtype, accum_dtype)
+
+
+class ChunkedLogProbs(torch.autograd.Function):
+    """``(hidden [n, D], weight [V, D], bias [V] | None, targets [n]) → (logprobs, lse, entropy) [n]``.
+
+    Every target must be valid (the caller compacts away ignored positions). ``entropy`` is an empty
+    tensor unless ``with_entropy``.
+    """
+
+    @staticmethod
+    def forward(
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        targets: Tensor,
+        with_entropy: bool,
+        chunk_size: int,
+        accum_dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        acc = _accum_dtype(hidden, accum_dtype)
+        n = hidden.shape[0]
+        logprobs = hidden.new_empty(n, dtype=acc)
+        lse = hidden.new_empty(n, dtype=acc)
+        entropy = hidden.new_empty(n if with_entropy else 0, dtype=acc)
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            z = _logits(hidden[s:e], weight, bias, acc)
+            lse_c = torch.logsumexp(z, dim=1)
+            lse[s:e] = lse_c
+            logprobs[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lse_c
+            if with_entropy:
+                logp = z.sub_(lse_c[:, None])
+                entropy[s:e] = -(torch.exp(logp).mul_(logp)).sum(1)
+        return logprobs, lse, entropy
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        hidden, weight, bias, targets, with_entropy, chunk_size, accum_dtype = inputs
+        _, lse, entropy = output
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+        ctx.with_entropy, ctx.chunk_size, ctx.accum_dtype = with_entropy, chunk_size, accum_dtype
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy)
+
+    @staticmethod
+    def backward(ctx: Any, g_lp: Tensor | None, g_lse: Tensor | None, g_ent: Tensor | None):
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        acc = _accum_dtype(hidden, ctx.accum_dtype)
+        n, chunk = hidden.shape[0], ctx.chunk_size
+        zeros = hidden.new_zeros(n, dtype=acc)
+        g_lp = zeros if g_lp is None else g_lp.to(acc)
+        g_lse = zeros if g_lse is None else g_lse.to(acc)
+        use_entropy = ctx.with_entropy and g_ent is not None
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
+        for s in range(0, n, chunk):
+            e = min(s + chunk, n)
+            h = hidden[s:e]
+            logp = _logits(h, weight, bias, acc).sub_(lse[s:e, None])
+            coef = (g_lse[s:e] - g_lp[s:e])[:, None]
+            if use_entropy:
+                coef = (logp + entropy[s:e, None]).mul_(-g_ent[s:e, None].to(acc)).add_(coef)
+            dz = logp.exp_().mul_(coef)
+            rows = torch.arange(e - s, device=dz.device)
+            dz[rows, targets[s:e]] += g_lp[s:e]
+            dz_in = dz if dz.dtype == hidden.dtype else dz.to(hidden.dtype)
+            if grad_h is not None:
+                torch.mm(dz_in, weight, out=grad_h[s:e])
+            if grad_w is not None:
+                _matmul_into(grad_w, dz_in.t(), h, accumulate=True)
+            if grad_b is not None:
+                grad_b += dz.sum(0)
+        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
+        grad_b = None if grad_b is None else grad_b.to(bias.dtype)
+        return grad_h, grad_w, grad_b, None, None, None, None
+
+
+class ChunkedWeightedCE(torch.autograd.Function):
+    """Fast path: ``loss = Σ_t w_t · (−ℓ_t)`` with gradients computed in forward (three matmuls).
+
+    Returns ``(loss, logprobs)``; ``logprobs`` is detached (for logging only). Backward only scales
+    the gradients stored in forward by the upstream scalar.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        targets: Tensor,
+        token_weights: Tensor,
+        chunk_size: int,
+        accum_dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor]:
+        acc = _accum_dtype(hidden, accum_dtype)
+        n = hidden.shape[0]
+        w_tok = token_weights.to(acc)
+        logprobs = hidden.new_empty(n, dtype=acc)
+        grad_h = torch.empty_like(hidden)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+        grad_b = None if bias is None else torch.zeros(weight.shape[0], dtype=acc, device=weight.device)
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            h = hidden[s:e]
+            z = _logits(h, weight, bias, acc)
+            lse_c = torch.logsumexp(z, dim=1)
+            rows = torch.arange(e - s, device=z.device)
+            logprobs[s:e] = z[rows, targets[s:e]] - lse_c
+            # d(−w ℓ)/dz = w (p − e_y)
+            dz = z.sub_(lse_c[:, None]).exp_().mul_(w_tok[s:e, None])
+            dz[rows, targets[s:e]] -= w_tok[s:e]
+            dz_in = dz if dz.dtype == hidden.dtype else dz.to(hidden.dtype)
+            torch.mm(dz_in, weight, out=grad_h[s:e])
+            _matmul_into(grad_w, dz_in.t(), h, accumulate=True)
+            if grad_b is not None:
+                grad_b += dz.sum(0)
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.weight_dtype = weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.mark_non_differentiable(logprobs)
+        return -(w_tok * logprobs).sum(), logprobs
+
+    @staticmethod
+    def backward(ctx: Any, g_loss: Tensor, _g_logprobs: Tensor | None):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        gh = grad_h * g_loss.to(grad_h.dtype) if need_h else None
+        gw = (grad_w * g_loss).to(ctx.weight_dtype) if need_w else None
+        gb = (grad_b * g_loss).to(ctx.bias_dtype) if need_b and grad_b is not None else None
+        return gh, gw, gb, None, None, None, None

@@ -1,0 +1,78 @@
+"""What a head returns, and the validation every backend shares."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+HEAD_OUTPUTS = ("logprobs", "lse", "entropy")
+
+
+@dataclass
+class HeadOutput:
+    """Per-token quantities of the output distribution ``p = softmax(z)``, ``z = h Wᵀ + b``.
+
+    Each field is shaped like the targets and is ``None`` unless requested. At ignored positions
+    (``target == ignore_index``) every field is 0 and receives no gradient.
+
+    Attributes:
+        logprobs: ``log p[target] = z[target] − lse``.
+        lse: ``log Σ_v exp(z_v)``.
+        entropy: ``H = −Σ_v p_v log p_v = lse − Σ_v p_v z_v``.
+    """
+
+    logprobs: Tensor | None = None
+    lse: Tensor | None = None
+    entropy: Tensor | None = None
+
+
+def normalize_outputs(outputs: str | Sequence[str]) -> tuple[str, ...]:
+    """Validate the requested head outputs; a single name is accepted."""
+    requested = (outputs,) if isinstance(outputs, str) else tuple(outputs)
+    unknown = [o for o in requested if o not in HEAD_OUTPUTS]
+    if unknown or not requested:
+        raise ValueError(f"unknown head output(s) {unknown or requested!r}; choose among {HEAD_OUTPUTS}")
+    return requested
+
+
+def check_head_inputs(
+    hidden: Tensor,
+    targets: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    ignore_index: int,
+    check_finite: bool,
+) -> None:
+    """Raise a clear error for inputs that would otherwise fail deep inside a kernel (or silently)."""
+    if hidden.shape[-1] != weight.shape[-1]:
+        raise ValueError(
+            f"hidden width {hidden.shape[-1]} (hidden.shape={tuple(hidden.shape)}) does not match the output "
+            f"weight width {weight.shape[-1]} (weight.shape={tuple(weight.shape)})"
+        )
+    if weight.dim() != 2:
+        raise ValueError(f"the output weight must be [V, D], got shape {tuple(weight.shape)}")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"bias shape {tuple(bias.shape)} does not match weight rows V={weight.shape[0]}")
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(
+            f"targets shape {tuple(targets.shape)} does not match hidden.shape[:-1]={tuple(hidden.shape[:-1])}"
+        )
+    if targets.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"targets must be int64 or int32 token ids, got dtype {targets.dtype}")
+    V = weight.shape[0]
+    bad = (targets != ignore_index) & ((targets < 0) | (targets >= V))
+    if bool(bad.any()):
+        value = int(targets[bad].flatten()[0])
+        raise ValueError(
+            f"target {value} is out of range for vocabulary size V={V} "
+            f"(valid: 0..{V - 1}, or ignore_index={ignore_index})"
+        )
+    if check_finite and not bool(torch.isfinite(hidden).all()):
+        n_bad = int((~torch.isfinite(hidden)).sum())
+        raise ValueError(
+            f"hidden states contain {n_bad} non-finite value(s) (NaN/Inf) before the output head; "
+            "pass check_finite=False to skip this check"
+        )

@@ -1,0 +1,212 @@
+"""`RegularizedLM`: the LightningModule base that users subclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+from torchmetrics.aggregation import MeanMetric
+
+from lit_losses.aggregation import AGG_MODES, GlobalStats, MaskStats, check_mode, count_units, token_weights
+from lit_losses.heads import BACKENDS, FusedLMHead, HeadOutput
+from lit_losses.optim import OptimizerConfig, build_optimizer
+
+
+@dataclass
+class LossContext:
+    """Everything a loss term may read in one micro-batch step.
+
+    Attributes:
+        batch: the micro-batch dict (``input_ids``, ``labels``, ``segment_ids``, ``position_ids``, …).
+        head: head outputs (``logprobs``/``lse``/``entropy`` ``[B, T]``, 0 at ignored positions).
+        hidden: hidden states ``[B, T, D]``.
+        mask: ``labels != ignore_index`` ``[B, T]``.
+        stats: global counts of the optimizer step and the ``loss_scale``.
+        step: the trainer's global (optimizer) step.
+        stage: ``"train"``, ``"val"`` or ``"predict"``.
+    """
+
+    batch: dict[str, Any]
+    head: HeadOutput
+    hidden: Tensor
+    mask: Tensor
+    stats: GlobalStats
+    step: int
+    stage: str
+
+
+@dataclass
+class LossOutput:
+    """The loss of one micro-batch and its parts (all already normalized by the global counts)."""
+
+    total: Tensor
+    base: Tensor
+    regularizer_total: Tensor
+    terms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    num_tokens: int = 0
+
+
+class RegularizedLM(L.LightningModule):
+    """Base LightningModule for language models trained with custom losses.
+
+    **Subclass contract.** Implement
+
+    - ``forward_hidden(batch) -> Tensor [B, T, D]``: the model body's hidden states;
+    - ``output_projection() -> (weight [V, D], bias [V] | None)``: the output projection (an
+      ``nn.Linear``'s parameters, or the tied input embedding; gradients accumulate into it).
+
+    **What the base owns.** The output head (`FusedLMHead`, backend chosen by ``head_backend``), the
+    per-step `LossContext`, the base loss ``−log p(label)`` aggregated with ``loss_agg``, logging, the
+    optimizer and schedule (`OptimizerConfig`), ``forward_logits(batch)`` for inference and a
+    ``predict_step`` returning per-token log-probabilities ``[B, T]``.
+
+    **Plug points** (each a named method, overridable):
+
+    - ``global_stats(batch, stage)``: the counts every aggregation divides by; a ``global_stats`` entry
+      of the batch (attached by the global-statistics loader) wins over local counts.
+    - ``head_outputs_needed()``: which head outputs the loss terms consume; with only the base loss in
+      training, the head takes the plain cross-entropy fast path (gradients computed in forward).
+    - ``regularize(ctx)``: the regularizer set; returns ``(weighted sum, per-term telemetry)``.
+    - Controller: a `Callback` that reads the logged metrics and this module's regularizer weights.
+
+    The loss of one micro-batch is ``(base + Σ_i w_i r_i) × stats.loss_scale``, where ``loss_scale``
+    cancels Lightning's division by ``accumulate_grad_batches`` and DDP's average over ranks.
+
+    Args:
+        head_backend: output-head backend (``auto``, ``chunked``, ``naive``, ``torch``, ``liger``).
+        head_chunk_size: tokens per chunk of the fused head (default: from a memory budget).
+        loss_agg: aggregation mode of the base loss (``token-mean``, ``token-sum``,
+            ``seq-mean-token-sum``, ``seq-mean-token-mean``).
+        optimizer: AdamW and learning-rate schedule settings.
+        ignore_index: label value of positions without a target.
+        check_finite: check hidden states for NaN/Inf before the head.
+    """
+
+    def __init__(
+        self,
+        head_backend: str = "auto",
+        head_chunk_size: int | None = None,
+        loss_agg: str = "token-mean",
+        optimizer: OptimizerConfig | None = None,
+        ignore_index: int = -100,
+        check_finite: bool = True,
+    ) -> None:
+        super().__init__()
+        if head_backend not in BACKENDS:
+            raise ValueError(f"unknown model.head_backend {head_backend!r}; choose among {BACKENDS}")
+        check_mode(loss_agg, "model.loss_agg")
+        self.save_hyperparameters()
+        self.head_backend, self.head_chunk_size = head_backend, head_chunk_size
+        self.loss_agg, self.ignore_index, self.check_finite = loss_agg, ignore_index, check_finite
+        self.optimizer_config = optimizer or OptimizerConfig()
+        self.val_loss = MeanMetric()
+
+    # ---- subclass contract -------------------------------------------------------------------
+    def forward_hidden(self, batch: dict[str, Tensor]) -> Tensor:
+        """Hidden states ``[B, T, D]`` of the model body for ``batch``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement forward_hidden(batch)")
+
+    def output_projection(self) -> tuple[Tensor, Tensor | None]:
+        """The output projection ``(weight [V, D], bias [V] | None)``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement output_projection()")
+
+    # ---- head --------------------------------------------------------------------------------
+    def output_head(self) -> FusedLMHead:
+        weight, bias = self.output_projection()
+        return FusedLMHead(
+            weight,
+            bias,
+            backend=self.head_backend,
+            chunk_size=self.head_chunk_size,
+            ignore_index=self.ignore_index,
+            check_finite=self.check_finite,
+        )
+
+    def forward_logits(self, batch: dict[str, Tensor]) -> Tensor:
+        """Full logits ``[B, T, V]`` (inference)."""
+        return self.output_head().forward_logits(self.forward_hidden(batch))
+
+    # ---- plug points -------------------------------------------------------------------------
+    def global_stats(self, batch: dict[str, Any], stage: str) -> GlobalStats:
+        """Counts to normalize by: the batch's ``global_stats`` if attached, else this micro-batch's."""
+        attached = batch.get("global_stats")
+        if isinstance(attached, GlobalStats):
+            return attached
+        labels = batch["labels"]
+        n_tok, n_seq = count_units(labels != self.ignore_index, batch.get("segment_ids"))
+        return GlobalStats({"labels": MaskStats(n_tok, n_seq)}, loss_scale=1.0)
+
+    def head_outputs_needed(self) -> tuple[str, ...]:
+        """Head outputs consumed by the loss terms (the base loss alone needs only ``logprobs``)."""
+        return ()
+
+    def regularize(self, ctx: LossContext) -> tuple[Tensor, dict[str, dict[str, Any]]]:
+        """Weighted sum of the regularizer terms and their telemetry (none in the base class)."""
+        return ctx.hidden.new_zeros((), dtype=torch.float32), {}
+
+    # ---- the loss ----------------------------------------------------------------------------
+    def compute_loss(self, batch: dict[str, Any], stage: str = "train") -> LossOutput:
+        """Loss of one micro-batch, normalized by the global counts (before ``loss_scale``)."""
+        labels = self._batch_tensor(batch, "labels")
+        self._batch_tensor(batch, "input_ids")
+        hidden = self.forward_hidden(batch)
+        mask = labels != self.ignore_index
+        stats = self.global_stats(batch, stage)
+        weights = token_weights(mask, self.loss_agg, stats.get("labels"), batch.get("segment_ids"))
+        head = self.output_head()
+        extra = self.head_outputs_needed()
+        if stage == "train" and not extra:
+            base = head.weighted_ce(hidden, labels, weights)
+            head_out = HeadOutput()
+        else:
+            head_out = head(hidden, labels, ("logprobs", *[o for o in extra if o != "logprobs"]))
+            base = -(weights.to(head_out.logprobs.dtype) * head_out.logprobs).sum()
+        ctx = LossContext(batch, head_out, hidden, mask, stats, int(self.global_step), stage)
+        reg_total, terms = self.regularize(ctx)
+        total = base + reg_total
+        if int(mask.sum()) == 0 and stage == "train":
+            self._warn_empty()
+        return LossOutput(total, base, reg_total, terms, int(mask.sum()))
+
+    def _warn_empty(self) -> None:
+        from lightning.pytorch.utilities import rank_zero_warn
+
+        rank_zero_warn("a micro-batch has no valid label; its loss is 0 with zero gradients")
+
+    @staticmethod
+    def _batch_tensor(batch: dict[str, Any], key: str) -> Tensor:
+        if key not in batch:
+            raise KeyError(f"batch key {key!r} is missing; the batch has keys {sorted(batch)}")
+        return batch[key]
+
+    # ---- Lightning hooks ---------------------------------------------------------------------
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        out = self.compute_loss(batch, "train")
+        stats = self.global_stats(batch, "train")
+        self.log("train/loss_total", out.total.detach(), prog_bar=True, on_step=True, on_epoch=False)
+        self.log("train/base_loss", out.base.detach(), on_step=True, on_epoch=False)
+        self.log("train/regularizer_total", out.regularizer_total.detach(), on_step=True, on_epoch=False)
+        return out.total * stats.loss_scale
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        out = self.compute_loss(batch, "val")
+        if out.num_tokens:
+            # token-weighted mean over every micro-batch of every rank (sum states, exact in DDP)
+            self.val_loss.update(out.base.detach(), weight=out.num_tokens)
+        self.log("val/loss", self.val_loss, prog_bar=True, on_step=False, on_epoch=True)
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> Tensor:
+        """Per-token log-probabilities ``[B, T]`` of the labels (0 at ignored positions)."""
+        labels = self._batch_tensor(batch, "labels")
+        return self.output_head()(self.forward_hidden(batch), labels, "logprobs").logprobs
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
+        optimizer, scheduler = build_optimizer(self, self.optimizer_config, max(total, 1))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+__all__ = ["AGG_MODES", "LossContext", "LossOutput", "RegularizedLM"]
