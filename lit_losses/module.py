@@ -11,6 +11,7 @@ from torch import Tensor
 from torchmetrics.aggregation import MeanMetric
 
 from lit_losses.aggregation import AGG_MODES, GlobalStats, MaskStats, check_mode, count_units, token_weights
+from lit_losses.errors import ConfigError
 from lit_losses.heads import BACKENDS, FusedLMHead, HeadOutput
 from lit_losses.optim import OptimizerConfig, build_optimizer
 
@@ -96,7 +97,7 @@ class RegularizedLM(L.LightningModule):
     ) -> None:
         super().__init__()
         if head_backend not in BACKENDS:
-            raise ValueError(f"unknown model.head_backend {head_backend!r}; choose among {BACKENDS}")
+            raise ConfigError(f"unknown model.head_backend {head_backend!r}; choose among {BACKENDS}")
         check_mode(loss_agg, "model.loss_agg")
         self.save_hyperparameters()
         self.head_backend, self.head_chunk_size = head_backend, head_chunk_size

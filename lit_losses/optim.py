@@ -9,6 +9,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from lit_losses.errors import ConfigError
+
 
 @dataclass
 class OptimizerConfig:
@@ -38,13 +40,13 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
-            raise ValueError(f"optimizer.lr must be > 0, got {self.lr}")
+            raise ConfigError(f"optimizer.lr must be > 0, got {self.lr}")
         if self.warmup_steps < 0:
-            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+            raise ConfigError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+            raise ConfigError(f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.total_steps is not None and self.total_steps < 1:
-            raise ValueError(f"optimizer.total_steps must be >= 1, got {self.total_steps}")
+            raise ConfigError(f"optimizer.total_steps must be >= 1, got {self.total_steps}")
         self.betas = tuple(self.betas)  # YAML gives lists
 
     def lr_factor(self, step: int, total_steps: int) -> float:

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from lit_losses.aggregation.stats import MaskStats, sequence_ids
+from lit_losses.errors import ConfigError
 
 AggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"]
 AGG_MODES: tuple[str, ...] = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean")
@@ -31,7 +32,7 @@ AGG_MODES: tuple[str, ...] = ("token-mean", "token-sum", "seq-mean-token-sum", "
 
 def check_mode(mode: str, where: str = "agg") -> str:
     if mode not in AGG_MODES:
-        raise ValueError(f"unknown aggregation mode {mode!r} (from {where}); choose among {AGG_MODES}")
+        raise ConfigError(f"unknown aggregation mode {mode!r} (from {where}); choose among {AGG_MODES}")
     return mode
 
 
@@ -58,7 +59,7 @@ def aggregate(
 ) -> Tensor:
     """``Σ_t w_t · loss_mat_t`` with the weights of ``mode`` (masked positions never contribute)."""
     if loss_mat.shape != mask.shape:
-        raise ValueError(
+        raise ConfigError(
             f"loss matrix shape {tuple(loss_mat.shape)} differs from the mask shape {tuple(mask.shape)}"
         )
     w = token_weights(mask, mode, stats, segment_ids, dtype=loss_mat.dtype)

@@ -146,5 +146,7 @@ class EpochShuffleSampler(torch.utils.data.Sampler[int]):
         return self.length
 
     def __iter__(self):
+        # A generator: the order is drawn at the first ``next``, after Lightning's ``set_epoch``
+        # (on resume, Lightning creates the iterator before it sets the epoch).
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return iter(torch.randperm(self.length, generator=generator).tolist())
+        yield from torch.randperm(self.length, generator=generator).tolist()

@@ -20,6 +20,7 @@ from lit_losses.data.tokenizer import (
     corpus_fingerprint,
     load_or_train_tokenizer,
 )
+from lit_losses.errors import ConfigError
 
 #: Folders of the standard library left out of the default corpus (tests and generated tables).
 _STDLIB_EXCLUDED = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo"}
@@ -28,11 +29,7 @@ _STDLIB_EXCLUDED = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dis
 def stdlib_sources() -> list[str]:
     """The standard library's own ``.py`` files (sorted): real text shipped with every Python."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = [
-        p
-        for p in root.rglob("*.py")
-        if not _STDLIB_EXCLUDED.intersection(p.relative_to(root).parts)
-    ]
+    files = [p for p in root.rglob("*.py") if not _STDLIB_EXCLUDED.intersection(p.relative_to(root).parts)]
     return sorted(str(p) for p in files)
 
 
@@ -81,20 +78,20 @@ class TextDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         if vocab_size < MIN_VOCAB_SIZE:
-            raise ValueError(
+            raise ConfigError(
                 f"data.vocab_size={vocab_size} is smaller than the byte-level alphabet plus special "
                 f"tokens ({MIN_VOCAB_SIZE})"
             )
         if seq_len < 2:
-            raise ValueError(f"data.seq_len={seq_len} must be >= 2 (a label needs a next token)")
+            raise ConfigError(f"data.seq_len={seq_len} must be >= 2 (a label needs a next token)")
         if tokens_per_batch < seq_len:
-            raise ValueError(
+            raise ConfigError(
                 f"data.tokens_per_batch={tokens_per_batch} is smaller than one sequence (seq_len={seq_len})"
             )
         if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction={val_fraction} must be in [0, 1)")
+            raise ConfigError(f"data.val_fraction={val_fraction} must be in [0, 1)")
         if max_documents is not None and max_documents < 1:
-            raise ValueError(f"data.max_documents={max_documents} must be >= 1")
+            raise ConfigError(f"data.max_documents={max_documents} must be >= 1")
         self.save_hyperparameters()
         self.paths, self.text_field = paths, text_field
         self.vocab_size, self.seq_len, self.tokens_per_batch = vocab_size, seq_len, tokens_per_batch
@@ -112,9 +109,11 @@ class TextDataModule(L.LightningDataModule):
             return stdlib_sources()
         sources: list[str] = []
         for pattern in self.paths:
-            matches = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
+            matches = sorted(
+                p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p)
+            )
             if not matches:
-                raise FileNotFoundError(f"data.paths entry {pattern!r} matches no file")
+                raise ConfigError(f"data.paths entry {pattern!r} matches no file")
             sources.extend(matches)
         return sources
 
@@ -134,7 +133,7 @@ class TextDataModule(L.LightningDataModule):
                 documents.append(text)
         documents = [d for d in documents if d.strip()]
         if not documents:
-            raise ValueError(f"the corpus is empty: no non-blank document in {len(self.sources)} source(s)")
+            raise ConfigError(f"the corpus is empty: no non-blank document in {len(self.sources)} source(s)")
         random.Random(self.seed).shuffle(documents)
         return documents[: self.max_documents] if self.max_documents else documents
 
@@ -162,7 +161,7 @@ class TextDataModule(L.LightningDataModule):
         eos, self.pad_id = self.tokenizer.token_to_id(EOS_TOKEN), self.tokenizer.token_to_id(PAD_TOKEN)
 
         def build(docs: list[str]) -> MicroBatchDataset:
-            ids = [enc.ids + [eos] for enc in self.tokenizer.encode_batch(docs)]
+            ids = [[*enc.ids, eos] for enc in self.tokenizer.encode_batch(docs)]
             pieces = Pieces.from_documents(ids, self.seq_len)
             return MicroBatchDataset(pieces, self.seq_len, self.tokens_per_batch, self.packing, self.pad_id)
 

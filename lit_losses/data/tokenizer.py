@@ -8,6 +8,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from lit_losses.errors import ConfigError
+
 #: Special tokens, in id order: end of document, padding.
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
 SPECIAL_TOKENS = (EOS_TOKEN, PAD_TOKEN)
@@ -28,7 +30,7 @@ def corpus_fingerprint(sources: Sequence[str], extra: str = "") -> str:
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """Train a byte-level BPE tokenizer of ``vocab_size`` entries (special tokens included)."""
     if vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(
+        raise ConfigError(
             f"data.vocab_size={vocab_size} is smaller than the byte-level alphabet plus special tokens "
             f"({MIN_VOCAB_SIZE})"
         )
@@ -45,9 +47,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
-def load_or_train_tokenizer(
-    texts: Sequence[str], vocab_size: int, cache_file: Path
-) -> Tokenizer:
+def load_or_train_tokenizer(texts: Sequence[str], vocab_size: int, cache_file: Path) -> Tokenizer:
     """Load the tokenizer cached at ``cache_file``, or train it on ``texts`` and save it there."""
     if cache_file.exists():
         tokenizer = Tokenizer.from_file(str(cache_file))
@@ -59,4 +59,3 @@ def load_or_train_tokenizer(
     tokenizer.save(str(tmp))
     tmp.replace(cache_file)  # atomic: concurrent ranks never read a half-written file
     return tokenizer
-

@@ -58,7 +58,8 @@ def check_head_inputs(
         raise ValueError(f"bias shape {tuple(bias.shape)} does not match weight rows V={weight.shape[0]}")
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(
-            f"targets shape {tuple(targets.shape)} does not match hidden.shape[:-1]={tuple(hidden.shape[:-1])}"
+            f"targets shape {tuple(targets.shape)} does not match "
+            f"hidden.shape[:-1]={tuple(hidden.shape[:-1])}"
         )
     if targets.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"targets must be int64 or int32 token ids, got dtype {targets.dtype}")

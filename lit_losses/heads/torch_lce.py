@@ -25,7 +25,5 @@ def torch_lce_logprobs(
             f"torch {torch.__version__}. Use backend='chunked'."
         )
     options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=chunk_size)
-    ce = F.linear_cross_entropy(
-        hidden, weight, targets, linear_bias=bias, reduction="none", options=options
-    )
+    ce = F.linear_cross_entropy(hidden, weight, targets, linear_bias=bias, reduction="none", options=options)
     return -ce

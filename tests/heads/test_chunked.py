@@ -1,0 +1,202 @@
+"""The chunked backend and the dispatcher against the naive reference (float64 and float32)."""
+
+import pytest
+import torch
+
+from lit_losses.heads import FusedLMHead
+from lit_losses.heads.chunked import ChunkedLogProbs
+from lit_losses.heads.torch_lce import torch_available
+
+ALL = ("logprobs", "lse", "entropy")
+
+
+def problem(n=37, d=16, v=101, dtype=torch.float64, bias=True, seed=0, ignore_every=5):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, d, generator=g, dtype=dtype).requires_grad_()
+    weight = (torch.randn(v, d, generator=g, dtype=dtype) * 0.5).requires_grad_()
+    b = (torch.randn(v, generator=g, dtype=dtype) * 0.1).requires_grad_() if bias else None
+    targets = torch.randint(0, v, (n,), generator=g)
+    targets[::ignore_every] = -100
+    return hidden, weight, b, targets
+
+
+def outputs_and_grads(backend, hidden, weight, bias, targets, outputs, upstream, chunk_size=8):
+    out = FusedLMHead(weight, bias, backend=backend, chunk_size=chunk_size)(hidden, targets, outputs)
+    values = [getattr(out, name) for name in outputs]
+    loss = sum((v * g).sum() for v, g in zip(values, upstream))
+    inputs = [x for x in (hidden, weight, bias) if x is not None]
+    return values, torch.autograd.grad(loss, inputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("outputs", [ALL, ("logprobs",), ("entropy",), ("lse", "logprobs")])
+def test_chunked_matches_naive(dtype, bias, outputs):
+    hidden, weight, b, targets = problem(dtype=dtype, bias=bias)
+    g = torch.Generator().manual_seed(1)
+    upstream = [torch.randn(targets.shape, generator=g, dtype=dtype) for _ in outputs]
+    ref_vals, ref_grads = outputs_and_grads("naive", hidden, weight, b, targets, outputs, upstream)
+    vals, grads = outputs_and_grads("chunked", hidden, weight, b, targets, outputs, upstream)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    for v, r in zip(vals, ref_vals):
+        torch.testing.assert_close(v, r, **tol)
+    for gr, r in zip(grads, ref_grads):
+        torch.testing.assert_close(gr, r, **tol)
+
+
+@pytest.mark.skipif(not torch_available(), reason="torch.nn.functional.linear_cross_entropy missing")
+def test_torch_backend_matches_naive():
+    hidden, weight, b, targets = problem(dtype=torch.float32)
+    upstream = [torch.randn(targets.shape)]
+    ref_vals, ref_grads = outputs_and_grads("naive", hidden, weight, b, targets, ("logprobs",), upstream)
+    vals, grads = outputs_and_grads("torch", hidden, weight, b, targets, ("logprobs",), upstream)
+    torch.testing.assert_close(vals[0], ref_vals[0], rtol=1e-5, atol=1e-5)
+    for gr, r in zip(grads, ref_grads):
+        torch.testing.assert_close(gr, r, rtol=1e-5, atol=1e-5)
+
+
+def test_ignored_positions_get_zero_and_no_gradient():
+    hidden, weight, b, targets = problem()
+    out = FusedLMHead(weight, b, backend="chunked", chunk_size=4)(hidden, targets, ALL)
+    ignored = targets == -100
+    for name in ALL:
+        assert (getattr(out, name)[ignored] == 0).all()
+    (out.logprobs.sum() + out.lse.sum() + out.entropy.sum()).backward()
+    assert (hidden.grad[ignored] == 0).all()
+    assert (hidden.grad[~ignored].abs().sum(-1) > 0).all()
+
+
+def test_gradcheck_float64_every_output_odd_shapes():
+    """V = 50257, D = 96, 29 tokens with a chunk of 8 (not a multiple), bias, ignored positions."""
+    hidden, weight, b, targets = problem(n=29, d=96, v=50257, bias=True, ignore_every=4)
+    head = FusedLMHead(weight, b, backend="chunked", chunk_size=8)
+    g = torch.Generator().manual_seed(3)
+    upstream = [torch.randn(29, generator=g, dtype=torch.float64) for _ in ALL]
+
+    def fn(h, w, bias):
+        out = FusedLMHead(w, bias, backend="chunked", chunk_size=8)(h, targets, ALL)
+        return tuple(getattr(out, k) * u for k, u in zip(ALL, upstream))
+
+    assert head.vocab_size == 50257
+    assert torch.autograd.gradcheck(fn, (hidden, weight, b), fast_mode=True, eps=1e-6, atol=1e-7)
+
+
+def test_gradcheck_float64_exhaustive_small():
+    hidden, weight, b, targets = problem(n=7, d=5, v=11, ignore_every=3)
+
+    def fn(h, w, bias):
+        out = FusedLMHead(w, bias, backend="chunked", chunk_size=3)(h, targets, ALL)
+        return out.logprobs, out.lse, out.entropy
+
+    assert torch.autograd.gradcheck(fn, (hidden, weight, b))
+
+
+@pytest.mark.parametrize("uniform", [True, False])
+def test_weighted_ce_fast_path_matches_naive(uniform):
+    hidden, weight, b, targets = problem(dtype=torch.float64)
+    w = 0.37 if uniform else torch.rand(targets.shape, dtype=torch.float64)
+    head = FusedLMHead(weight, b, backend="chunked", chunk_size=8)
+    loss = head.weighted_ce(hidden, targets, w)
+    grads = torch.autograd.grad(loss * 1.7, (hidden, weight, b))
+    logprobs = FusedLMHead(weight, b, backend="naive")(hidden, targets).logprobs
+    ref = -(w * logprobs).sum()
+    ref_grads = torch.autograd.grad(ref * 1.7, (hidden, weight, b))
+    torch.testing.assert_close(loss, ref, rtol=1e-12, atol=1e-12)
+    for gr, r in zip(grads, ref_grads):
+        torch.testing.assert_close(gr, r, rtol=1e-12, atol=1e-12)
+
+
+def test_tied_embedding_gradients_accumulate_into_the_shared_weight():
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 8).double()
+    ids = torch.randint(0, 50, (2, 6))
+    targets = torch.randint(0, 50, (2, 6))
+
+    def loss_with(backend):
+        emb.zero_grad()
+        hidden = torch.tanh(emb(ids))
+        out = FusedLMHead(emb.weight, backend=backend, chunk_size=4)(hidden, targets, ALL)
+        (out.logprobs.sum() + 0.3 * out.entropy.sum()).backward()
+        return emb.weight.grad.clone()
+
+    torch.testing.assert_close(loss_with("chunked"), loss_with("naive"), rtol=1e-12, atol=1e-12)
+
+
+def test_bf16_inputs_accumulate_in_fp32():
+    hidden, weight, b, targets = problem(n=40, d=32, v=300, dtype=torch.float32, bias=False)
+    h16, w16 = hidden.detach().bfloat16().requires_grad_(), weight.detach().bfloat16().requires_grad_()
+    out = FusedLMHead(w16, backend="chunked", chunk_size=16)(h16, targets, ALL)
+    assert out.logprobs.dtype == torch.float32
+    ref = FusedLMHead(w16.float(), backend="naive")(h16.float(), targets, ALL)
+    torch.testing.assert_close(out.logprobs, ref.logprobs, rtol=2e-2, atol=2e-2)
+    out.logprobs.sum().backward()
+    assert h16.grad.dtype == torch.bfloat16 and w16.grad.dtype == torch.bfloat16
+
+
+def test_no_logits_sized_tensor_is_saved_for_backward():
+    hidden, weight, b, targets = problem(n=64, d=8, v=1000, dtype=torch.float32)
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        FusedLMHead(weight, b, backend="chunked", chunk_size=16)(hidden, targets, ALL)
+    assert max(saved) < 64 * 1000 / 4  # weight [1000, 8] is the largest; logits would be 64 000
+
+
+def test_direct_op_without_entropy_returns_an_empty_entropy():
+    hidden, weight, b, targets = problem(n=5, d=4, v=9)
+    lp, lse, ent = ChunkedLogProbs.apply(hidden, weight, b, targets.clamp_min(0), False, 2, torch.float32)
+    assert ent.numel() == 0 and lp.shape == lse.shape == (5,)
+
+
+# ---- bad input -------------------------------------------------------------------------------
+def test_target_out_of_range_names_value_and_vocab():
+    hidden, weight, b, targets = problem(v=101)
+    targets[3] = 101
+    with pytest.raises(ValueError, match=r"target 101 .*V=101"):
+        FusedLMHead(weight, b)(hidden, targets)
+    targets[3] = -7
+    with pytest.raises(ValueError, match=r"target -7"):
+        FusedLMHead(weight, b)(hidden, targets)
+
+
+def test_width_mismatch_names_both_shapes():
+    hidden, weight, b, targets = problem(d=16)
+    with pytest.raises(ValueError, match=r"\(37, 15\).*\(101, 16\)"):
+        FusedLMHead(weight, b)(hidden[:, :15], targets)
+
+
+def test_non_finite_hidden_is_reported_unless_disabled():
+    hidden, weight, b, targets = problem()
+    bad = hidden.detach().clone()
+    bad[2, 3] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        FusedLMHead(weight, b)(bad, targets)
+    out = FusedLMHead(weight, b, check_finite=False)(bad, targets)
+    assert out.logprobs.isnan().any()
+
+
+def test_unsupported_output_names_a_backend_that_can():
+    hidden, weight, b, targets = problem(dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"'torch' cannot give \['entropy'\].*chunked"):
+        FusedLMHead(weight, b, backend="torch")(hidden, targets, ("logprobs", "entropy"))
+    with pytest.raises(ValueError, match="unknown head backend"):
+        FusedLMHead(weight, b, backend="fast")
+    with pytest.raises(ValueError, match="unknown head output"):
+        FusedLMHead(weight, b)(hidden, targets, ("logits",))
+
+
+def test_liger_without_cuda_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the liger backend is tested in test_liger.py")
+    hidden, weight, b, targets = problem(dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="liger"):
+        FusedLMHead(weight, b, backend="liger").weighted_ce(hidden, targets, 1.0)
+
+
+def test_forward_logits_is_the_linear_map():
+    hidden, weight, b, _ = problem()
+    torch.testing.assert_close(FusedLMHead(weight, b).forward_logits(hidden), hidden @ weight.T + b)
