@@ -45,7 +45,15 @@ def test_fit_from_shipped_config_writes_events_and_checkpoint(tmp_path):
     losses = [e.value for e in acc.Scalars("train/loss_total")]
     assert len(losses) == 6 and all(v == v for v in losses)
     assert "val/loss" in acc.Tags()["scalars"]
-    assert list(root.rglob("*.ckpt")), "no checkpoint written"
+    ckpts = list(root.rglob("*.ckpt"))
+    assert ckpts, "no checkpoint written"
+
+    common = ["--config", CONFIG, f"--ckpt_path={ckpts[0]}", "--trainer.logger=false", *FAST]
+    validated = main(["validate", *common])
+    assert validated.trainer.callback_metrics["val/loss"] > 0
+    predicted = main(["predict", *common, "--trainer.limit_predict_batches=2"])
+    logprobs = predicted.trainer.predict_loop.predictions
+    assert 1 <= len(logprobs) <= 2 and all(lp.dim() == 2 and (lp <= 0).all() for lp in logprobs)
 
 
 def test_config_file_is_valid_yaml_with_documented_sections():

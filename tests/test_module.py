@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 import torch
 
@@ -55,6 +57,6 @@ def test_schedule_warmup_then_cosine_to_min_ratio():
     assert factors[0] < factors[5] < factors[9] <= 1.0
     assert factors[10] == pytest.approx(1.0)
     assert factors[110] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(factors[10:], factors[11:]))
-    with pytest.raises(ValueError, match="optimizer.lr"):
+    assert all(a >= b for a, b in itertools.pairwise(factors[10:]))
+    with pytest.raises(ValueError, match=r"optimizer\.lr"):
         OptimizerConfig(lr=0)

@@ -123,7 +123,7 @@ def test_tied_embedding_gradients_accumulate_into_the_shared_weight():
 
 
 def test_bf16_inputs_accumulate_in_fp32():
-    hidden, weight, b, targets = problem(n=40, d=32, v=300, dtype=torch.float32, bias=False)
+    hidden, weight, _, targets = problem(n=40, d=32, v=300, dtype=torch.float32, bias=False)
     h16, w16 = hidden.detach().bfloat16().requires_grad_(), weight.detach().bfloat16().requires_grad_()
     out = FusedLMHead(w16, backend="chunked", chunk_size=16)(h16, targets, ALL)
     assert out.logprobs.dtype == torch.float32

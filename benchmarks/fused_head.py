@@ -1,0 +1,156 @@
+"""Forward+backward time and peak memory of the output-head variants, in one run.
+
+Variants (per-token = a random upstream gradient on every log-probability):
+  naive          logits materialized, autograd (the reference)
+  torch_chunked  torch.nn.functional.linear_cross_entropy(reduction="none", options=chunked), per-token
+  chunked        lit_losses chunked backend, per-token logprobs
+  chunked_ce     lit_losses plain-CE fast path (weighted_ce: gradients in forward)
+  matmul3        the bare 3 matmuls of any exact head: logits, grad of hidden, grad of weight
+
+Each (variant, shape) runs in a fresh subprocess so that its peak RSS is its own; peak memory is the
+process high-water mark minus the resident size once inputs are allocated. Time is the best of
+``--repeats`` after one warm-up.
+
+    python benchmarks/fused_head.py                      # CPU fp32, the shapes of the issue
+    python benchmarks/fused_head.py --shapes 512x256x32000 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+VARIANTS = ("naive", "torch_chunked", "chunked", "chunked_ce", "matmul3")
+DEFAULT_SHAPES = ("2048x512x128256", "4096x1024x65536")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def run_one(variant: str, n: int, d: int, v: int, repeats: int, dtype_name: str, device: str) -> dict:
+    import torch
+
+    from lit_losses.heads import FusedLMHead
+
+    dtype = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(0)
+    hidden = (torch.randn(n, d, generator=g) * 0.5).to(device, dtype).requires_grad_()
+    weight = (torch.randn(v, d, generator=g) * 0.02).to(device, dtype).requires_grad_()
+    targets = torch.randint(0, v, (n,), generator=g).to(device)
+    upstream = torch.randn(n, generator=g).to(device)
+
+    def step() -> None:
+        hidden.grad = weight.grad = None
+        if variant == "naive":
+            logits = (hidden @ weight.T).float()
+            lp = torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1)
+            lp.backward(upstream)
+        elif variant == "torch_chunked":
+            ce = torch.nn.functional.linear_cross_entropy(
+                hidden, weight, targets, reduction="none", options=torch.nn.LinearCrossEntropyOptions()
+            )
+            (-ce).backward(upstream.to(ce.dtype))
+        elif variant == "chunked":
+            lp = FusedLMHead(weight, backend="chunked", check_finite=False)(hidden, targets).logprobs
+            lp.backward(upstream)
+        elif variant == "chunked_ce":
+            FusedLMHead(weight, backend="chunked", check_finite=False).weighted_ce(
+                hidden, targets, 1.0 / n
+            ).backward()
+        elif variant == "matmul3":
+            with torch.no_grad():
+                logits = hidden @ weight.T
+                _ = logits @ weight
+                _ = logits.T @ hidden
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    base_rss = rss_bytes()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base_cuda = torch.cuda.memory_allocated()
+    step()  # warm-up; also the memory measurement
+    peak = (
+        torch.cuda.max_memory_allocated() - base_cuda
+        if device == "cuda"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base_rss
+    )
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {"variant": variant, "shape": f"{n}x{d}x{v}", "time_s": min(times), "peak_mb": peak / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), help="N x D x V")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant in this process
+    args = parser.parse_args()
+
+    if args.one:
+        variant, shape = args.one.split(":")
+        n, d, v = (int(x) for x in shape.split("x"))
+        print(json.dumps(run_one(variant, n, d, v, args.repeats, args.dtype, args.device)))
+        return
+
+    import torch
+
+    print(
+        f"# {time.strftime('%Y-%m-%d')} | {platform.processor() or platform.machine()} | "
+        f"{os.cpu_count()} CPUs | torch {torch.__version__} threads={torch.get_num_threads()} | "
+        f"{args.dtype} on {args.device}"
+    )
+    print(f"# command: python {' '.join(sys.argv)}")
+    for shape in args.shapes:
+        rows = {}
+        for variant in args.variants:
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one",
+                f"{variant}:{shape}",
+                "--repeats",
+                str(args.repeats),
+                "--dtype",
+                args.dtype,
+                "--device",
+                args.device,
+            ]
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode != 0:
+                print(f"{variant} {shape} failed: {out.stderr[-500:]}", file=sys.stderr)
+                continue
+            rows[variant] = json.loads(out.stdout.strip().splitlines()[-1])
+        naive = rows.get("naive")
+        print(f"\n| {shape} | time (s) | peak MiB | time / naive | mem / naive | time / matmul3 |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for variant, r in rows.items():
+            t_ratio = r["time_s"] / naive["time_s"] if naive else float("nan")
+            m_ratio = r["peak_mb"] / naive["peak_mb"] if naive else float("nan")
+            mm = rows.get("matmul3")
+            mm_ratio = r["time_s"] / mm["time_s"] if mm else float("nan")
+            print(
+                f"| {variant} | {r['time_s']:.3f} | {r['peak_mb']:.0f} | {t_ratio:.2f} | {m_ratio:.2f} "
+                f"| {mm_ratio:.2f} |"
+            )
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
