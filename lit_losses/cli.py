@@ -54,8 +54,8 @@ def _fail_on_config_error(err: BaseException) -> None:
         sys.exit(2)
 
 
-def main(args: list[str] | None = None) -> LitLossesCLI:
-    """Run ``lit-losses`` with ``args`` (default: ``sys.argv[1:]``)."""
+def cli_main(args: list[str] | None = None) -> LitLossesCLI:
+    """Run ``lit-losses`` with ``args`` (default: ``sys.argv[1:]``) and return the CLI object."""
     return LitLossesCLI(
         RegularizedLM,
         TextDataModule,
@@ -65,6 +65,11 @@ def main(args: list[str] | None = None) -> LitLossesCLI:
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,
     )
+
+
+def main() -> None:
+    """Console-script entry point ``lit-losses`` (exit status 0 on success)."""
+    cli_main()
 
 
 if __name__ == "__main__":

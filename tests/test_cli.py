@@ -6,7 +6,7 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_losses.cli import main
+from lit_losses.cli import cli_main as main
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "tiny_lm.yaml")
