@@ -46,6 +46,7 @@ class LossOutput:
     total: Tensor
     base: Tensor
     regularizer_total: Tensor
+    stats: GlobalStats
     terms: dict[str, dict[str, Any]] = field(default_factory=dict)
     num_tokens: int = 0
 
@@ -152,7 +153,6 @@ class RegularizedLM(L.LightningModule):
     def compute_loss(self, batch: dict[str, Any], stage: str = "train") -> LossOutput:
         """Loss of one micro-batch, normalized by the global counts (before ``loss_scale``)."""
         labels = self._batch_tensor(batch, "labels")
-        self._batch_tensor(batch, "input_ids")
         hidden = self.forward_hidden(batch)
         mask = labels != self.ignore_index
         stats = self.global_stats(batch, stage)
@@ -167,10 +167,10 @@ class RegularizedLM(L.LightningModule):
             base = -(weights.to(head_out.logprobs.dtype) * head_out.logprobs).sum()
         ctx = LossContext(batch, head_out, hidden, mask, stats, int(self.global_step), stage)
         reg_total, terms = self.regularize(ctx)
-        total = base + reg_total
-        if int(mask.sum()) == 0 and stage == "train":
+        num_tokens = int(mask.sum())
+        if num_tokens == 0 and stage == "train":
             self._warn_empty()
-        return LossOutput(total, base, reg_total, terms, int(mask.sum()))
+        return LossOutput(base + reg_total, base, reg_total, stats, terms, num_tokens)
 
     def _warn_empty(self) -> None:
         from lightning.pytorch.utilities import rank_zero_warn
@@ -186,11 +186,10 @@ class RegularizedLM(L.LightningModule):
     # ---- Lightning hooks ---------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         out = self.compute_loss(batch, "train")
-        stats = self.global_stats(batch, "train")
         self.log("train/loss_total", out.total.detach(), prog_bar=True, on_step=True, on_epoch=False)
         self.log("train/base_loss", out.base.detach(), on_step=True, on_epoch=False)
         self.log("train/regularizer_total", out.regularizer_total.detach(), on_step=True, on_epoch=False)
-        return out.total * stats.loss_scale
+        return out.total * out.stats.loss_scale
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         out = self.compute_loss(batch, "val")

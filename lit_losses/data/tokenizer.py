@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def load_or_train_tokenizer(texts: Sequence[str], vocab_size: int, cache_file: P
             return tokenizer
     tokenizer = train_tokenizer(texts, vocab_size)
     cache_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache_file.with_suffix(f".tmp{hash(cache_file) & 0xFFFF}")
+    tmp = cache_file.with_suffix(f".tmp{os.getpid()}")
     tokenizer.save(str(tmp))
     tmp.replace(cache_file)  # atomic: concurrent ranks never read a half-written file
     return tokenizer
