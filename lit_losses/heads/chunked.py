@@ -58,6 +58,19 @@ def _accum_dtype(x: Tensor, accum_dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(x.dtype, accum_dtype)
 
 
+def _backprop_chunk(
+    dz: Tensor, h: Tensor, weight: Tensor, grad_h: Tensor | None, grad_w: Tensor | None, grad_b: Tensor | None
+) -> None:
+    """Project one chunk's logit gradient ``dz`` onto hidden (``grad_h``), weight and bias."""
+    dz_in = dz if dz.dtype == h.dtype else dz.to(h.dtype)
+    if grad_h is not None:
+        torch.mm(dz_in, weight, out=grad_h)
+    if grad_w is not None:
+        _matmul_into(grad_w, dz_in.t(), h, accumulate=True)
+    if grad_b is not None:
+        grad_b += dz.sum(0)
+
+
 class ChunkedLogProbs(torch.autograd.Function):
     """``(hidden [n, D], weight [V, D], bias [V] | None, targets [n]) → (logprobs, lse, entropy) [n]``.
 
@@ -123,13 +136,7 @@ class ChunkedLogProbs(torch.autograd.Function):
             dz = logp.exp_().mul_(coef)
             rows = torch.arange(e - s, device=dz.device)
             dz[rows, targets[s:e]] += g_lp[s:e]
-            dz_in = dz if dz.dtype == hidden.dtype else dz.to(hidden.dtype)
-            if grad_h is not None:
-                torch.mm(dz_in, weight, out=grad_h[s:e])
-            if grad_w is not None:
-                _matmul_into(grad_w, dz_in.t(), h, accumulate=True)
-            if grad_b is not None:
-                grad_b += dz.sum(0)
+            _backprop_chunk(dz, h, weight, None if grad_h is None else grad_h[s:e], grad_w, grad_b)
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
         return grad_h, grad_w, grad_b, None, None, None, None
@@ -170,11 +177,7 @@ class ChunkedWeightedCE(torch.autograd.Function):
             # d(−w ℓ)/dz = w (p − e_y)
             dz = z.sub_(lse_c[:, None]).exp_().mul_(w_tok[s:e, None])
             dz[rows, targets[s:e]] -= w_tok[s:e]
-            dz_in = dz if dz.dtype == hidden.dtype else dz.to(hidden.dtype)
-            torch.mm(dz_in, weight, out=grad_h[s:e])
-            _matmul_into(grad_w, dz_in.t(), h, accumulate=True)
-            if grad_b is not None:
-                grad_b += dz.sum(0)
+            _backprop_chunk(dz, h, weight, grad_h[s:e], grad_w, grad_b)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.weight_dtype = weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
