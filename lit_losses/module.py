@@ -7,10 +7,22 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torchmetrics.aggregation import MeanMetric
 
-from lit_losses.aggregation import AGG_MODES, GlobalStats, MaskStats, check_mode, count_units, token_weights
+from lit_losses.aggregation import (
+    AGG_MODES,
+    GLOBAL_STATS_KEY,
+    LABELS_KEY,
+    GlobalStats,
+    GlobalStatsLoader,
+    StepSums,
+    check_mode,
+    mode_denominator,
+    token_weights,
+)
 from lit_losses.errors import ConfigError
 from lit_losses.heads import BACKENDS, FusedLMHead, HeadOutput
 from lit_losses.optim import OptimizerConfig, build_optimizer
@@ -49,6 +61,14 @@ class LossOutput:
     stats: GlobalStats
     terms: dict[str, dict[str, Any]] = field(default_factory=dict)
     num_tokens: int = 0
+
+    def logged_values(self, stage: str) -> dict[str, Tensor]:
+        """Flat telemetry whose global value is a sum over micro-batches and ranks."""
+        return {
+            f"{stage}/loss_total": self.total.detach(),
+            f"{stage}/base_loss": self.base.detach(),
+            f"{stage}/regularizer_total": self.regularizer_total.detach(),
+        }
 
 
 class RegularizedLM(L.LightningModule):
@@ -133,13 +153,22 @@ class RegularizedLM(L.LightningModule):
 
     # ---- plug points -------------------------------------------------------------------------
     def global_stats(self, batch: dict[str, Any], stage: str) -> GlobalStats:
-        """Counts to normalize by: the batch's ``global_stats`` if attached, else this micro-batch's."""
-        attached = batch.get("global_stats")
-        if isinstance(attached, GlobalStats):
+        """Counts to normalize by.
+
+        In training, the `GlobalStats` attached by `GlobalStatsLoader` (global counts of the optimizer
+        step, ``loss_scale = A × D``); without it, or in validation and prediction, this micro-batch's
+        own counts with ``loss_scale = 1`` (per-micro-batch normalization).
+        """
+        attached = batch.get(GLOBAL_STATS_KEY)
+        if stage == "train" and isinstance(attached, GlobalStats):
             return attached
-        labels = batch["labels"]
-        n_tok, n_seq = count_units(labels != self.ignore_index, batch.get("segment_ids"))
-        return GlobalStats({"labels": MaskStats(n_tok, n_seq)}, loss_scale=1.0)
+        if stage == "train" and self._trainer is not None and self._accumulation_factor() > 1:
+            self._warn_local_normalization()
+        return GlobalStats.local_only(batch, self.mask_keys(), self.ignore_index)
+
+    def mask_keys(self) -> tuple[str, ...]:
+        """Mask keys whose global counts the loss terms need (``"labels"``: ``labels != ignore_index``)."""
+        return (LABELS_KEY,)
 
     def head_outputs_needed(self) -> tuple[str, ...]:
         """Head outputs consumed by the loss terms (the base loss alone needs only ``logprobs``)."""
@@ -156,7 +185,7 @@ class RegularizedLM(L.LightningModule):
         hidden = self.forward_hidden(batch)
         mask = labels != self.ignore_index
         stats = self.global_stats(batch, stage)
-        weights = token_weights(mask, self.loss_agg, stats.get("labels"), batch.get("segment_ids"))
+        weights = token_weights(mask, self.loss_agg, stats.get(LABELS_KEY), batch.get("segment_ids"))
         head = self.output_head()
         extra = self.head_outputs_needed()
         if stage == "train" and not extra:
@@ -167,15 +196,13 @@ class RegularizedLM(L.LightningModule):
             base = -(weights.to(head_out.logprobs.dtype) * head_out.logprobs).sum()
         ctx = LossContext(batch, head_out, hidden, mask, stats, int(self.global_step), stage)
         reg_total, terms = self.regularize(ctx)
-        num_tokens = int(mask.sum())
-        if num_tokens == 0 and stage == "train":
-            self._warn_empty()
+        if stage == "train" and stats.position == 0 and stats.get(LABELS_KEY).num_tokens == 0:
+            rank_zero_warn(
+                f"optimizer step {self.global_step} has no valid label in any micro-batch; "
+                "its loss is 0 with zero gradients"
+            )
+        num_tokens = stats.get_local(LABELS_KEY).num_tokens
         return LossOutput(base + reg_total, base, reg_total, stats, terms, num_tokens)
-
-    def _warn_empty(self) -> None:
-        from lightning.pytorch.utilities import rank_zero_warn
-
-        rank_zero_warn("a micro-batch has no valid label; its loss is 0 with zero gradients")
 
     @staticmethod
     def _batch_tensor(batch: dict[str, Any], key: str) -> Tensor:
@@ -184,19 +211,78 @@ class RegularizedLM(L.LightningModule):
         return batch[key]
 
     # ---- Lightning hooks ---------------------------------------------------------------------
+    def on_train_start(self) -> None:
+        """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs."""
+        trainer = self.trainer
+
+        def configure(loader: GlobalStatsLoader) -> None:
+            loader.configure(
+                trainer.accumulate_grad_batches, self.mask_keys(), self.ignore_index, trainer.num_training_batches
+            )
+
+        apply_to_collection(trainer.train_dataloader, GlobalStatsLoader, configure)
+
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         out = self.compute_loss(batch, "train")
-        self.log("train/loss_total", out.total.detach(), prog_bar=True, on_step=True, on_epoch=False)
-        self.log("train/base_loss", out.base.detach(), on_step=True, on_epoch=False)
-        self.log("train/regularizer_total", out.regularizer_total.detach(), on_step=True, on_epoch=False)
-        return out.total * out.stats.loss_scale
+        stats = out.stats
+        accumulate = self.trainer.accumulate_grad_batches if self._trainer is not None else 1
+        if isinstance(batch.get(GLOBAL_STATS_KEY), GlobalStats) and batch_idx % accumulate != stats.position:
+            raise RuntimeError(
+                f"GlobalStatsLoader window out of step with Lightning's accumulation: batch {batch_idx} is "
+                f"micro-batch {stats.position} of its window, Lightning expects {batch_idx % accumulate}"
+            )
+        # what Lightning (÷A) and DDP (÷D) make of this micro-batch's loss: its share of the step's loss
+        share = stats.loss_scale / self._accumulation_factor()
+        self._step_sums(out).update({k: v * share for k, v in out.logged_values("train").items()})
+        if self._window_ends(batch_idx):
+            self._log_step_sums()
+        return out.total * stats.loss_scale
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         out = self.compute_loss(batch, "val")
-        if out.num_tokens:
-            # token-weighted mean over every micro-batch of every rank (sum states, exact in DDP)
-            self.val_loss.update(out.base.detach(), weight=out.num_tokens)
+        weight = mode_denominator(self.loss_agg, out.stats.get_local(LABELS_KEY))
+        if weight:
+            # Σ value·count / Σ count over every micro-batch of every rank (sum states, exact in DDP)
+            self.val_loss.update(out.base.detach(), weight=weight)
         self.log("val/loss", self.val_loss, prog_bar=True, on_step=False, on_epoch=True)
+
+    # ---- step telemetry ----------------------------------------------------------------------
+    def _accumulation_factor(self) -> int:
+        """``A × D``: what Lightning and DDP divide a micro-batch's gradient by."""
+        if self._trainer is None:
+            return 1
+        return int(self.trainer.accumulate_grad_batches) * int(self.trainer.world_size)
+
+    def _window_ends(self, batch_idx: int) -> bool:
+        if self._trainer is None:
+            return True
+        num_batches = self.trainer.num_training_batches
+        return (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0 or batch_idx + 1 >= num_batches
+
+    def _step_sums(self, out: LossOutput) -> StepSums:
+        keys = tuple(out.logged_values("train"))
+        sums = self.__dict__.get("_train_step_sums")
+        if sums is None:
+            sums = StepSums(keys).to(self.device)
+            self.__dict__["_train_step_sums"] = sums  # not a submodule: no state in checkpoints
+        elif sums.keys != keys:
+            raise RuntimeError(f"the logged loss terms changed during training: {sums.keys} -> {keys}")
+        return sums
+
+    def _log_step_sums(self) -> None:
+        sums = self.__dict__["_train_step_sums"]
+        for key, value in sums.compute().items():
+            self.log(key, value.float(), prog_bar=key == "train/loss_total", on_step=True, on_epoch=False)
+        sums.reset()
+
+    def _warn_local_normalization(self) -> None:
+        if not self.__dict__.get("_warned_local_normalization"):
+            self.__dict__["_warned_local_normalization"] = True
+            rank_zero_warn(
+                "training batches carry no global statistics: each micro-batch is normalized by its own "
+                "counts, which biases the gradient when accumulate_grad_batches × world_size > 1 and the "
+                "counts differ; use lit_losses.GlobalStatsLoader for the train dataloader"
+            )
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> Tensor:
         """Per-token log-probabilities ``[B, T]`` of the labels (0 at ignored positions)."""

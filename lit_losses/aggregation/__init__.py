@@ -1,15 +1,35 @@
 """Global-denominator aggregation of per-token losses."""
 
-from lit_losses.aggregation.modes import AGG_MODES, aggregate, check_mode, token_weights
-from lit_losses.aggregation.stats import GlobalStats, MaskStats, count_units, sequence_ids
+from lit_losses.aggregation.loader import GLOBAL_STATS_KEY, GlobalStatsLoader
+from lit_losses.aggregation.metrics import StepSums, mode_denominator
+from lit_losses.aggregation.modes import AGG_MODES, aggregate, check_mode, reweight_mean, token_weights
+from lit_losses.aggregation.stats import (
+    LABELS_KEY,
+    GlobalStats,
+    MaskStats,
+    batch_mask,
+    count_masks,
+    count_units,
+    sequence_ids,
+    sum_counts,
+)
 
 __all__ = [
     "AGG_MODES",
+    "GLOBAL_STATS_KEY",
+    "LABELS_KEY",
     "GlobalStats",
+    "GlobalStatsLoader",
     "MaskStats",
+    "StepSums",
     "aggregate",
+    "batch_mask",
     "check_mode",
+    "count_masks",
     "count_units",
+    "mode_denominator",
+    "reweight_mean",
     "sequence_ids",
+    "sum_counts",
     "token_weights",
 ]

@@ -14,6 +14,11 @@ mode                     ``w_t``             global value
 =======================  ==================  =========================================
 
 Summed over every micro-batch of every rank these give exactly the loss of the global batch.
+
+**Contract for loss terms.** A term returns either a per-token (or per-sequence, broadcast over its
+tokens) matrix and a mode, aggregated as above with the global counts; or a scalar, taken as a mean
+over this micro-batch's valid units (tokens for ``token-*``, sequences for ``seq-*``) and re-weighted by
+their share of the global count (`reweight_mean`), so that it too sums to a global mean.
 """
 
 from __future__ import annotations
@@ -55,12 +60,41 @@ def token_weights(
 
 
 def aggregate(
-    loss_mat: Tensor, mask: Tensor, mode: str, stats: MaskStats, segment_ids: Tensor | None = None
+    loss_mat: Tensor,
+    mask: Tensor,
+    mode: str,
+    stats: MaskStats,
+    segment_ids: Tensor | None = None,
+    name: str = "loss",
 ) -> Tensor:
-    """``Σ_t w_t · loss_mat_t`` with the weights of ``mode`` (masked positions never contribute)."""
+    """``Σ_t w_t · loss_mat_t`` with the weights of ``mode`` (masked positions never contribute).
+
+    Args:
+        loss_mat: per-token losses ``[B, T]``.
+        mask: which positions count ``[B, T]``.
+        mode: one of `AGG_MODES`.
+        stats: global counts of the mask (`MaskStats`).
+        segment_ids: packed-row segments ``[B, T]``; a sequence is a (row, segment) pair.
+        name: what ``loss_mat`` is, for error messages.
+    """
     if loss_mat.shape != mask.shape:
-        raise ConfigError(
-            f"loss matrix shape {tuple(loss_mat.shape)} differs from the mask shape {tuple(mask.shape)}"
+        raise ValueError(
+            f"{name}: loss matrix shape {tuple(loss_mat.shape)} differs from the mask shape "
+            f"{tuple(mask.shape)}"
         )
     w = token_weights(mask, mode, stats, segment_ids, dtype=loss_mat.dtype)
     return (w * torch.where(mask.bool(), loss_mat, torch.zeros_like(loss_mat))).sum()
+
+
+def reweight_mean(value: Tensor, mode: str, local: MaskStats, stats: MaskStats) -> Tensor:
+    """A scalar ``value`` that is a mean over this micro-batch's valid units, as its share of the global value.
+
+    ``token-mean``: ``value · n_local / N``; ``token-sum``: ``value · n_local``; ``seq-*``:
+    ``value · s_local / S``. Summed over the micro-batches of a step this is the global mean (sum).
+    """
+    check_mode(mode)
+    if mode == "token-sum":
+        return value * local.num_tokens
+    if mode == "token-mean":
+        return value * (local.num_tokens / max(stats.num_tokens, 1))
+    return value * (local.num_sequences / max(stats.num_sequences, 1))

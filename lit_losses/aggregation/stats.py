@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
+
+LABELS_KEY = "labels"
+"""The default mask key: ``labels != ignore_index``."""
 
 
 def sequence_ids(mask: Tensor, segment_ids: Tensor | None = None) -> Tensor:
@@ -33,30 +38,97 @@ def count_units(mask: Tensor, segment_ids: Tensor | None = None) -> tuple[int, i
     return int(mask.sum()), int((per_seq > 0).sum())
 
 
+def batch_mask(batch: Mapping[str, Any], key: str, ignore_index: int = -100) -> Tensor:
+    """The boolean mask of ``key``: ``labels != ignore_index`` for ``"labels"``, else ``batch[key]``."""
+    if key not in batch:
+        raise KeyError(f"mask key {key!r} is missing from the batch; the batch has keys {sorted(batch)}")
+    value = batch[key]
+    if not isinstance(value, Tensor):
+        raise TypeError(f"batch[{key!r}] must be a tensor to serve as a mask, got {type(value).__name__}")
+    if key == LABELS_KEY:
+        return value != ignore_index
+    if value.dtype != torch.bool and not torch.all((value == 0) | (value == 1)):
+        raise ValueError(f"batch[{key!r}] is used as a mask but holds values other than 0 and 1")
+    return value.bool()
+
+
 @dataclass
 class MaskStats:
-    """Global counts of one mask key over the whole optimizer step (all micro-batches, all ranks)."""
+    """Counts of one mask key: valid tokens and sequences with at least one valid token."""
 
     num_tokens: int = 0
     """Valid tokens."""
     num_sequences: int = 0
     """Sequences with at least one valid token."""
 
+    def __add__(self, other: MaskStats) -> MaskStats:
+        return MaskStats(self.num_tokens + other.num_tokens, self.num_sequences + other.num_sequences)
+
+
+def count_masks(
+    batch: Mapping[str, Any], mask_keys: Iterable[str] = (LABELS_KEY,), ignore_index: int = -100
+) -> dict[str, MaskStats]:
+    """Counts of one micro-batch for every mask key (sequences follow ``batch["segment_ids"]``)."""
+    segment_ids = batch.get("segment_ids")
+    return {key: MaskStats(*count_units(batch_mask(batch, key, ignore_index), segment_ids)) for key in mask_keys}
+
+
+def sum_counts(counts: Iterable[Mapping[str, MaskStats]]) -> dict[str, MaskStats]:
+    """Key-wise sum of per-micro-batch counts."""
+    total: dict[str, MaskStats] = {}
+    for c in counts:
+        for key, value in c.items():
+            total[key] = total.get(key, MaskStats()) + value
+    return total
+
+
+def counts_to_tensor(counts: Mapping[str, MaskStats], keys: Sequence[str]) -> Tensor:
+    """``[tokens, sequences]`` per key, flattened in the order of ``keys`` (for one all-reduce)."""
+    return torch.tensor([[counts[k].num_tokens, counts[k].num_sequences] for k in keys], dtype=torch.int64)
+
+
+def tensor_to_counts(values: Tensor, keys: Sequence[str]) -> dict[str, MaskStats]:
+    rows = values.reshape(len(keys), 2).tolist()
+    return {k: MaskStats(int(t), int(s)) for k, (t, s) in zip(keys, rows, strict=True)}
+
 
 @dataclass
 class GlobalStats:
     """What every micro-batch of an optimizer step needs to normalize by global counts.
 
-    ``loss_scale = accumulate_grad_batches × world_size`` cancels Lightning's ``÷A`` and DDP's ``÷D``,
-    so that summing the micro-batch losses the way they do gives the global-batch loss.
+    ``masks`` are the counts of the whole optimizer step (every micro-batch of the accumulation window
+    on every data-parallel rank); ``local`` those of this micro-batch. ``loss_scale = A × D``
+    (``accumulate_grad_batches`` × world size) cancels Lightning's ``÷A`` and DDP's ``÷D``, so that
+    summing the micro-batch losses the way they do gives the global-batch loss.
     """
 
     masks: dict[str, MaskStats] = field(default_factory=dict)
-    """Counts per mask key (``"labels"``: ``labels != ignore_index``)."""
+    """Global counts per mask key (``"labels"``: ``labels != ignore_index``)."""
     loss_scale: float = 1.0
     """Factor applied to the micro-batch loss before Lightning and DDP average it."""
+    local: dict[str, MaskStats] = field(default_factory=dict)
+    """Counts of this micro-batch per mask key (empty: not computed)."""
+    position: int = 0
+    """Index of this micro-batch in its accumulation window."""
+    window: int = 1
+    """Number of micro-batches of the window on each rank (the trailing one of an epoch may be short)."""
 
-    def get(self, key: str) -> MaskStats:
+    def get(self, key: str = LABELS_KEY) -> MaskStats:
+        """Global counts of ``key``."""
         if key not in self.masks:
             raise KeyError(f"no global statistics for mask key {key!r}; known keys: {sorted(self.masks)}")
         return self.masks[key]
+
+    def get_local(self, key: str = LABELS_KEY) -> MaskStats:
+        """Counts of ``key`` in this micro-batch."""
+        if key not in self.local:
+            raise KeyError(f"no local statistics for mask key {key!r}; known keys: {sorted(self.local)}")
+        return self.local[key]
+
+    @classmethod
+    def local_only(
+        cls, batch: Mapping[str, Any], mask_keys: Iterable[str] = (LABELS_KEY,), ignore_index: int = -100
+    ) -> GlobalStats:
+        """Statistics of one micro-batch on its own (per-micro-batch normalization, ``loss_scale = 1``)."""
+        counts = count_masks(batch, mask_keys, ignore_index)
+        return cls(masks=counts, loss_scale=1.0, local=dict(counts))

@@ -12,6 +12,7 @@ from pathlib import Path
 import lightning as L
 from torch.utils.data import DataLoader
 
+from lit_losses.aggregation.loader import GlobalStatsLoader
 from lit_losses.data.packing import EpochShuffleSampler, MicroBatchDataset, Pieces
 from lit_losses.data.tokenizer import (
     EOS_TOKEN,
@@ -168,8 +169,9 @@ class TextDataModule(L.LightningDataModule):
         self.train_set = build(train_docs)
         self.val_set = build(val_docs) if val_docs else None
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(
+    def train_dataloader(self) -> GlobalStatsLoader:
+        """Micro-batches carrying the global counts of their optimizer step (`GlobalStatsLoader`)."""
+        return GlobalStatsLoader(
             self.train_set,
             batch_size=None,
             sampler=EpochShuffleSampler(len(self.train_set), self.seed),

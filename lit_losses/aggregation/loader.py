@@ -1,0 +1,148 @@
+"""`GlobalStatsLoader`: a DataLoader that knows each optimizer step's global counts in advance."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from itertools import islice
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from lit_losses.aggregation.stats import (
+    LABELS_KEY,
+    GlobalStats,
+    count_masks,
+    counts_to_tensor,
+    sum_counts,
+    tensor_to_counts,
+)
+from lit_losses.errors import ConfigError
+
+GLOBAL_STATS_KEY = "global_stats"
+"""The batch key under which the loader attaches the `GlobalStats` of a micro-batch."""
+
+
+class GlobalStatsLoader(DataLoader):
+    """A ``DataLoader`` whose micro-batches carry the global counts of their optimizer step.
+
+    Iterating it reads one accumulation window ahead (``accumulate_grad_batches`` micro-batches, fewer
+    for the trailing window of an epoch), counts the valid tokens and sequences of every mask key in each
+    micro-batch, sums them over the window and all-reduces the sums over the data-parallel group: **one
+    collective per optimizer step**, before the first micro-batch's loss is computed. Each micro-batch
+    (a dict) is then yielded with ``batch["global_stats"] = GlobalStats(masks=global counts,
+    loss_scale=A × D, local=its own counts, position, window)``.
+
+    It is a plain ``DataLoader`` otherwise: Lightning may re-create it to inject its
+    ``DistributedSampler`` (the init arguments are kept), workers (``num_workers > 0``) produce the
+    micro-batches while the lookahead runs in the main process. Every rank must see the same number of
+    micro-batches per epoch (Lightning's ``DistributedSampler`` guarantees it), or the collective hangs.
+
+    `RegularizedLM` configures the loader at ``on_train_start`` from its trainer and its loss terms
+    (``accumulate_grad_batches``, mask keys, ``ignore_index``, the number of batches per epoch after
+    ``limit_train_batches``); values given here must agree with the trainer's.
+
+    Args:
+        *args: ``DataLoader`` arguments (micro-batches must be dicts: use ``batch_size=None`` with a
+            dataset whose items are whole micro-batches, or a ``collate_fn`` that returns a dict).
+        accumulate_grad_batches: micro-batches per optimizer step (``None``: from the trainer).
+        mask_keys: mask keys to count; ``"labels"`` means ``labels != ignore_index``, any other key a
+            0/1 or boolean tensor of the batch (``None``: from the module, else ``("labels",)``).
+        ignore_index: label value of positions without a target.
+        process_group: group to all-reduce over (default: the whole world when initialized).
+        **kwargs: ``DataLoader`` keyword arguments.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        accumulate_grad_batches: int | None = None,
+        mask_keys: Sequence[str] | None = None,
+        ignore_index: int = -100,
+        process_group: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if accumulate_grad_batches is not None and accumulate_grad_batches < 1:
+            raise ConfigError(f"GlobalStatsLoader: accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
+        self.accumulate_grad_batches = accumulate_grad_batches
+        self.mask_keys = tuple(mask_keys) if mask_keys is not None else None
+        self.ignore_index = ignore_index
+        self.process_group = process_group
+        self.max_batches: int | None = None
+        self.lookahead_seconds = 0.0
+        """Time spent counting and all-reducing (for benchmarks)."""
+
+    def configure(
+        self,
+        accumulate_grad_batches: int,
+        mask_keys: Sequence[str],
+        ignore_index: int,
+        max_batches: int | float | None = None,
+    ) -> None:
+        """Take the trainer's and the module's settings (called by `RegularizedLM.on_train_start`)."""
+        if self.accumulate_grad_batches not in (None, accumulate_grad_batches):
+            raise ConfigError(
+                f"GlobalStatsLoader(accumulate_grad_batches={self.accumulate_grad_batches}) disagrees with "
+                f"trainer.accumulate_grad_batches={accumulate_grad_batches}"
+            )
+        self.accumulate_grad_batches = accumulate_grad_batches
+        keys = dict.fromkeys((*(self.mask_keys or ()), *mask_keys))
+        self.mask_keys = tuple(keys)
+        self.ignore_index = ignore_index
+        finite = max_batches is not None and max_batches != float("inf")
+        self.max_batches = int(max_batches) if finite else None
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._with_stats(super().__iter__())
+
+    def _with_stats(self, batches: Iterator[Any]) -> Iterator[Any]:
+        window_size = self.accumulate_grad_batches
+        if window_size is None:
+            raise ConfigError(
+                "GlobalStatsLoader has no accumulate_grad_batches: pass it to the loader, or train a "
+                "RegularizedLM (which configures the loader when training starts)"
+            )
+        keys = self.mask_keys or (LABELS_KEY,)
+        remaining = self.max_batches
+        while remaining is None or remaining > 0:
+            take = window_size if remaining is None else min(window_size, remaining)
+            window = list(islice(batches, take))
+            if not window:
+                return
+            if remaining is not None:
+                remaining -= len(window)
+            yield from self._attach(window, window_size, keys)
+
+    def _attach(self, window: list[Any], window_size: int, keys: Sequence[str]) -> Iterator[Any]:
+        start = time.perf_counter()
+        for i, batch in enumerate(window):
+            if not isinstance(batch, dict):
+                raise TypeError(
+                    f"GlobalStatsLoader needs dict micro-batches (item {i} of a window is a "
+                    f"{type(batch).__name__})"
+                )
+        local = [count_masks(batch, keys, self.ignore_index) for batch in window]
+        totals, world_size = self._all_reduce(counts_to_tensor(sum_counts(local), keys))
+        masks = tensor_to_counts(totals, keys)
+        self.lookahead_seconds += time.perf_counter() - start
+        for i, batch in enumerate(window):
+            stats = GlobalStats(
+                masks=masks,
+                loss_scale=float(window_size * world_size),
+                local=local[i],
+                position=i,
+                window=len(window),
+            )
+            yield {**batch, GLOBAL_STATS_KEY: stats}
+
+    def _all_reduce(self, counts: torch.Tensor) -> tuple[torch.Tensor, int]:
+        if not (dist.is_available() and dist.is_initialized()):
+            return counts, 1
+        group = self.process_group
+        if dist.get_backend(group) == "nccl":
+            counts = counts.cuda()
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
+        return counts.cpu(), dist.get_world_size(group)

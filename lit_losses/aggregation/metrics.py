@@ -1,0 +1,55 @@
+"""Distributed-exact logged values: torchmetrics states that sum over micro-batches and ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from lit_losses.aggregation.modes import check_mode
+from lit_losses.aggregation.stats import MaskStats
+
+
+class StepSums(Metric):
+    """Named values summed over the micro-batches of an optimizer step and over the ranks.
+
+    Each micro-batch's loss is already normalized by the *global* counts of its step, so the
+    global-batch loss is ``Σ_{ranks} Σ_{micro-batches} loss`` (sum semantics). One vector state with
+    ``dist_reduce_fx="sum"`` holds every key, so `compute` costs one collective for all of them.
+    The keys are fixed at construction so that every rank reduces the same vector.
+    """
+
+    full_state_update = False
+
+    def __init__(self, keys: Sequence[str], **kwargs) -> None:
+        super().__init__(**kwargs)
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"StepSums keys must be unique, got {list(keys)}")
+        self.keys = tuple(keys)
+        self.add_state("sums", default=torch.zeros(len(self.keys), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, values: Mapping[str, Tensor | float]) -> None:
+        """Add one micro-batch's ``values`` (every key must be present)."""
+        missing = set(self.keys) - set(values)
+        if missing:
+            raise KeyError(f"StepSums.update is missing keys {sorted(missing)}")
+        row = [torch.as_tensor(values[k]).detach().to(self.sums.device, torch.float64).reshape(()) for k in self.keys]
+        self.sums += torch.stack(row)
+
+    def compute(self) -> dict[str, Tensor]:
+        return {k: self.sums[i] for i, k in enumerate(self.keys)}
+
+
+def mode_denominator(mode: str, local: MaskStats) -> int:
+    """The count a micro-batch's locally normalized value was divided by, in ``mode``.
+
+    ``value × denominator`` summed over micro-batches and ranks, divided by the summed denominators,
+    is the global value (used for validation logging with torchmetrics' weighted `MeanMetric`). For
+    ``token-sum`` the denominator is 1: the logged value is the mean per micro-batch.
+    """
+    check_mode(mode)
+    if mode == "token-sum":
+        return 1
+    return local.num_tokens if mode == "token-mean" else local.num_sequences
