@@ -1,6 +1,15 @@
 """lit_losses: PyTorch Lightning integration for language models trained with custom losses."""
 
-from lit_losses.aggregation import AGG_MODES, GlobalStats, MaskStats, aggregate, token_weights
+from lit_losses.aggregation import (
+    AGG_MODES,
+    GlobalStats,
+    GlobalStatsLoader,
+    MaskStats,
+    StepSums,
+    aggregate,
+    reweight_mean,
+    token_weights,
+)
 from lit_losses.data import TextDataModule
 from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.models import TinyLM, TinyTransformer
@@ -13,15 +22,18 @@ __all__ = [
     "AGG_MODES",
     "FusedLMHead",
     "GlobalStats",
+    "GlobalStatsLoader",
     "HeadOutput",
     "LossContext",
     "LossOutput",
     "MaskStats",
     "OptimizerConfig",
     "RegularizedLM",
+    "StepSums",
     "TextDataModule",
     "TinyLM",
     "TinyTransformer",
     "aggregate",
+    "reweight_mean",
     "token_weights",
 ]

@@ -217,7 +217,10 @@ class RegularizedLM(L.LightningModule):
 
         def configure(loader: GlobalStatsLoader) -> None:
             loader.configure(
-                trainer.accumulate_grad_batches, self.mask_keys(), self.ignore_index, trainer.num_training_batches
+                trainer.accumulate_grad_batches,
+                self.mask_keys(),
+                self.ignore_index,
+                trainer.num_training_batches,
             )
 
         apply_to_collection(trainer.train_dataloader, GlobalStatsLoader, configure)

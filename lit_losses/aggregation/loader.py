@@ -66,7 +66,9 @@ class GlobalStatsLoader(DataLoader):
     ) -> None:
         super().__init__(*args, **kwargs)
         if accumulate_grad_batches is not None and accumulate_grad_batches < 1:
-            raise ConfigError(f"GlobalStatsLoader: accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
+            raise ConfigError(
+                f"GlobalStatsLoader: accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}"
+            )
         self.accumulate_grad_batches = accumulate_grad_batches
         self.mask_keys = tuple(mask_keys) if mask_keys is not None else None
         self.ignore_index = ignore_index

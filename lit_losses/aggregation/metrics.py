@@ -35,7 +35,10 @@ class StepSums(Metric):
         missing = set(self.keys) - set(values)
         if missing:
             raise KeyError(f"StepSums.update is missing keys {sorted(missing)}")
-        row = [torch.as_tensor(values[k]).detach().to(self.sums.device, torch.float64).reshape(()) for k in self.keys]
+        row = [
+            torch.as_tensor(values[k]).detach().to(self.sums.device, torch.float64).reshape(())
+            for k in self.keys
+        ]
         self.sums += torch.stack(row)
 
     def compute(self) -> dict[str, Tensor]:

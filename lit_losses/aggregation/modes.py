@@ -87,7 +87,7 @@ def aggregate(
 
 
 def reweight_mean(value: Tensor, mode: str, local: MaskStats, stats: MaskStats) -> Tensor:
-    """A scalar ``value`` that is a mean over this micro-batch's valid units, as its share of the global value.
+    """Share of the global value of a scalar ``value`` that is a mean over this micro-batch's valid units.
 
     ``token-mean``: ``value · n_local / N``; ``token-sum``: ``value · n_local``; ``seq-*``:
     ``value · s_local / S``. Summed over the micro-batches of a step this is the global mean (sum).

@@ -70,7 +70,9 @@ def count_masks(
 ) -> dict[str, MaskStats]:
     """Counts of one micro-batch for every mask key (sequences follow ``batch["segment_ids"]``)."""
     segment_ids = batch.get("segment_ids")
-    return {key: MaskStats(*count_units(batch_mask(batch, key, ignore_index), segment_ids)) for key in mask_keys}
+    return {
+        key: MaskStats(*count_units(batch_mask(batch, key, ignore_index), segment_ids)) for key in mask_keys
+    }
 
 
 def sum_counts(counts: Iterable[Mapping[str, MaskStats]]) -> dict[str, MaskStats]:

@@ -1,0 +1,89 @@
+"""One optimizer step of the tiny LM over a fixed global batch of packed, variable-length micro-batches.
+
+Run as a script (``python tests/aggregation/ddp_step.py MODE LOADER OUT``) so that Lightning's DDP
+launcher can start the second process. ``LOADER``: ``full`` (one process, the global batch as one
+micro-batch), ``global`` (2 DDP processes × 3 accumulated micro-batches, `GlobalStatsLoader`) or
+``naive`` (the same split with a plain DataLoader: per-micro-batch normalization). Rank 0 saves the
+parameter gradients seen in ``on_before_optimizer_step`` and the logged ``train/loss_total``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from lit_losses import GlobalStatsLoader, TinyLM
+from lit_losses.data.packing import Pieces, collate_rows, pack_rows
+
+VOCAB, SEQ_LEN, RANKS, ACCUMULATE = 64, 16, 2, 3
+
+
+def micro_batches(seed: int = 0) -> list[dict]:
+    """``RANKS × ACCUMULATE`` micro-batches with different numbers of rows, documents and tokens."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(RANKS * ACCUMULATE):
+        n_docs = int(torch.randint(1, 7, (1,), generator=g))
+        docs = [
+            torch.randint(0, VOCAB, (int(torch.randint(2, 24, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n_docs)
+        ]
+        pieces = Pieces.from_documents(docs, SEQ_LEN)
+        out.append(collate_rows(pieces, pack_rows(pieces.lengths.tolist(), SEQ_LEN, packing=True), pad_id=0))
+    return out
+
+
+def one_batch(batches: list[dict]) -> dict:
+    """All rows of ``batches`` in one micro-batch, padded to the longest row."""
+    width = max(b["labels"].shape[1] for b in batches)
+    fill = {"input_ids": 0, "labels": -100, "segment_ids": 0, "position_ids": 0}
+    return {
+        key: torch.cat(
+            [torch.nn.functional.pad(b[key], (0, width - b[key].shape[1]), value=v) for b in batches]
+        )
+        for key, v in fill.items()
+    }
+
+
+class CaptureFirstStep(L.Callback):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if trainer.global_step == 0 and trainer.is_global_zero:
+            grads = {n: p.grad.detach().clone() for n, p in pl_module.named_parameters()}
+            torch.save(
+                {"grads": grads, "loss": float(trainer.callback_metrics["train/loss_total"])}, self.path
+            )
+
+
+def run(mode: str, loader: str, path: str) -> None:
+    batches = micro_batches()
+    full = loader == "full"
+    data = [one_batch(batches)] if full else batches
+    if loader == "naive":
+        train = DataLoader(data, batch_size=None, shuffle=False)
+    else:
+        train = GlobalStatsLoader(data, batch_size=None, shuffle=False)
+    L.seed_everything(0, verbose=False)
+    model = TinyLM(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, loss_agg=mode, head_backend="chunked")
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1 if full else RANKS,
+        strategy="auto" if full else "ddp",
+        max_steps=1,
+        accumulate_grad_batches=1 if full else ACCUMULATE,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[CaptureFirstStep(path)],
+    )
+    trainer.fit(model, train_dataloaders=train)
+
+
+if __name__ == "__main__":
+    run(*sys.argv[1:4])

@@ -1,0 +1,156 @@
+"""Property test: micro-batch losses combined as Lightning and DDP combine them equal the full-batch loss."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lit_losses.aggregation import (
+    AGG_MODES,
+    GlobalStats,
+    aggregate,
+    count_masks,
+    reweight_mean,
+    sum_counts,
+)
+
+V, F = 5, 3
+
+
+@st.composite
+def micro_batch(draw, packing: bool) -> dict:
+    """Rows of variable length; with packing, several segments per row; random masks."""
+    B, T = draw(st.integers(1, 3)), draw(st.integers(1, 6))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    seg = torch.zeros(B, T, dtype=torch.long)
+    for b in range(B):
+        width = draw(st.integers(0, T))  # the rest of the row is padding (segment 0)
+        n_seg = draw(st.integers(1, 3)) if packing else 1
+        cuts = sorted(draw(st.lists(st.integers(1, max(width - 1, 1)), max_size=n_seg - 1)))
+        seg[b, :width] = 1 + torch.bucketize(
+            torch.arange(width), torch.tensor(cuts, dtype=torch.long), right=True
+        )
+    p_valid = draw(st.sampled_from([0.0, 0.5, 0.9, 1.0]))
+    valid = (torch.rand(B, T, generator=g) < p_valid) & (seg > 0)
+    labels = torch.randint(0, V, (B, T), generator=g)
+    return {
+        "x": torch.randn(B, T, F, generator=g, dtype=torch.float64),
+        "labels": torch.where(valid, labels, torch.full_like(labels, -100)),
+        "segment_ids": seg if packing else None,
+        "aux": torch.randn(B, T, generator=g, dtype=torch.float64),
+    }
+
+
+def concat(batches: list[dict]) -> dict:
+    """The global batch in one micro-batch: rows stacked, padded to the longest."""
+    T = max(b["labels"].shape[1] for b in batches)
+
+    def pad(t, value):
+        return torch.nn.functional.pad(
+            t, (0, 0, 0, T - t.shape[1]) if t.dim() == 3 else (0, T - t.shape[1]), value=value
+        )
+
+    out = {
+        "x": torch.cat([pad(b["x"], 0.0) for b in batches]),
+        "labels": torch.cat([pad(b["labels"], -100) for b in batches]),
+        "aux": torch.cat([pad(b["aux"], 0.0) for b in batches]),
+        "segment_ids": None,
+    }
+    if batches[0]["segment_ids"] is not None:
+        out["segment_ids"] = torch.cat([pad(b["segment_ids"], 0) for b in batches])
+    return out
+
+
+def micro_loss(batch: dict, weight: torch.Tensor, mode: str, stats: GlobalStats) -> torch.Tensor:
+    """Cross-entropy of a linear model, aggregated in ``mode``, plus a scalar term per the contract."""
+    mask = batch["labels"] != -100
+    logp = torch.log_softmax(batch["x"] @ weight, dim=-1)
+    nll = -logp.gather(-1, batch["labels"].clamp_min(0)[..., None])[..., 0]
+    loss = aggregate(nll, mask, mode, stats.get("labels"), batch["segment_ids"])
+    # a scalar term: the mean over this micro-batch's valid units, re-weighted by their global share
+    local = stats.get_local("labels")
+    units = local.num_tokens if mode.startswith("token") else local.num_sequences
+    if units:
+        per_token = batch["aux"] * nll
+        if mode.startswith("token"):
+            scalar = per_token[mask].sum() / units
+        else:
+            scalar = aggregate(
+                per_token,
+                mask,
+                "seq-mean-token-mean" if mode.endswith("mean") else "seq-mean-token-sum",
+                local,
+                batch["segment_ids"],
+            )
+        loss = loss + 0.3 * reweight_mean(scalar, mode, local, stats.get("labels"))
+    return loss
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), ranks=st.integers(1, 3), accumulate=st.integers(1, 3), packing=st.booleans())
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_split_into_ranks_and_micro_batches_equals_the_full_batch(data, ranks, accumulate, packing, mode):
+    # the trailing window of an epoch may hold fewer micro-batches; Lightning still divides by A
+    window = data.draw(st.integers(1, accumulate), label="window")
+    grid = [[data.draw(micro_batch(packing)) for _ in range(window)] for _ in range(ranks)]
+    weight = torch.randn(
+        F, V, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True
+    )
+
+    # what GlobalStatsLoader does: count every micro-batch, sum over the window, all-reduce over ranks
+    local = [[count_masks(b) for b in row] for row in grid]
+    totals = sum_counts(c for row in local for c in row)
+    combined = 0.0
+    for d in range(ranks):
+        rank_loss = 0.0
+        for a, batch in enumerate(grid[d]):
+            stats = GlobalStats(
+                totals, loss_scale=accumulate * ranks, local=local[d][a], position=a, window=window
+            )
+            rank_loss = rank_loss + micro_loss(batch, weight, mode, stats) * stats.loss_scale / accumulate
+        combined = combined + rank_loss / ranks  # DDP averages the gradients over ranks
+    (grad,) = torch.autograd.grad(combined, weight)
+
+    full = concat([b for row in grid for b in row])
+    full_stats = GlobalStats(count_masks(full), local=count_masks(full))
+    reference = micro_loss(full, weight, mode, full_stats)
+    (ref_grad,) = torch.autograd.grad(reference, weight)
+
+    assert torch.isfinite(reference)
+    torch.testing.assert_close(combined, reference, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-10)
+
+
+def test_per_micro_batch_normalization_is_biased():
+    """The naive approach (each micro-batch divides by its own count) differs when counts differ."""
+    g = torch.Generator().manual_seed(1)
+    a = {"labels": torch.tensor([[1, 2, 3, 4]]), "segment_ids": None}
+    b = {"labels": torch.tensor([[1, -100, -100, -100]]), "segment_ids": None}
+    losses = [torch.rand(1, 4, generator=g, dtype=torch.float64) for _ in range(2)]
+    naive = (
+        sum(
+            aggregate(loss, m["labels"] != -100, "token-mean", count_masks(m)["labels"])
+            for loss, m in zip(losses, (a, b))
+        )
+        / 2
+    )
+    total = sum_counts([count_masks(a), count_masks(b)])["labels"]
+    exact = sum(aggregate(loss, m["labels"] != -100, "token-mean", total) for loss, m in zip(losses, (a, b)))
+    reference = (losses[0].sum() + losses[1][0, 0]) / 5
+    torch.testing.assert_close(exact, reference)
+    assert abs(float(naive - reference)) > 1e-3
+
+
+def test_bad_inputs_name_the_mode_the_key_and_the_shapes():
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    stats = count_masks({"labels": torch.ones(2, 3, dtype=torch.long)})["labels"]
+    with pytest.raises(ValueError, match="token-median"):
+        aggregate(torch.zeros(2, 3), mask, "token-median", stats)
+    with pytest.raises(ValueError, match=r"\(2, 4\).*\(2, 3\)"):
+        aggregate(torch.zeros(2, 4), mask, "token-mean", stats)
+    with pytest.raises(KeyError, match="loss_mask"):
+        count_masks({"labels": torch.ones(2, 3, dtype=torch.long)}, ("labels", "loss_mask"))
+    with pytest.raises(KeyError, match="ref_mask"):
+        GlobalStats(count_masks({"labels": torch.ones(2, 3, dtype=torch.long)})).get("ref_mask")
