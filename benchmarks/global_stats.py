@@ -75,7 +75,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads() // args.devices))
-    data = TextDataModule(vocab_size=4096, seq_len=256, tokens_per_batch=4096, max_documents=300, val_fraction=0)
+    data = TextDataModule(
+        vocab_size=4096, seq_len=256, tokens_per_batch=4096, max_documents=300, val_fraction=0
+    )
     model = TimedTinyLM(vocab_size=4096, d_model=192, n_layers=3, n_heads=3)
     trainer = L.Trainer(
         accelerator="cpu",
