@@ -26,6 +26,7 @@ from lit_losses.aggregation import (
 from lit_losses.errors import ConfigError
 from lit_losses.heads import BACKENDS, FusedLMHead, HeadOutput
 from lit_losses.optim import OptimizerConfig, build_optimizer
+from lit_losses.regularizers import RegularizerSet, RegularizerSpec
 
 
 @dataclass
@@ -50,6 +51,27 @@ class LossContext:
     step: int
     stage: str
 
+    @property
+    def logprobs(self) -> Tensor:
+        """``log p(label)`` ``[B, T]`` (0 at ignored positions)."""
+        return self._head_field("logprobs")
+
+    @property
+    def lse(self) -> Tensor:
+        """Log-sum-exp of the logits ``[B, T]``."""
+        return self._head_field("lse")
+
+    @property
+    def entropy(self) -> Tensor:
+        """Entropy of the predicted distribution ``[B, T]``."""
+        return self._head_field("entropy")
+
+    def _head_field(self, name: str) -> Tensor:
+        value = getattr(self.head, name)
+        if value is None:
+            raise AttributeError(f"head output {name!r} was not computed: declare it in the term's needs")
+        return value
+
 
 @dataclass
 class LossOutput:
@@ -63,12 +85,21 @@ class LossOutput:
     num_tokens: int = 0
 
     def logged_values(self, stage: str) -> dict[str, Tensor]:
-        """Flat telemetry whose global value is a sum over micro-batches and ranks."""
-        return {
+        """Flat telemetry whose global value is a sum over micro-batches and ranks.
+
+        Per term: ``value``, ``contribution``, ``error`` (a count, logged as 0/1) and, when computed,
+        ``grad_norm_sq`` (squared norms add up over micro-batches and ranks; logged as ``grad_norm``).
+        """
+        values = {
             f"{stage}/loss_total": self.total.detach(),
             f"{stage}/base_loss": self.base.detach(),
             f"{stage}/regularizer_total": self.regularizer_total.detach(),
         }
+        for name, term in self.terms.items():
+            for key in ("value", "contribution", "error", "grad_norm_sq"):
+                if term.get(key) is not None:
+                    values[f"regularizers/{name}/{key}"] = torch.as_tensor(term[key])
+        return values
 
 
 class RegularizedLM(L.LightningModule):
@@ -105,6 +136,9 @@ class RegularizedLM(L.LightningModule):
         optimizer: AdamW and learning-rate schedule settings.
         ignore_index: label value of positions without a target.
         check_finite: check hidden states for NaN/Inf before the head.
+        regularizers: loss terms (`RegularizerSpec`; from YAML a list of dicts with its fields).
+        regularizer_grad_norm: log each term's gradient norm w.r.t. the per-token log-probabilities.
+        base_loss_weight: weight of the base cross-entropy (0: the regularizers are the whole loss).
     """
 
     def __init__(
@@ -115,6 +149,9 @@ class RegularizedLM(L.LightningModule):
         optimizer: OptimizerConfig | None = None,
         ignore_index: int = -100,
         check_finite: bool = True,
+        regularizers: list[RegularizerSpec] | None = None,
+        regularizer_grad_norm: bool = False,
+        base_loss_weight: float = 1.0,
     ) -> None:
         super().__init__()
         if head_backend not in BACKENDS:
@@ -124,7 +161,15 @@ class RegularizedLM(L.LightningModule):
         self.head_backend, self.head_chunk_size = head_backend, head_chunk_size
         self.loss_agg, self.ignore_index, self.check_finite = loss_agg, ignore_index, check_finite
         self.optimizer_config = optimizer or OptimizerConfig()
+        self.regularizer_set = RegularizerSet(regularizers or (), loss_agg, regularizer_grad_norm)
+        if base_loss_weight < 0:
+            raise ConfigError(f"model.base_loss_weight must be >= 0, got {base_loss_weight}")
+        self.base_loss_weight = float(base_loss_weight)
         self.val_loss = MeanMetric()
+        self.val_loss_total = MeanMetric()
+        self.telemetry: dict[str, Any] = {}
+        """The last optimizer step's values as a nested dict (``loss_total``, ``base_loss``,
+        ``regularizer_total``, ``regularizers: {name: {value, weight, contribution, custom}}``)."""
 
     # ---- subclass contract -------------------------------------------------------------------
     def forward_hidden(self, batch: dict[str, Tensor]) -> Tensor:
@@ -168,15 +213,18 @@ class RegularizedLM(L.LightningModule):
 
     def mask_keys(self) -> tuple[str, ...]:
         """Mask keys whose global counts the loss terms need (``"labels"``: ``labels != ignore_index``)."""
-        return (LABELS_KEY,)
+        return (LABELS_KEY, *self.regularizer_set.mask_keys())
 
     def head_outputs_needed(self) -> tuple[str, ...]:
         """Head outputs consumed by the loss terms (the base loss alone needs only ``logprobs``)."""
-        return ()
+        needed = tuple(n for n in self.regularizer_set.needs() if n != "hidden")
+        if self.base_loss_weight == 0 and not needed:
+            return ("logprobs",)
+        return needed
 
     def regularize(self, ctx: LossContext) -> tuple[Tensor, dict[str, dict[str, Any]]]:
-        """Weighted sum of the regularizer terms and their telemetry (none in the base class)."""
-        return ctx.hidden.new_zeros((), dtype=torch.float32), {}
+        """Weighted sum of the regularizer terms and their telemetry (`RegularizerSet`)."""
+        return self.regularizer_set(ctx)
 
     # ---- the loss ----------------------------------------------------------------------------
     def compute_loss(self, batch: dict[str, Any], stage: str = "train") -> LossOutput:
@@ -202,7 +250,8 @@ class RegularizedLM(L.LightningModule):
                 "its loss is 0 with zero gradients"
             )
         num_tokens = stats.get_local(LABELS_KEY).num_tokens
-        return LossOutput(base + reg_total, base, reg_total, stats, terms, num_tokens)
+        total = (base if self.base_loss_weight == 1.0 else self.base_loss_weight * base) + reg_total
+        return LossOutput(total, base, reg_total, stats, terms, num_tokens)
 
     @staticmethod
     def _batch_tensor(batch: dict[str, Any], key: str) -> Tensor:
@@ -237,6 +286,7 @@ class RegularizedLM(L.LightningModule):
         # what Lightning (÷A) and DDP (÷D) make of this micro-batch's loss: its share of the step's loss
         share = stats.loss_scale / self._accumulation_factor()
         self._step_sums(out).update({k: v * share for k, v in out.logged_values("train").items()})
+        self.__dict__["_last_terms"] = out.terms
         if self._window_ends(batch_idx):
             self._log_step_sums()
         return out.total * stats.loss_scale
@@ -247,7 +297,9 @@ class RegularizedLM(L.LightningModule):
         if weight:
             # Σ value·count / Σ count over every micro-batch of every rank (sum states, exact in DDP)
             self.val_loss.update(out.base.detach(), weight=weight)
+            self.val_loss_total.update(out.total.detach(), weight=weight)
         self.log("val/loss", self.val_loss, prog_bar=True, on_step=False, on_epoch=True)
+        self.log("val/loss_total", self.val_loss_total, on_step=False, on_epoch=True)
 
     # ---- step telemetry ----------------------------------------------------------------------
     def _accumulation_factor(self) -> int:
@@ -274,9 +326,24 @@ class RegularizedLM(L.LightningModule):
 
     def _log_step_sums(self) -> None:
         sums = self.__dict__["_train_step_sums"]
+        values = {}
         for key, value in sums.compute().items():
-            self.log(key, value.float(), prog_bar=key == "train/loss_total", on_step=True, on_epoch=False)
+            if key.endswith("/grad_norm_sq"):
+                key, value = key.removesuffix("_sq"), value.clamp_min(0).sqrt()
+            elif key.endswith("/error"):
+                value = (value > 0).to(value.dtype)
+            values[key] = value.float()
         sums.reset()
+        terms = self.regularizer_set
+        for name in terms.terms:
+            values[f"regularizers/{name}/weight"] = torch.tensor(terms.effective_weight(name, self.global_step))
+        last = self.__dict__.get("_last_terms", {})
+        for name, term in last.items():
+            for key, value in term.get("custom", {}).items():
+                values[f"regularizers/{name}/custom/{key}"] = torch.tensor(value)
+        for key, value in values.items():
+            self.log(key, value, prog_bar=key == "train/loss_total", on_step=True, on_epoch=False)
+        self.telemetry = _nested_telemetry(values, last)
 
     def _warn_local_normalization(self) -> None:
         if not self.__dict__.get("_warned_local_normalization"):
@@ -287,6 +354,18 @@ class RegularizedLM(L.LightningModule):
                 "counts differ; use lit_losses.GlobalStatsLoader for the train dataloader"
             )
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Save the regularizers' run-time weights and enabled flags."""
+        checkpoint["lit_losses_regularizers"] = self.regularizer_set.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Restore the regularizers' weights and enabled flags in force at the checkpoint."""
+        if "lit_losses_regularizers" in checkpoint:
+            self.regularizer_set.load_state_dict(checkpoint["lit_losses_regularizers"])
+
+    def teardown(self, stage: str) -> None:
+        self.regularizer_set.close()
+
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> Tensor:
         """Per-token log-probabilities ``[B, T]`` of the labels (0 at ignored positions)."""
         labels = self._batch_tensor(batch, "labels")
@@ -296,6 +375,30 @@ class RegularizedLM(L.LightningModule):
         total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
         optimizer, scheduler = build_optimizer(self, self.optimizer_config, max(total, 1))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _nested_telemetry(values: dict[str, Tensor], last_terms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    def get(key: str) -> float:
+        return float(values[key]) if key in values else 0.0
+
+    regularizers = {}
+    for name, term in last_terms.items():
+        prefix = f"regularizers/{name}"
+        regularizers[name] = {
+            "value": get(f"{prefix}/value"),
+            "weight": get(f"{prefix}/weight"),
+            "contribution": get(f"{prefix}/contribution"),
+            "custom": dict(term.get("custom", {})),
+        }
+        if f"{prefix}/grad_norm" in values:
+            regularizers[name]["grad_norm"] = get(f"{prefix}/grad_norm")
+        regularizers[name]["error"] = get(f"{prefix}/error")
+    return {
+        "loss_total": get("train/loss_total"),
+        "base_loss": get("train/base_loss"),
+        "regularizer_total": get("train/regularizer_total"),
+        "regularizers": regularizers,
+    }
 
 
 __all__ = ["AGG_MODES", "LossContext", "LossOutput", "RegularizedLM"]

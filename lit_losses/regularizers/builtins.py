@@ -1,0 +1,69 @@
+"""Built-in regularizers. Each returns a per-token matrix ``[B, T]`` (aggregated with the term's mode).
+
+Notation: ``z`` logits, ``p = softmax(z)``, ``lse = log Σ_v exp z_v``, ``H = −Σ_v p_v log p_v``,
+``log p_t`` the log-probability of the label at position ``t``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import Tensor
+
+from lit_losses.regularizers.registry import register_regularizer
+
+if TYPE_CHECKING:
+    from lit_losses.module import LossContext
+
+
+@register_regularizer("z_loss", needs=("lse",))
+def z_loss(ctx: LossContext) -> Tensor:
+    """``r_t = lse_t²``: keeps the softmax normalizer near 1 (PaLM's z-loss, usually weight 1e-4)."""
+    return ctx.head.lse.square()
+
+
+@register_regularizer("entropy", needs=("entropy",))
+def entropy(ctx: LossContext, mode: Literal["penalty", "bonus"] = "penalty") -> Tensor:
+    """``r_t = H_t`` (``penalty``: sharper predictions) or ``r_t = −H_t`` (``bonus``: more entropy)."""
+    if mode not in ("penalty", "bonus"):
+        raise ValueError(f"entropy: mode must be 'penalty' or 'bonus', got {mode!r}")
+    return ctx.head.entropy if mode == "penalty" else -ctx.head.entropy
+
+
+@register_regularizer("confidence_penalty", needs=("entropy",))
+def confidence_penalty(ctx: LossContext, threshold: float | None = None) -> Tensor:
+    """Confidence penalty (Pereyra et al., 2017): ``r_t = −H_t``, or the hinge ``max(0, τ − H_t)``.
+
+    With ``threshold = τ`` only predictions whose entropy falls below ``τ`` are penalized.
+    """
+    h = ctx.head.entropy
+    return -h if threshold is None else torch.relu(threshold - h)
+
+
+@register_regularizer("logprob_l1", needs=("logprobs",))
+def logprob_l1(ctx: LossContext, target: float = 0.0) -> Tensor:
+    """``r_t = |log p_t − c|`` with ``c = target`` (0: an L1 pull of the label's log-probability to 0)."""
+    return (ctx.head.logprobs - target).abs()
+
+
+@register_regularizer("kl_reference", needs=("logprobs",))
+def kl_reference(ctx: LossContext, key: str = "ref_logprobs", estimator: Literal["k1", "k2", "k3"] = "k3") -> Tensor:
+    """Per-token estimate of ``KL(π ‖ π_ref)`` from label log-probabilities, with ``d_t = log π_ref − log π``.
+
+    ``k1``: ``−d_t``; ``k2``: ``d_t² / 2``; ``k3``: ``exp(d_t) − d_t − 1`` (unbiased, non-negative;
+    Schulman's estimator). ``batch[key]`` holds the reference log-probabilities ``[B, T]``.
+    """
+    if key not in ctx.batch:
+        raise KeyError(f"kl_reference: batch key {key!r} is missing; the batch has keys {sorted(ctx.batch)}")
+    ref = ctx.batch[key].to(ctx.head.logprobs.dtype)
+    if ref.shape != ctx.head.logprobs.shape:
+        raise ValueError(f"kl_reference: batch[{key!r}] has shape {tuple(ref.shape)}, expected {tuple(ctx.head.logprobs.shape)}")
+    d = torch.where(ctx.mask, ref - ctx.head.logprobs, torch.zeros_like(ref))
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d.square()
+    if estimator == "k3":
+        return torch.expm1(d) - d
+    raise ValueError(f"kl_reference: estimator must be 'k1', 'k2' or 'k3', got {estimator!r}")
