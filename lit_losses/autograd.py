@@ -27,6 +27,7 @@ __all__ = [
     "GradientCheckError",
     "GradientReport",
     "check_gradients",
+    "check_regularizer",
     "clamp_ste",
     "custom_vjp",
     "is_surrogate",
@@ -454,3 +455,55 @@ def _jacobian_mismatch(
         float(numerical[j, k]) if diff.numel() else 0.0,
         (j, k),
     )
+
+
+def check_regularizer(
+    term: Any,
+    logprobs: Tensor,
+    mask: Tensor | None = None,
+    *,
+    lse: Tensor | None = None,
+    entropy: Tensor | None = None,
+    hidden: Tensor | None = None,
+    batch: dict[str, Any] | None = None,
+    agg: str = "token-mean",
+    **kwargs: Any,
+) -> GradientReport:
+    """`check_gradients` for a loss term, against its inputs (log-probabilities and the rest).
+
+    The term (a registry name, a callable ``fn(ctx)`` or a `RegularizerSpec`) is run the way
+    `RegularizerSet` runs it (output checks, aggregation with ``agg`` over ``mask``), as a function of
+    the float64 tensors given among ``logprobs``, ``lse``, ``entropy`` and ``hidden``. ``batch`` supplies
+    the other keys the term reads (``labels`` is derived from ``mask`` when absent).
+    """
+    from lit_losses.aggregation import GlobalStats
+    from lit_losses.heads import HeadOutput
+    from lit_losses.module import LossContext
+    from lit_losses.regularizers import RegularizerSet, RegularizerSpec
+
+    spec = term if isinstance(term, RegularizerSpec) else None
+    if spec is None:
+        spec = RegularizerSpec(
+            name=term if isinstance(term, str) else getattr(term, "__name__", "term"), fn=term
+        )
+    mask = torch.ones(logprobs.shape, dtype=torch.bool) if mask is None else mask.bool()
+    data = dict(batch or {})
+    data.setdefault("labels", torch.where(mask, 0, -100))
+    terms = RegularizerSet([spec], default_agg=agg)
+    stats = GlobalStats.local_only(data, ("labels", *terms.mask_keys()))
+    names = [
+        n
+        for n, t in (("logprobs", logprobs), ("lse", lse), ("entropy", entropy), ("hidden", hidden))
+        if t is not None
+    ]
+
+    def fn(*tensors: Tensor) -> Tensor:
+        values = dict(zip(names, tensors, strict=True))
+        head = HeadOutput(values.get("logprobs"), values.get("lse"), values.get("entropy"))
+        hidden_ = values.get("hidden", torch.zeros((*logprobs.shape, 1), dtype=torch.float64))
+        ctx = LossContext(data, head, hidden_, mask, stats, 0, "train")
+        total, _ = terms(ctx)
+        return total
+
+    inputs = [t for t in (logprobs, lse, entropy, hidden) if t is not None]
+    return check_gradients(fn, *inputs, name=f"regularizer {spec.name!r}", **kwargs)

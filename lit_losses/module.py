@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,7 +162,8 @@ class RegularizedLM(L.LightningModule):
         self.save_hyperparameters()
         self.head_backend, self.head_chunk_size = head_backend, head_chunk_size
         self.loss_agg, self.ignore_index, self.check_finite = loss_agg, ignore_index, check_finite
-        self.optimizer_config = optimizer or OptimizerConfig()
+        self.optimizer_config = OptimizerConfig(**optimizer) if isinstance(optimizer, dict) else optimizer
+        self.optimizer_config = self.optimizer_config or OptimizerConfig()
         self.regularizer_set = RegularizerSet(regularizers or (), loss_agg, regularizer_grad_norm)
         if base_loss_weight < 0:
             raise ConfigError(f"model.base_loss_weight must be >= 0, got {base_loss_weight}")
@@ -233,7 +236,10 @@ class RegularizedLM(L.LightningModule):
         hidden = self.forward_hidden(batch)
         mask = labels != self.ignore_index
         stats = self.global_stats(batch, stage)
-        weights = token_weights(mask, self.loss_agg, stats.get(LABELS_KEY), batch.get("segment_ids"))
+        accum_dtype = torch.promote_types(hidden.dtype, torch.float32)
+        weights = token_weights(
+            mask, self.loss_agg, stats.get(LABELS_KEY), batch.get("segment_ids"), accum_dtype
+        )
         head = self.output_head()
         extra = self.head_outputs_needed()
         if stage == "train" and not extra:
@@ -336,7 +342,9 @@ class RegularizedLM(L.LightningModule):
         sums.reset()
         terms = self.regularizer_set
         for name in terms.terms:
-            values[f"regularizers/{name}/weight"] = torch.tensor(terms.effective_weight(name, self.global_step))
+            values[f"regularizers/{name}/weight"] = torch.tensor(
+                terms.effective_weight(name, self.global_step)
+            )
         last = self.__dict__.get("_last_terms", {})
         for name, term in last.items():
             for key, value in term.get("custom", {}).items():
@@ -355,8 +363,14 @@ class RegularizedLM(L.LightningModule):
             )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Save the regularizers' run-time weights and enabled flags."""
+        """Save the regularizers' run-time weights and enabled flags; keep hyper-parameters plain data.
+
+        Dataclass configs become dicts and callables their import paths, so that checkpoints load with
+        ``torch.load(weights_only=True)`` (Lightning's default) and ``load_from_checkpoint`` rebuilds them.
+        """
         checkpoint["lit_losses_regularizers"] = self.regularizer_set.state_dict()
+        if "hyper_parameters" in checkpoint:
+            checkpoint["hyper_parameters"] = plain_data(checkpoint["hyper_parameters"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore the regularizers' weights and enabled flags in force at the checkpoint."""
@@ -375,6 +389,22 @@ class RegularizedLM(L.LightningModule):
         total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
         optimizer, scheduler = build_optimizer(self, self.optimizer_config, max(total, 1))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def plain_data(value: Any) -> Any:
+    """``value`` with dataclasses as dicts and callables as import paths (``module.qualname``)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {k: plain_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(plain_data(v) for v in value)
+    if callable(value) and not isinstance(value, type):
+        module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+        if module and name and "<" not in name:
+            return f"{module}.{name}"
+        return repr(value)
+    return value
 
 
 def _nested_telemetry(values: dict[str, Tensor], last_terms: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 
-from lit_losses import TextDataModule, TinyLM
+from lit_losses import RegularizedLM, TextDataModule, TinyLM
 
 TINY_MODEL = dict(d_model=32, n_layers=1, n_heads=2)
 TINY_DATA = dict(vocab_size=512, seq_len=64, tokens_per_batch=256, max_documents=12, val_fraction=0.1)
@@ -44,3 +44,41 @@ def quiet_trainer(**kwargs) -> L.Trainer:
 def seed(value: int = 0) -> None:
     L.seed_everything(value, verbose=False)
     torch.manual_seed(value)
+
+
+class EmbeddingLM(RegularizedLM):
+    """A minimal `RegularizedLM` (embedding → tanh → linear with bias) for exact float64 checks."""
+
+    def __init__(self, vocab_size: int = 11, d_model: int = 6, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.embed = torch.nn.Embedding(vocab_size, d_model)
+        self.lm_head = torch.nn.Linear(d_model, vocab_size)
+
+    def forward_hidden(self, batch):
+        return torch.tanh(self.embed(batch["input_ids"]))
+
+    def output_projection(self):
+        return self.lm_head.weight, self.lm_head.bias
+
+    def reference_head(self, batch):
+        """Naive float64 ``(logprobs, lse, entropy)`` of the labels, from materialized logits."""
+        logits = self.lm_head(self.forward_hidden(batch))
+        logp_all = torch.log_softmax(logits, -1)
+        mask = batch["labels"] != -100
+        logp = logp_all.gather(-1, batch["labels"].clamp_min(0)[..., None])[..., 0]
+        zero = torch.zeros_like(logp)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        lse = torch.logsumexp(logits, -1)
+        return (
+            torch.where(mask, logp, zero),
+            torch.where(mask, lse, zero),
+            torch.where(mask, entropy, zero),
+            mask,
+        )
+
+
+def random_batch(vocab_size: int = 11, B: int = 3, T: int = 7, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, vocab_size, (B, T), generator=g)
+    labels[torch.rand(B, T, generator=g) < 0.25] = -100
+    return {"input_ids": torch.randint(0, vocab_size, (B, T), generator=g), "labels": labels}

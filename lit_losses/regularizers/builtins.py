@@ -48,7 +48,9 @@ def logprob_l1(ctx: LossContext, target: float = 0.0) -> Tensor:
 
 
 @register_regularizer("kl_reference", needs=("logprobs",))
-def kl_reference(ctx: LossContext, key: str = "ref_logprobs", estimator: Literal["k1", "k2", "k3"] = "k3") -> Tensor:
+def kl_reference(
+    ctx: LossContext, key: str = "ref_logprobs", estimator: Literal["k1", "k2", "k3"] = "k3"
+) -> Tensor:
     """Per-token estimate of ``KL(π ‖ π_ref)`` from label log-probabilities, with ``d_t = log π_ref − log π``.
 
     ``k1``: ``−d_t``; ``k2``: ``d_t² / 2``; ``k3``: ``exp(d_t) − d_t − 1`` (unbiased, non-negative;
@@ -58,7 +60,10 @@ def kl_reference(ctx: LossContext, key: str = "ref_logprobs", estimator: Literal
         raise KeyError(f"kl_reference: batch key {key!r} is missing; the batch has keys {sorted(ctx.batch)}")
     ref = ctx.batch[key].to(ctx.head.logprobs.dtype)
     if ref.shape != ctx.head.logprobs.shape:
-        raise ValueError(f"kl_reference: batch[{key!r}] has shape {tuple(ref.shape)}, expected {tuple(ctx.head.logprobs.shape)}")
+        raise ValueError(
+            f"kl_reference: batch[{key!r}] has shape {tuple(ref.shape)}, "
+            f"expected {tuple(ctx.head.logprobs.shape)}"
+        )
     d = torch.where(ctx.mask, ref - ctx.head.logprobs, torch.zeros_like(ref))
     if estimator == "k1":
         return -d

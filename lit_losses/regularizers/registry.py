@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,13 +30,7 @@ class RegistryEntry:
             return self.target(**args)
         if not args:
             return self.target
-        target = self.target
-
-        def bound(ctx: Any) -> Any:
-            return target(ctx, **args)
-
-        bound.__wrapped__ = target  # type: ignore[attr-defined]
-        return bound
+        return functools.partial(self.target, **args)
 
 
 REGISTRY: dict[str, RegistryEntry] = {}
@@ -68,7 +63,9 @@ def register_regularizer(
 
     def decorator(target: Callable[..., Any]) -> Callable[..., Any]:
         if name in REGISTRY and REGISTRY[name].target is not target:
-            raise ValueError(f"a regularizer named {name!r} is already registered ({REGISTRY[name].target!r})")
+            raise ValueError(
+                f"a regularizer named {name!r} is already registered ({REGISTRY[name].target!r})"
+            )
         REGISTRY[name] = RegistryEntry(name, target, tuple(needs), differentiable)
         return target
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import inspect
 import math
 import time
@@ -48,7 +49,11 @@ class Term:
 
 
 def _is_coroutine_function(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.isfunction(fn) or inspect.ismethod(fn):
+        return inspect.iscoroutinefunction(fn)
+    return inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def build_term(spec: RegularizerSpec) -> Term:
@@ -75,7 +80,8 @@ class RegularizerSet:
     Args:
         specs: the terms (`RegularizerSpec` or dicts with its fields).
         default_agg: aggregation mode of terms that do not set ``agg``.
-        grad_norm: also compute each term's gradient norm w.r.t. the head's log-probabilities.
+        grad_norm: also compute each term's gradient norm w.r.t. the per-token head outputs
+            (log-probabilities, and the lse and entropy where a term consumes them).
     """
 
     def __init__(
@@ -229,7 +235,7 @@ class RegularizerSet:
             value = reweight_mean(out.reshape(()), agg, ctx.stats.get_local(key), stats)
         else:
             value = aggregate(out, mask, agg, stats, ctx.batch.get("segment_ids"), name=where)
-        return value.float(), custom
+        return value.to(torch.promote_types(value.dtype, torch.float32)), custom
 
     def _handle_error(self, term: Term, exc: BaseException) -> None:
         if isinstance(exc, _Fatal) or term.spec.on_error == "raise":
@@ -265,8 +271,11 @@ def _custom_metrics(values: Mapping[str, Any], where: str) -> dict[str, float]:
 
 
 def _grad_norm_sq(contribution: Tensor, ctx: LossContext) -> Tensor:
-    logprobs = ctx.head.logprobs
-    if logprobs is None or not logprobs.requires_grad or not contribution.requires_grad:
+    """``‖∂(w·r)/∂(logprobs, lse, entropy)‖²``: the weighted gradient w.r.t. the per-token head outputs."""
+    outputs = [
+        o for o in (ctx.head.logprobs, ctx.head.lse, ctx.head.entropy) if o is not None and o.requires_grad
+    ]
+    if not outputs or not contribution.requires_grad:
         return contribution.new_zeros(())
-    (grad,) = torch.autograd.grad(contribution, logprobs, retain_graph=True, allow_unused=True)
-    return contribution.new_zeros(()) if grad is None else grad.float().pow(2).sum()
+    grads = torch.autograd.grad(contribution, outputs, retain_graph=True, allow_unused=True)
+    return sum((g.float().pow(2).sum() for g in grads if g is not None), contribution.new_zeros(()))
