@@ -1,5 +1,6 @@
 """lit_losses: PyTorch Lightning integration for language models trained with custom losses."""
 
+from lit_losses import autograd  # the custom-gradient toolkit
 from lit_losses.aggregation import (
     AGG_MODES,
     GlobalStats,
@@ -15,6 +16,13 @@ from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.models import TinyLM, TinyTransformer
 from lit_losses.module import LossContext, LossOutput, RegularizedLM
 from lit_losses.optim import OptimizerConfig
+from lit_losses.regularizers import (
+    RegularizerError,
+    RegularizerSet,
+    RegularizerSpec,
+    Schedule,
+    register_regularizer,
+)
 
 __version__ = "0.1.0"
 
@@ -29,11 +37,17 @@ __all__ = [
     "MaskStats",
     "OptimizerConfig",
     "RegularizedLM",
+    "RegularizerError",
+    "RegularizerSet",
+    "RegularizerSpec",
+    "Schedule",
     "StepSums",
     "TextDataModule",
     "TinyLM",
     "TinyTransformer",
     "aggregate",
+    "autograd",
+    "register_regularizer",
     "reweight_mean",
     "token_weights",
 ]

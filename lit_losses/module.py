@@ -342,13 +342,12 @@ class RegularizedLM(L.LightningModule):
         sums.reset()
         terms = self.regularizer_set
         for name in terms.terms:
-            values[f"regularizers/{name}/weight"] = torch.tensor(
-                terms.effective_weight(name, self.global_step)
-            )
+            weight = terms.effective_weight(name, self.global_step)
+            values[f"regularizers/{name}/weight"] = torch.tensor(weight, dtype=torch.float64)
         last = self.__dict__.get("_last_terms", {})
         for name, term in last.items():
             for key, value in term.get("custom", {}).items():
-                values[f"regularizers/{name}/custom/{key}"] = torch.tensor(value)
+                values[f"regularizers/{name}/custom/{key}"] = torch.tensor(value, dtype=torch.float64)
         for key, value in values.items():
             self.log(key, value, prog_bar=key == "train/loss_total", on_step=True, on_epoch=False)
         self.telemetry = _nested_telemetry(values, last)
