@@ -240,8 +240,23 @@ class RegularizedLM(L.LightningModule):
         weights = token_weights(
             mask, self.loss_agg, stats.get(LABELS_KEY), batch.get("segment_ids"), accum_dtype
         )
+        if stage == "train" and stats.position == 0 and stats.get(LABELS_KEY).num_tokens == 0:
+            rank_zero_warn(
+                f"optimizer step {self.global_step} has no valid label in any micro-batch; "
+                "its loss is 0 with zero gradients"
+            )
         head = self.output_head()
         extra = self.head_outputs_needed()
+        terms = self.regularizer_set
+        if stage == "train" and extra and torch.is_grad_enabled() and terms.fusable():
+            # every term is pointwise: evaluated chunk by chunk inside the head, gradients in forward
+            chunk_loss, finish = terms.fused_chunk_loss(
+                batch, mask, stats, int(self.global_step), weights[mask], self.base_loss_weight
+            )
+            total = head.pointwise_loss(hidden, labels, chunk_loss, with_entropy="entropy" in extra)
+            base, reg_total, telemetry = finish()
+            num_tokens = stats.get_local(LABELS_KEY).num_tokens
+            return LossOutput(total, base, reg_total, stats, telemetry, num_tokens)
         if stage == "train" and not extra:
             base = head.weighted_ce(hidden, labels, weights)
             head_out = HeadOutput()
@@ -250,11 +265,6 @@ class RegularizedLM(L.LightningModule):
             base = -(weights.to(head_out.logprobs.dtype) * head_out.logprobs).sum()
         ctx = LossContext(batch, head_out, hidden, mask, stats, int(self.global_step), stage)
         reg_total, terms = self.regularize(ctx)
-        if stage == "train" and stats.position == 0 and stats.get(LABELS_KEY).num_tokens == 0:
-            rank_zero_warn(
-                f"optimizer step {self.global_step} has no valid label in any micro-batch; "
-                "its loss is 0 with zero gradients"
-            )
         num_tokens = stats.get_local(LABELS_KEY).num_tokens
         total = (base if self.base_loss_weight == 1.0 else self.base_loss_weight * base) + reg_total
         return LossOutput(total, base, reg_total, stats, terms, num_tokens)

@@ -8,7 +8,13 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from lit_losses.heads.chunked import ChunkedLogProbs, ChunkedWeightedCE, default_chunk_size
+from lit_losses.heads.chunked import (
+    ChunkedLogProbs,
+    ChunkedPointwiseLoss,
+    ChunkedWeightedCE,
+    ChunkLoss,
+    default_chunk_size,
+)
 from lit_losses.heads.liger import liger_available, liger_uniform_ce_sum
 from lit_losses.heads.naive import naive_head
 from lit_losses.heads.output import HeadOutput, check_head_inputs, normalize_outputs
@@ -90,7 +96,7 @@ class FusedLMHead:
         return backend
 
     def _chunk(self, n_tokens: int) -> int:
-        return self.chunk_size or default_chunk_size(n_tokens, self.vocab_size)
+        return self.chunk_size or default_chunk_size(n_tokens, self.vocab_size, device=self.weight.device)
 
     def __call__(
         self, hidden: Tensor, targets: Tensor, outputs: str | Sequence[str] = ("logprobs",)
@@ -152,6 +158,30 @@ class FusedLMHead:
             h, self.weight, self.bias, y, w, self._chunk(h.shape[0]), self.accum_dtype
         )
         return loss
+
+    def pointwise_loss(
+        self, hidden: Tensor, targets: Tensor, chunk_loss: ChunkLoss, with_entropy: bool = False
+    ) -> Tensor:
+        """A loss that is a sum of per-token functions of ``(logprobs, lse, entropy)``, gradients fused.
+
+        ``chunk_loss(start, end, logprobs, lse, entropy)`` returns the loss of the valid positions
+        ``[start, end)`` (row-major order of ``targets != ignore_index``) from their 1-D values
+        (``entropy`` is ``None`` unless ``with_entropy``). Each token's loss must depend on that token's
+        values only. The ``chunked`` backend computes every gradient during forward (three matmuls, as
+        the plain-CE fast path; also used for ``auto`` and ``liger``); ``naive`` and ``torch`` call
+        ``chunk_loss`` once on all tokens.
+        """
+        check_head_inputs(hidden, targets, self.weight, self.bias, self.ignore_index, self.check_finite)
+        valid = targets != self.ignore_index
+        h, y = hidden[valid], targets[valid].long()
+        if self.backend in ("naive", "torch"):
+            outputs = ("logprobs", "lse", "entropy") if with_entropy else ("logprobs", "lse")
+            out = self(hidden, targets, outputs)
+            ent = out.entropy[valid] if with_entropy else None
+            return chunk_loss(0, int(h.shape[0]), out.logprobs[valid], out.lse[valid], ent)
+        return ChunkedPointwiseLoss.apply(
+            h, self.weight, self.bias, y, chunk_loss, with_entropy, self._chunk(h.shape[0]), self.accum_dtype
+        )
 
     def forward_logits(self, hidden: Tensor) -> Tensor:
         """Full logits ``h Wᵀ + b`` for inference (materializes ``[..., V]``)."""

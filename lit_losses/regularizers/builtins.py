@@ -17,13 +17,13 @@ if TYPE_CHECKING:
     from lit_losses.module import LossContext
 
 
-@register_regularizer("z_loss", needs=("lse",))
+@register_regularizer("z_loss", needs=("lse",), pointwise=True)
 def z_loss(ctx: LossContext) -> Tensor:
     """``r_t = lse_t²``: keeps the softmax normalizer near 1 (PaLM's z-loss, usually weight 1e-4)."""
     return ctx.head.lse.square()
 
 
-@register_regularizer("entropy", needs=("entropy",))
+@register_regularizer("entropy", needs=("entropy",), pointwise=True)
 def entropy(ctx: LossContext, mode: Literal["penalty", "bonus"] = "penalty") -> Tensor:
     """``r_t = H_t`` (``penalty``: sharper predictions) or ``r_t = −H_t`` (``bonus``: more entropy)."""
     if mode not in ("penalty", "bonus"):
@@ -31,7 +31,7 @@ def entropy(ctx: LossContext, mode: Literal["penalty", "bonus"] = "penalty") -> 
     return ctx.head.entropy if mode == "penalty" else -ctx.head.entropy
 
 
-@register_regularizer("confidence_penalty", needs=("entropy",))
+@register_regularizer("confidence_penalty", needs=("entropy",), pointwise=True)
 def confidence_penalty(ctx: LossContext, threshold: float | None = None) -> Tensor:
     """Confidence penalty (Pereyra et al., 2017): ``r_t = −H_t``, or the hinge ``max(0, τ − H_t)``.
 
@@ -41,13 +41,13 @@ def confidence_penalty(ctx: LossContext, threshold: float | None = None) -> Tens
     return -h if threshold is None else torch.relu(threshold - h)
 
 
-@register_regularizer("logprob_l1", needs=("logprobs",))
+@register_regularizer("logprob_l1", needs=("logprobs",), pointwise=True)
 def logprob_l1(ctx: LossContext, target: float = 0.0) -> Tensor:
     """``r_t = |log p_t − c|`` with ``c = target`` (0: an L1 pull of the label's log-probability to 0)."""
     return (ctx.head.logprobs - target).abs()
 
 
-@register_regularizer("kl_reference", needs=("logprobs",))
+@register_regularizer("kl_reference", needs=("logprobs",), pointwise=True)
 def kl_reference(
     ctx: LossContext, key: str = "ref_logprobs", estimator: Literal["k1", "k2", "k3"] = "k3"
 ) -> Tensor:

@@ -23,6 +23,7 @@ class RegistryEntry:
     target: Callable[..., Any]
     needs: tuple[str, ...] = ("logprobs",)
     differentiable: bool = True
+    pointwise: bool = False
 
     def build(self, args: dict[str, Any]) -> Callable[..., Any]:
         """The callable ``term(ctx)`` with ``args`` bound."""
@@ -44,7 +45,7 @@ def check_needs(needs: Sequence[str], where: str) -> tuple[str, ...]:
 
 
 def register_regularizer(
-    name: str, *, needs: Sequence[str] = ("logprobs",), differentiable: bool = True
+    name: str, *, needs: Sequence[str] = ("logprobs",), differentiable: bool = True, pointwise: bool = False
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a loss term under ``name`` (usable from YAML as ``{name: <name>, weight: ...}``).
 
@@ -58,6 +59,9 @@ def register_regularizer(
         needs: head outputs consumed (``logprobs``, ``lse``, ``entropy``, ``hidden``).
         differentiable: ``False`` for a term that has no gradient on purpose (it warns once instead of
             raising when its value has no gradient path).
+        pointwise: the output at each token depends only on that token's head outputs and batch
+            values (elementwise code). Such terms can be evaluated chunk by chunk inside the fused head,
+            with every gradient computed in forward (no logits recompute).
     """
     check_needs(needs, f"register_regularizer({name!r})")
 
@@ -66,7 +70,7 @@ def register_regularizer(
             raise ValueError(
                 f"a regularizer named {name!r} is already registered ({REGISTRY[name].target!r})"
             )
-        REGISTRY[name] = RegistryEntry(name, target, tuple(needs), differentiable)
+        REGISTRY[name] = RegistryEntry(name, target, tuple(needs), differentiable, pointwise)
         return target
 
     return decorator

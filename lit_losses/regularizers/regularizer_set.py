@@ -15,7 +15,14 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from lit_losses.aggregation import LABELS_KEY, aggregate, batch_mask, reweight_mean
+from lit_losses.aggregation import (
+    LABELS_KEY,
+    GlobalStats,
+    aggregate,
+    batch_mask,
+    reweight_mean,
+    token_weights,
+)
 from lit_losses.errors import ConfigError
 from lit_losses.regularizers.executors import TermExecutors
 from lit_losses.regularizers.legacy import legacy_term
@@ -41,6 +48,7 @@ class Term:
     is_async: bool
     weight: float
     enabled: bool
+    pointwise: bool = False
     warned: bool = False
 
     @property
@@ -62,7 +70,11 @@ def build_term(spec: RegularizerSpec) -> Term:
     call = entry.build(spec.args) if not spec.legacy else legacy_term(entry.target, **spec.args)
     needs = check_needs(spec.needs, f"{where}.needs") if spec.needs is not None else entry.needs
     differentiable = entry.differentiable if spec.differentiable is None else spec.differentiable
-    return Term(spec, call, needs, differentiable, _is_coroutine_function(call), spec.weight, spec.enabled)
+    pointwise = entry.pointwise if spec.pointwise is None else spec.pointwise
+    is_async = _is_coroutine_function(call)
+    return Term(
+        spec, call, needs, differentiable, is_async, spec.weight, spec.enabled, pointwise and not spec.legacy
+    )
 
 
 class RegularizerSet:
@@ -148,6 +160,109 @@ class RegularizerSet:
             if name in self.terms:
                 self.set_weight(name, values["weight"])
                 self.set_enabled(name, values["enabled"])
+
+    def fusable(self) -> bool:
+        """Whether every enabled term can run chunk by chunk inside the fused head (`fused_chunk_loss`).
+
+        True when each is pointwise, synchronous on the main thread, differentiable, aggregated over
+        ``labels`` with ``on_error: raise``, needs no hidden states, and gradient norms are off.
+        """
+        active = [t for t in self.terms.values() if t.enabled]
+        return (
+            bool(active)
+            and not self.grad_norm
+            and all(
+                t.pointwise
+                and t.differentiable
+                and not t.is_async
+                and t.spec.executor == "none"
+                and t.spec.on_error == "raise"
+                and t.spec.mask_key == LABELS_KEY
+                and "hidden" not in t.needs
+                for t in active
+            )
+        )
+
+    def fused_chunk_loss(
+        self,
+        batch: Mapping[str, Any],
+        mask: Tensor,
+        stats: GlobalStats,
+        step: int,
+        base_weights: Tensor,
+        base_loss_weight: float,
+    ) -> tuple[Callable[..., Tensor], Callable[[], tuple[Tensor, Tensor, dict[str, dict[str, Any]]]]]:
+        """``(chunk_loss, finish)`` for `FusedLMHead.pointwise_loss` (requires `fusable`).
+
+        ``chunk_loss(start, end, logprobs, lse, entropy)`` returns ``base_loss_weight · base +
+        Σ_i w_i · r_i`` restricted to the valid tokens ``[start, end)``, with the same per-token
+        aggregation weights as the general path; ``finish()`` returns ``(base, regularizer_total,
+        telemetry)`` once the head has seen every chunk.
+        """
+        from lit_losses.heads import HeadOutput
+        from lit_losses.module import LossContext
+
+        active = [t for t in self.terms.values() if t.enabled]
+        segment_ids = batch.get("segment_ids")
+        dtype = base_weights.dtype
+        weights = {
+            t.name: token_weights(
+                mask, t.spec.agg or self.default_agg, stats.get(LABELS_KEY), segment_ids, dtype
+            )[mask]
+            for t in active
+        }
+        compact = {k: v[mask] for k, v in batch.items() if isinstance(v, Tensor) and v.shape == mask.shape}
+        sums = {t.name: base_weights.new_zeros(()) for t in active}
+        customs: dict[str, dict[str, float]] = {}
+        base_sum = [base_weights.new_zeros(())]
+
+        def chunk_loss(start: int, end: int, logprobs: Tensor, lse: Tensor, entropy: Tensor | None) -> Tensor:
+            chunk_batch = {k: v[start:end] for k, v in compact.items()}
+            chunk_mask = torch.ones(end - start, dtype=torch.bool, device=logprobs.device)
+            ctx = LossContext(
+                chunk_batch, HeadOutput(logprobs, lse, entropy), None, chunk_mask, stats, step, "train"
+            )
+            base = -(base_weights[start:end] * logprobs).sum()
+            base_sum[0] += base.detach()
+            loss = base_loss_weight * base
+            for t in active:
+                out = t.call(ctx)
+                where = f"regularizer {t.name!r}"
+                if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
+                    out, customs[t.name] = out[0], _custom_metrics(out[1], where)
+                if not isinstance(out, Tensor) or out.shape != logprobs.shape:
+                    got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+                    raise RegularizerError(
+                        f"{where} is declared pointwise but returned {got} for a chunk of {end - start} "
+                        "tokens; a pointwise term returns one value per token"
+                    )
+                if not bool(torch.isfinite(out.detach()).all()):
+                    raise RegularizerError(f"{where} returned a non-finite value (NaN or Inf)")
+                if not out.requires_grad:
+                    raise RegularizerError(f"{where} has no gradient path to any parameter")
+                value = (weights[t.name][start:end] * out).sum()
+                sums[t.name] += value.detach()
+                loss = loss + self.effective_weight(t.name, step) * value
+            return loss
+
+        def finish() -> tuple[Tensor, Tensor, dict[str, dict[str, Any]]]:
+            telemetry, total = {}, base_weights.new_zeros(())
+            for name, t in self.terms.items():
+                weight = self.effective_weight(name, step)
+                value = sums.get(name, base_weights.new_zeros(()))
+                contribution = weight * value if t.enabled else value
+                total = total + contribution
+                telemetry[name] = {
+                    "value": value,
+                    "weight": weight,
+                    "contribution": contribution,
+                    "error": 0.0,
+                    "custom": customs.get(name, {}),
+                    "grad_norm_sq": None,
+                }
+            return base_sum[0], total, telemetry
+
+        return chunk_loss, finish
 
     # ---- one step ----------------------------------------------------------------------------
     def __call__(self, ctx: LossContext) -> tuple[Tensor, dict[str, dict[str, Any]]]:

@@ -47,6 +47,8 @@ class RegularizerSpec:
     """Head outputs consumed (default: the registry entry's)."""
     differentiable: bool | None = None
     """``False``: no gradient on purpose (warns once); default: the registry entry's."""
+    pointwise: bool | None = None
+    """Token-separable elementwise term (fusable into the head); default: the registry entry's."""
     allow_negative_weight: bool = False
     """Allow ``weight < 0`` (e.g. a bonus written as a negative penalty)."""
     legacy: bool = False

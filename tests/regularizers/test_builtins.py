@@ -104,3 +104,31 @@ def test_legacy_callback_gets_unpadded_sequences_and_works_as_the_whole_loss():
     assert len(seqs) == len(expected_seqs)
     for a, b in zip(seqs, expected_seqs, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_fused_pointwise_path_equals_the_general_path_across_chunks():
+    """Built-ins run chunk by chunk inside the head (gradients in forward); forcing the general path
+    (``pointwise: false``: per-token outputs, recompute in backward) gives the same loss and gradients."""
+    batch = random_batch(B=4, T=9, seed=5)
+    batch["ref_logprobs"] = -torch.rand(batch["labels"].shape, dtype=torch.float64) * 3
+    results = []
+    for pointwise in (None, False):
+        specs = [
+            RegularizerSpec(name=name, weight=0.3, args=args, pointwise=pointwise)
+            for name, (args, _) in sorted(BUILTINS.items())
+        ]
+        torch.manual_seed(0)
+        model = EmbeddingLM(regularizers=specs, head_backend="chunked", head_chunk_size=5).double()
+        assert model.regularizer_set.fusable() == (pointwise is None)
+        out = model.compute_loss(batch, "train")
+        grads = torch.autograd.grad(out.total, list(model.parameters()))
+        results.append((out, grads))
+    (fused, g_fused), (general, g_general) = results
+    torch.testing.assert_close(fused.total, general.total, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fused.regularizer_total, general.regularizer_total, rtol=1e-12, atol=1e-12)
+    for name in BUILTINS:
+        torch.testing.assert_close(
+            fused.terms[name]["value"], general.terms[name]["value"], rtol=1e-12, atol=1e-12
+        )
+    for a, b in zip(g_fused, g_general, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
