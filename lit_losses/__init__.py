@@ -11,6 +11,7 @@ from lit_losses.aggregation import (
     reweight_mean,
     token_weights,
 )
+from lit_losses.controller import TrainingController, register_metric_handlers, register_operation_handlers
 from lit_losses.data import TextDataModule
 from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.models import TinyLM, TinyTransformer
@@ -45,8 +46,11 @@ __all__ = [
     "TextDataModule",
     "TinyLM",
     "TinyTransformer",
+    "TrainingController",
     "aggregate",
     "autograd",
+    "register_metric_handlers",
+    "register_operation_handlers",
     "register_regularizer",
     "reweight_mean",
     "token_weights",

@@ -1,0 +1,169 @@
+"""Rule expressions: validated statically (nothing runs), then evaluated with simpleeval.
+
+A rule is one Python *expression* over the metric names in scope, e.g.
+``train_loss["loss"] > 10 or not is_finite(train_loss["loss"])``. Validation walks its syntax tree and
+accepts only a small language: literals (numbers, short strings, ``True``/``False``/``None``, small
+tuples/lists), names in scope, subscripts with literal keys, arithmetic, comparisons, boolean logic,
+conditional expressions and calls of the functions in `RULE_FUNCTIONS`. Attributes, lambdas,
+comprehensions, f-strings, assignments, starred arguments, keyword arguments, dunder names, huge powers
+and string repetition are refused. Evaluation then runs in `simpleeval` (never Python ``eval``), which
+adds its own limits.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import simpleeval
+
+
+def _is_finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+RULE_FUNCTIONS: dict[str, Any] = {
+    "abs": abs,
+    "len": len,
+    "min": min,
+    "max": max,
+    "round": round,
+    "sum": sum,
+    "float": float,
+    "int": int,
+    "is_finite": _is_finite,
+    "mean": lambda values: sum(values) / len(values) if len(values) else float("nan"),
+    "all": all,
+    "any": any,
+}
+"""Functions available in rules."""
+
+MAX_RULE_CHARS = 1000
+MAX_NODES = 200
+MAX_STRING = 256
+MAX_COLLECTION = 16
+MAX_EXPONENT = 64
+MAX_INT = 10**18
+
+_ALLOWED = (
+    ast.Expression,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+    ast.BinOp,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.Div,
+    ast.FloorDiv,
+    ast.Mod,
+    ast.Pow,
+    ast.UnaryOp,
+    ast.Not,
+    ast.USub,
+    ast.UAdd,
+    ast.Compare,
+    ast.Eq,
+    ast.NotEq,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.In,
+    ast.NotIn,
+    ast.Is,
+    ast.IsNot,
+    ast.IfExp,
+    ast.Name,
+    ast.Load,
+    ast.Constant,
+    ast.Subscript,
+    ast.Call,
+    ast.Tuple,
+    ast.List,
+)
+
+
+class RuleError(ValueError):
+    """A rule that cannot be accepted; the message says why."""
+
+
+def check_rule(rule: str, names: Iterable[str]) -> ast.Expression:
+    """Parse and validate ``rule`` without running it; ``names`` are the metric names in scope."""
+    if not isinstance(rule, str) or not rule.strip():
+        raise RuleError(f"a rule must be a non-empty string, got {rule!r}")
+    if len(rule) > MAX_RULE_CHARS:
+        raise RuleError(f"rule is {len(rule)} characters long (at most {MAX_RULE_CHARS})")
+    try:
+        tree = ast.parse(rule.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise RuleError(f"syntax error in rule: {exc.msg} at column {exc.offset}") from None
+    scope = set(names) | set(RULE_FUNCTIONS)
+    nodes = list(ast.walk(tree))
+    if len(nodes) > MAX_NODES:
+        raise RuleError(f"rule has {len(nodes)} syntax nodes (at most {MAX_NODES})")
+    for node in nodes:
+        _check_node(node, scope)
+    return tree
+
+
+def _check_node(node: ast.AST, scope: set[str]) -> None:
+    if not isinstance(node, _ALLOWED):
+        raise RuleError(f"{type(node).__name__} is not allowed in rules")
+    if isinstance(node, ast.Name):
+        if node.id.startswith("_"):
+            raise RuleError(f"name {node.id!r} is not allowed (names starting with '_')")
+        if node.id not in scope:
+            raise RuleError(f"name {node.id!r} is not defined; in scope: {sorted(scope)}")
+    elif isinstance(node, ast.Constant):
+        value = node.value
+        if isinstance(value, str | bytes) and len(value) > MAX_STRING:
+            raise RuleError(f"string literal of {len(value)} characters (at most {MAX_STRING})")
+        if isinstance(value, bytes | complex) or value is Ellipsis:
+            raise RuleError(f"literal {value!r} is not allowed")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            raise RuleError(f"integer literal {value} is too large")
+    elif isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id not in RULE_FUNCTIONS:
+            name = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
+            raise RuleError(f"call of {name!r} is not allowed; functions: {sorted(RULE_FUNCTIONS)}")
+        if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+            raise RuleError("keyword and starred arguments are not allowed in rules")
+    elif isinstance(node, ast.Subscript):
+        key = node.slice
+        if not (isinstance(key, ast.Constant) and isinstance(key.value, str | int)) and not (
+            isinstance(key, ast.UnaryOp) and isinstance(key.operand, ast.Constant)
+        ):
+            raise RuleError(f"subscripts take a literal key, got {ast.unparse(key)!r}")
+    elif isinstance(node, ast.Tuple | ast.List):
+        if len(node.elts) > MAX_COLLECTION:
+            raise RuleError(f"literal collection of {len(node.elts)} elements (at most {MAX_COLLECTION})")
+    elif isinstance(node, ast.BinOp):
+        if isinstance(node.op, ast.Pow):
+            exponent = node.right
+            if not (isinstance(exponent, ast.Constant) and isinstance(exponent.value, int | float)):
+                raise RuleError("the exponent of ** must be a number literal")
+            if abs(exponent.value) > MAX_EXPONENT:
+                raise RuleError(f"exponent {exponent.value} is too large (at most {MAX_EXPONENT})")
+        if isinstance(node.op, ast.Mult) and any(
+            (isinstance(side, ast.Constant) and isinstance(side.value, str))
+            or isinstance(side, ast.List | ast.Tuple)
+            for side in (node.left, node.right)
+        ):
+            raise RuleError("repeating strings or collections with * is not allowed")
+
+
+class RuleEvaluator:
+    """Evaluates validated rules with simpleeval over a mapping of metric values."""
+
+    def __init__(self) -> None:
+        self._eval = simpleeval.EvalWithCompoundTypes(functions=dict(RULE_FUNCTIONS))
+
+    def evaluate(self, rule: str, names: Mapping[str, Any]) -> Any:
+        self._eval.names = dict(names)
+        return self._eval.eval(rule.strip())
