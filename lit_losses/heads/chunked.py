@@ -80,6 +80,25 @@ def _backprop_chunk(
         grad_b += dz.sum(0)
 
 
+def _save_gradients(
+    ctx: Any, grad_h: Tensor, grad_w: Tensor, grad_b: Tensor | None, weight: Tensor, bias: Tensor | None
+) -> None:
+    """Keep the gradients a fast path computed in forward (backward only rescales them)."""
+    ctx.save_for_backward(grad_h, grad_w, grad_b)
+    ctx.weight_dtype = weight.dtype
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _scaled_gradients(ctx: Any, g_loss: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The saved ``(∂/∂hidden, ∂/∂weight, ∂/∂bias)`` times the upstream scalar, in the inputs' dtypes."""
+    grad_h, grad_w, grad_b = ctx.saved_tensors
+    need_h, need_w, need_b = ctx.needs_input_grad[:3]
+    gh = grad_h * g_loss.to(grad_h.dtype) if need_h else None
+    gw = (grad_w * g_loss).to(ctx.weight_dtype) if need_w else None
+    gb = (grad_b * g_loss).to(ctx.bias_dtype) if need_b and grad_b is not None else None
+    return gh, gw, gb
+
+
 class ChunkedLogProbs(torch.autograd.Function):
     """``(hidden [n, D], weight [V, D], bias [V] | None, targets [n]) → (logprobs, lse, entropy) [n]``.
 
@@ -187,19 +206,13 @@ class ChunkedWeightedCE(torch.autograd.Function):
             dz = z.sub_(lse_c[:, None]).exp_().mul_(w_tok[s:e, None])
             dz[rows, targets[s:e]] -= w_tok[s:e]
             _backprop_chunk(dz, h, weight, grad_h[s:e], grad_w, grad_b)
-        ctx.save_for_backward(grad_h, grad_w, grad_b)
-        ctx.weight_dtype = weight.dtype
-        ctx.bias_dtype = None if bias is None else bias.dtype
+        _save_gradients(ctx, grad_h, grad_w, grad_b, weight, bias)
         ctx.mark_non_differentiable(logprobs)
         return -(w_tok * logprobs).sum(), logprobs
 
     @staticmethod
     def backward(ctx: Any, g_loss: Tensor, _g_logprobs: Tensor | None):
-        grad_h, grad_w, grad_b = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        gh = grad_h * g_loss.to(grad_h.dtype) if need_h else None
-        gw = (grad_w * g_loss).to(ctx.weight_dtype) if need_w else None
-        gb = (grad_b * g_loss).to(ctx.bias_dtype) if need_b and grad_b is not None else None
+        gh, gw, gb = _scaled_gradients(ctx, g_loss)
         return gh, gw, gb, None, None, None, None
 
 
@@ -271,16 +284,10 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
             dz[rows, targets[s:e]] += g_lp
             _backprop_chunk(dz, h, weight, grad_h[s:e], grad_w, grad_b)
             total += loss_c.detach().to(acc)
-        ctx.save_for_backward(grad_h, grad_w, grad_b)
-        ctx.weight_dtype = weight.dtype
-        ctx.bias_dtype = None if bias is None else bias.dtype
+        _save_gradients(ctx, grad_h, grad_w, grad_b, weight, bias)
         return total
 
     @staticmethod
     def backward(ctx: Any, g_loss: Tensor):
-        grad_h, grad_w, grad_b = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        gh = grad_h * g_loss.to(grad_h.dtype) if need_h else None
-        gw = (grad_w * g_loss).to(ctx.weight_dtype) if need_w else None
-        gb = (grad_b * g_loss).to(ctx.bias_dtype) if need_b and grad_b is not None else None
+        gh, gw, gb = _scaled_gradients(ctx, g_loss)
         return gh, gw, gb, None, None, None, None, None
