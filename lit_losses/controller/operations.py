@@ -77,9 +77,12 @@ class LightningOperations(OperationHandler):
             raise RuntimeError(
                 f"controller {context['controller']!r}: should_validate without validation data"
             )
+        # what Lightning's epoch loop does around a validation inside training (val_check_interval)
         trainer.validating = True
+        first_loop_iter = trainer._logger_connector._first_loop_iter
         val_loop.run()
         trainer.training = True
+        trainer._logger_connector._first_loop_iter = first_loop_iter
 
     def should_log(self, trainer, pl_module, context) -> None:
         metrics = {

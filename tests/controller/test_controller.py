@@ -200,3 +200,44 @@ def test_cli_run_with_the_controlled_config(tmp_path):
     (ctrl,) = [c for c in cli.trainer.callbacks if isinstance(c, TrainingController)]
     assert [c.name for c in ctrl.config.controllers] == ["loss-runaway"]
     assert "train_loss" in ctrl.values and cli.trainer.global_step == 6
+
+
+class CountValidation(L.Callback):
+    def __init__(self):
+        self.runs = []
+
+    def on_validation_end(self, trainer, pl_module):
+        self.runs.append(trainer.global_step)
+
+
+def test_validate_log_and_scale_lr_on_demand(tmp_path):
+    ops = [{"name": "lr", "class": "LRControl", "arguments": {"factor": 0.1}}]
+    ctrl = TrainingController(
+        {
+            "controller-metrics": STATE,
+            "operations": ops,
+            "controllers": [
+                {
+                    "name": "v",
+                    "triggers": ["on_train_batch_end"],
+                    "rule": 'state["global_step"] == 2',
+                    "operations": ["lightning.should_validate", "lightning.should_log", "lr.should_scale_lr"],
+                },
+            ],
+        }
+    )
+    counter, lrs = CountValidation(), []
+
+    class LRs(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    logger = L.pytorch.loggers.CSVLogger(str(tmp_path))
+    data = micro_batches()
+    trainer = quiet_trainer(max_steps=4, callbacks=[ctrl, counter, LRs()], limit_val_batches=2, logger=logger)
+    trainer.fit(tiny(), GlobalStatsLoader(data, batch_size=None), torch_loader(data))
+    assert 2 in counter.runs  # validation ran at step 2, on demand (no val_check_interval that early)
+    # scaled by 0.1 after step 2 (batch index 1); the warmup schedule continues from the scaled level
+    assert lrs[2] < 0.2 * lrs[1] and lrs[3] > lrs[2]
+    metrics = (Path(logger.log_dir) / "metrics.csv").read_text()
+    assert "val/loss" in metrics.splitlines()[0]

@@ -195,3 +195,49 @@ def test_runtime_weights_schedule_and_enable():
         terms.set_weight("entropy", -1.0)
     terms.set_enabled("z_loss", False)
     assert model.head_outputs_needed() == ()  # nothing consumes the head outputs: fast path
+
+
+def test_class_terms_are_instantiated_once_with_their_args():
+    from lit_losses import register_regularizer
+
+    @register_regularizer("test_scaled_square", needs=("logprobs",))
+    class ScaledSquare:
+        """``r_t = scale · log p_t²``."""
+
+        instances = 0
+
+        def __init__(self, scale: float = 1.0) -> None:
+            ScaledSquare.instances += 1
+            self.scale = scale
+
+        def __call__(self, ctx):
+            return self.scale * ctx.logprobs.square()
+
+    model, batch = (
+        model_with(RegularizerSpec(name="sq", fn="test_scaled_square", args={"scale": 3.0})),
+        random_batch(),
+    )
+    out = model.compute_loss(batch)
+    model.compute_loss(batch)
+    logp, _, _, mask = model.reference_head(batch)
+    torch.testing.assert_close(out.terms["sq"]["value"], 3.0 * logp.square().sum() / mask.sum())
+    assert ScaledSquare.instances == 1
+
+
+@pytest.mark.parametrize(
+    ("schedule", "expected"),
+    [
+        ({"kind": "constant"}, [1.0, 1.0, 1.0, 1.0]),
+        ({"kind": "linear_warmup", "warmup_steps": 4, "start": 0.2}, [0.2, 0.4, 0.8, 1.0]),
+        ({"kind": "cosine", "warmup_steps": 2, "total_steps": 6, "final": 0.1}, [0.0, 0.5, 0.55, 0.1]),
+        ({"kind": "step", "step_size": 2, "gamma": 0.5}, [1.0, 1.0, 0.25, 0.125]),
+    ],
+)
+def test_schedules(schedule, expected):
+    from lit_losses import Schedule
+
+    steps = [0, 1, 4, 6] if schedule["kind"] != "linear_warmup" else [0, 1, 3, 9]
+    factors = [Schedule(**schedule).factor(s) for s in steps]
+    assert factors == pytest.approx(expected)
+    with pytest.raises(ConfigError, match="total_steps"):
+        Schedule(kind="cosine", warmup_steps=5, total_steps=5)
