@@ -80,6 +80,17 @@ def _backprop_chunk(
         grad_b += dz.sum(0)
 
 
+def _exp_shifted_(z: Tensor) -> tuple[Tensor, Tensor]:
+    """Turn logits ``z`` in place into ``e = exp(z − max_v z)``; return ``(lse, Σ_v e)``.
+
+    One ``exp`` per logit (``logsumexp`` followed by ``exp(z − lse)`` would take two); ``p = e / Σ e``.
+    """
+    z_max = z.amax(dim=1)
+    z_max = torch.where(torch.isfinite(z_max), z_max, torch.zeros_like(z_max))
+    exp_sum = z.sub_(z_max[:, None]).exp_().sum(dim=1)
+    return z_max + exp_sum.log(), exp_sum
+
+
 def _save_gradients(
     ctx: Any, grad_h: Tensor, grad_w: Tensor, grad_b: Tensor | None, weight: Tensor, bias: Tensor | None
 ) -> None:
@@ -199,11 +210,12 @@ class ChunkedWeightedCE(torch.autograd.Function):
             e = min(s + chunk_size, n)
             h = hidden[s:e]
             z = _logits(h, weight, bias, acc)
-            lse_c = torch.logsumexp(z, dim=1)
             rows = torch.arange(e - s, device=z.device)
-            logprobs[s:e] = z[rows, targets[s:e]] - lse_c
+            z_target = z[rows, targets[s:e]]
+            lse_c, exp_sum = _exp_shifted_(z)
+            logprobs[s:e] = z_target - lse_c
             # d(−w ℓ)/dz = w (p − e_y)
-            dz = z.sub_(lse_c[:, None]).exp_().mul_(w_tok[s:e, None])
+            dz = z.mul_((w_tok[s:e] / exp_sum)[:, None])
             dz[rows, targets[s:e]] -= w_tok[s:e]
             _backprop_chunk(dz, h, weight, grad_h[s:e], grad_w, grad_b)
         _save_gradients(ctx, grad_h, grad_w, grad_b, weight, bias)
@@ -252,16 +264,19 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
             e = min(s + chunk_size, n)
             h = hidden[s:e]
             logp = _logits(h, weight, bias, acc)
-            lse_c = torch.logsumexp(logp, dim=1)
             rows = torch.arange(e - s, device=logp.device)
-            lp_c = logp[rows, targets[s:e]] - lse_c
-            logp.sub_(lse_c[:, None])
+            z_target = logp[rows, targets[s:e]]
+            exp_sum = None
             if with_entropy:
+                lse_c = torch.logsumexp(logp, dim=1)
+                logp.sub_(lse_c[:, None])
                 buffer = p_buffer if p_buffer is not None and p_buffer.shape[0] >= e - s else None
                 p_buffer = buffer if buffer is not None else torch.empty_like(logp)
                 p = torch.exp(logp, out=p_buffer[: e - s])
-            else:
-                p = logp.exp_()  # log p is not needed again
+            else:  # log p is not needed again: one exp per logit, p = e / Σ e (the 1/Σ e goes to coef)
+                lse_c, exp_sum = _exp_shifted_(logp)
+                p = logp
+            lp_c = z_target - lse_c
             ent_c = -torch.bmm(p.unsqueeze(1), logp.unsqueeze(2)).view(-1) if with_entropy else None
             leaves = [t.detach().requires_grad_(True) for t in (lp_c, lse_c, ent_c) if t is not None]
             with torch.enable_grad():
@@ -280,7 +295,7 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
                 # p_v [g_lse − g_ℓ − g_H (log p_v + H)] = p_v [(g_lse − g_ℓ − g_H H) − g_H log p_v]
                 dz = p.mul_(logp.mul_(-g[2][:, None]).add_((coef - g[2] * ent_c)[:, None]))
             else:
-                dz = p.mul_(coef[:, None])
+                dz = p.mul_((coef if exp_sum is None else coef / exp_sum)[:, None])
             dz[rows, targets[s:e]] += g_lp
             _backprop_chunk(dz, h, weight, grad_h[s:e], grad_w, grad_b)
             total += loss_c.detach().to(acc)
