@@ -66,14 +66,18 @@ def register_regularizer(
     check_needs(needs, f"register_regularizer({name!r})")
 
     def decorator(target: Callable[..., Any]) -> Callable[..., Any]:
-        if name in REGISTRY and REGISTRY[name].target is not target:
-            raise ValueError(
-                f"a regularizer named {name!r} is already registered ({REGISTRY[name].target!r})"
-            )
+        previous = REGISTRY.get(name)
+        if previous is not None and _qualified(previous.target) != _qualified(target):
+            raise ValueError(f"a regularizer named {name!r} is already registered ({previous.target!r})")
+        # the same definition run again (a re-executed notebook cell or script) replaces the entry
         REGISTRY[name] = RegistryEntry(name, target, tuple(needs), differentiable, pointwise)
         return target
 
     return decorator
+
+
+def _qualified(target: Any) -> str:
+    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', repr(target))}"
 
 
 def resolve(fn: str | Callable[..., Any], where: str) -> RegistryEntry:

@@ -217,7 +217,7 @@ class RegularizerSet:
         base_sum = [base_weights.new_zeros(())]
 
         def chunk_loss(start: int, end: int, logprobs: Tensor, lse: Tensor, entropy: Tensor | None) -> Tensor:
-            chunk_batch = {k: v[start:end] for k, v in compact.items()}
+            chunk_batch = {**batch, **{k: v[start:end] for k, v in compact.items()}}
             chunk_mask = torch.ones(end - start, dtype=torch.bool, device=logprobs.device)
             ctx = LossContext(
                 chunk_batch, HeadOutput(logprobs, lse, entropy), None, chunk_mask, stats, step, "train"
@@ -226,8 +226,11 @@ class RegularizerSet:
             base_sum[0] += base.detach()
             loss = base_loss_weight * base
             for t in active:
-                out = t.call(ctx)
                 where = f"regularizer {t.name!r}"
+                try:
+                    out = t.call(ctx)
+                except Exception as exc:
+                    raise RegularizerError(f"{where} failed: {exc!r}") from exc
                 if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
                     out, customs[t.name] = out[0], _custom_metrics(out[1], where)
                 if not isinstance(out, Tensor) or out.shape != logprobs.shape:

@@ -241,3 +241,13 @@ def test_schedules(schedule, expected):
     assert factors == pytest.approx(expected)
     with pytest.raises(ConfigError, match="total_steps"):
         Schedule(kind="cosine", warmup_steps=5, total_steps=5)
+
+
+def test_registering_another_term_under_a_taken_name_is_an_error():
+    from lit_losses import register_regularizer
+
+    def z_loss(ctx):  # same name, different definition
+        return ctx.lse
+
+    with pytest.raises(ValueError, match="'z_loss' is already registered"):
+        register_regularizer("z_loss")(z_loss)
