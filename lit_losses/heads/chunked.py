@@ -266,18 +266,24 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
             logp = _logits(h, weight, bias, acc)
             rows = torch.arange(e - s, device=logp.device)
             z_target = logp[rows, targets[s:e]]
-            exp_sum = None
-            if with_entropy:
-                lse_c = torch.logsumexp(logp, dim=1)
-                logp.sub_(lse_c[:, None])
-                buffer = p_buffer if p_buffer is not None and p_buffer.shape[0] >= e - s else None
-                p_buffer = buffer if buffer is not None else torch.empty_like(logp)
-                p = torch.exp(logp, out=p_buffer[: e - s])
-            else:  # log p is not needed again: one exp per logit, p = e / Σ e (the 1/Σ e goes to coef)
-                lse_c, exp_sum = _exp_shifted_(logp)
-                p = logp
+            # one exp per logit: e = exp(z − max), Σ e, lse = max + log Σ e, p = e / Σ e
+            z_max = logp.amax(dim=1)
+            z_max = torch.where(torch.isfinite(z_max), z_max, torch.zeros_like(z_max))
+            shifted = logp.sub_(z_max[:, None])  # z − max, in place
+            if with_entropy:  # z − max is needed again (entropy and its gradient): e goes to a buffer
+                if p_buffer is None or p_buffer.shape[0] < e - s:
+                    p_buffer = torch.empty_like(shifted)
+                unnormalized = torch.exp(shifted, out=p_buffer[: e - s])
+            else:
+                unnormalized = shifted.exp_()
+            exp_sum = unnormalized.sum(dim=1)
+            log_sum = exp_sum.log()
+            lse_c = z_max + log_sum
             lp_c = z_target - lse_c
-            ent_c = -torch.bmm(p.unsqueeze(1), logp.unsqueeze(2)).view(-1) if with_entropy else None
+            ent_c = None
+            if with_entropy:  # H = −Σ p log p = log Σ e − Σ e (z − max) / Σ e
+                dot = torch.bmm(unnormalized.unsqueeze(1), shifted.unsqueeze(2)).view(-1)
+                ent_c = log_sum - dot / exp_sum
             leaves = [t.detach().requires_grad_(True) for t in (lp_c, lse_c, ent_c) if t is not None]
             with torch.enable_grad():
                 loss_c = chunk_loss(s, e, leaves[0], leaves[1], leaves[2] if with_entropy else None)
@@ -292,10 +298,13 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
             ]
             g_lp, coef = g[0], g[1] - g[0]
             if ent_c is not None and bool(g[2].ne(0).any()):
-                # p_v [g_lse − g_ℓ − g_H (log p_v + H)] = p_v [(g_lse − g_ℓ − g_H H) − g_H log p_v]
-                dz = p.mul_(logp.mul_(-g[2][:, None]).add_((coef - g[2] * ent_c)[:, None]))
+                # p_v [c − g_H (log p_v + H)] with log p_v = (z_v − max) − log Σ e and p_v = e_v / Σ e:
+                # e_v · [(c − g_H (H − log Σ e)) / Σ e − (g_H / Σ e)(z_v − max)]
+                g_ent = g[2]
+                a = (coef - g_ent * (ent_c - log_sum)) / exp_sum
+                dz = unnormalized.mul_(shifted.mul_((-g_ent / exp_sum)[:, None]).add_(a[:, None]))
             else:
-                dz = p.mul_((coef if exp_sum is None else coef / exp_sum)[:, None])
+                dz = unnormalized.mul_((coef / exp_sum)[:, None])
             dz[rows, targets[s:e]] += g_lp
             _backprop_chunk(dz, h, weight, grad_h[s:e], grad_w, grad_b)
             total += loss_c.detach().to(acc)
