@@ -282,7 +282,7 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
             lp_c = z_target - lse_c
             ent_c = None
             if with_entropy:  # H = −Σ p log p = log Σ e − Σ e (z − max) / Σ e
-                dot = torch.bmm(unnormalized.unsqueeze(1), shifted.unsqueeze(2)).view(-1)
+                dot = torch.linalg.vecdot(unnormalized, shifted, dim=1)  # (bmm is ~4x slower on CPU)
                 ent_c = log_sum - dot / exp_sum
             leaves = [t.detach().requires_grad_(True) for t in (lp_c, lse_c, ent_c) if t is not None]
             with torch.enable_grad():
