@@ -36,3 +36,9 @@ def test_examples_run_as_scripts():
     for script in sorted(EXAMPLES.glob("*.py")):
         proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"{script.name}: {proc.stderr[-2000:]}"
+
+
+def test_async_regularizer_example_skips_and_flags_the_slow_and_the_failed_call():
+    module = runpy.run_path(str(EXAMPLES / "async_regularizer.py"))
+    errors = module["main"](steps=8)
+    assert errors == [0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0]  # call 3 timed out, call 6 failed
