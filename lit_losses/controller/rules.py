@@ -13,6 +13,7 @@ adds its own limits.
 from __future__ import annotations
 
 import ast
+import difflib
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -119,7 +120,9 @@ def _check_node(node: ast.AST, scope: set[str]) -> None:
         if node.id.startswith("_"):
             raise RuleError(f"name {node.id!r} is not allowed (names starting with '_')")
         if node.id not in scope:
-            raise RuleError(f"name {node.id!r} is not defined; in scope: {sorted(scope)}")
+            close = difflib.get_close_matches(node.id, sorted(scope), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise RuleError(f"name {node.id!r} is not defined{hint}; in scope: {sorted(scope)}")
     elif isinstance(node, ast.Constant):
         value = node.value
         if isinstance(value, str | bytes) and len(value) > MAX_STRING:

@@ -171,6 +171,7 @@ def test_every_problem_is_reported_at_once_with_its_yaml_path():
         "controllers[0] (a).rule: syntax error",
         "controllers[1] (b).triggers: unknown trigger 'on_batch_end'",
         "controllers[1] (b).rule: name 'nope' is not defined",
+        "controllers[2] (c).patience.mode: 'sometimes'",
         "controllers[1] (b).operations: unknown action 'should_fly'",
         "controllers[2] (c).operations: unknown operation 'ghost'",
         "controllers[2] (c).patience.patience_threshold: must be an integer >= 1",
@@ -178,3 +179,8 @@ def test_every_problem_is_reported_at_once_with_its_yaml_path():
     ):
         assert expected in message, (expected, message)
     assert "problem(s)" in message
+
+
+def test_a_misspelled_metric_name_gets_a_suggestion():
+    with pytest.raises(ConfigError, match=r"name 'train_los' is not defined \(did you mean 'train_loss'\?\)"):
+        TrainingController(config_with('train_los["loss"] > 3'))
