@@ -139,3 +139,14 @@ def test_validation_logs_the_loss_of_the_whole_validation_set(mode):
         model, dataloaders=torch.utils.data.DataLoader(data, batch_size=None), verbose=False
     )
     assert metrics["val/loss"] == pytest.approx(reference, rel=1e-6)
+
+
+def test_lightning_fit_with_worker_processes_matches_the_serial_loader():
+    data = micro_batches()
+    losses = []
+    for workers in (0, 2):
+        model, record = tiny_model(), RecordSteps()
+        trainer = quiet_trainer(max_steps=2, accumulate_grad_batches=3, callbacks=[record])
+        trainer.fit(model, train_dataloaders=GlobalStatsLoader(data, batch_size=None, num_workers=workers))
+        losses.append(record.logged)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
