@@ -120,15 +120,22 @@ class RegularizedLM(L.LightningModule):
 
     **Plug points** (each a named method, overridable):
 
-    - ``global_stats(batch, stage)``: the counts every aggregation divides by; a ``global_stats`` entry
-      of the batch (attached by the global-statistics loader) wins over local counts.
-    - ``head_outputs_needed()``: which head outputs the loss terms consume; with only the base loss in
-      training, the head takes the plain cross-entropy fast path (gradients computed in forward).
-    - ``regularize(ctx)``: the regularizer set; returns ``(weighted sum, per-term telemetry)``.
-    - Controller: a `Callback` that reads the logged metrics and this module's regularizer weights.
+    - ``global_stats(batch, stage)``: the counts every aggregation divides by; in training the
+      `GlobalStats` attached by `GlobalStatsLoader` (global counts of the optimizer step), else the
+      micro-batch's own counts. ``on_train_start`` configures the loader (A, mask keys, limits).
+    - ``mask_keys()``: the mask keys whose global counts are needed (``labels`` + the terms').
+    - ``head_outputs_needed()``: which head outputs the loss terms consume. Training with the base
+      loss alone takes the plain-CE fast path; with pointwise terms only (all built-ins), the terms run
+      chunk by chunk inside the head; both compute every gradient in forward (no logits recompute).
+    - ``regularize(ctx)``: the `RegularizerSet`; returns ``(weighted sum, per-term telemetry)``.
+    - Controller: `TrainingController` reads the logged metrics and ``regularizer_set``.
 
-    The loss of one micro-batch is ``(base + Σ_i w_i r_i) × stats.loss_scale``, where ``loss_scale``
-    cancels Lightning's division by ``accumulate_grad_batches`` and DDP's average over ranks.
+    **Loss and logging.** The loss of one micro-batch is ``(w_base · base + Σ_i w_i r_i) ×
+    stats.loss_scale``, where ``loss_scale = A × D`` cancels Lightning's division by
+    ``accumulate_grad_batches`` and DDP's average over ranks. ``train/*`` and ``regularizers/*`` are
+    logged once per optimizer step from torchmetrics sum states (exact global values); ``val/loss`` is
+    the global value over the validation set; ``telemetry`` holds the last step as a nested dict.
+    Regularizer weights and enabled flags are saved in checkpoints.
 
     Args:
         head_backend: output-head backend (``auto``, ``chunked``, ``naive``, ``torch``, ``liger``).
