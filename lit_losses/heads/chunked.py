@@ -135,12 +135,20 @@ class ChunkedLogProbs(torch.autograd.Function):
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             z = _logits(hidden[s:e], weight, bias, acc)
-            lse_c = torch.logsumexp(z, dim=1)
+            z_target = z.gather(1, targets[s:e, None]).squeeze(1)
+            if with_entropy:  # one exp per logit: H = log Σ e − Σ e (z − max) / Σ e, e = exp(z − max)
+                z_max = z.amax(dim=1)
+                z_max = torch.where(torch.isfinite(z_max), z_max, torch.zeros_like(z_max))
+                shifted = z.sub_(z_max[:, None])
+                unnormalized = torch.exp(shifted)
+                exp_sum = unnormalized.sum(dim=1)
+                lse_c = z_max + exp_sum.log()
+                dot = torch.linalg.vecdot(unnormalized, shifted, dim=1)
+                entropy[s:e] = exp_sum.log() - dot / exp_sum
+            else:
+                lse_c = torch.logsumexp(z, dim=1)
             lse[s:e] = lse_c
-            logprobs[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lse_c
-            if with_entropy:
-                logp = z.sub_(lse_c[:, None])
-                entropy[s:e] = -(torch.exp(logp).mul_(logp)).sum(1)
+            logprobs[s:e] = z_target - lse_c
         return logprobs, lse, entropy
 
     @staticmethod
