@@ -80,13 +80,18 @@ def _backprop_chunk(
         grad_b += dz.sum(0)
 
 
+def _row_max(z: Tensor) -> Tensor:
+    """Row maxima of ``z``, 0 where a row has no finite maximum (so that ``z − max`` stays defined)."""
+    z_max = z.amax(dim=1)
+    return torch.where(torch.isfinite(z_max), z_max, torch.zeros_like(z_max))
+
+
 def _exp_shifted_(z: Tensor) -> tuple[Tensor, Tensor]:
     """Turn logits ``z`` in place into ``e = exp(z − max_v z)``; return ``(lse, Σ_v e)``.
 
     One ``exp`` per logit (``logsumexp`` followed by ``exp(z − lse)`` would take two); ``p = e / Σ e``.
     """
-    z_max = z.amax(dim=1)
-    z_max = torch.where(torch.isfinite(z_max), z_max, torch.zeros_like(z_max))
+    z_max = _row_max(z)
     exp_sum = z.sub_(z_max[:, None]).exp_().sum(dim=1)
     return z_max + exp_sum.log(), exp_sum
 
@@ -137,8 +142,7 @@ class ChunkedLogProbs(torch.autograd.Function):
             z = _logits(hidden[s:e], weight, bias, acc)
             z_target = z.gather(1, targets[s:e, None]).squeeze(1)
             if with_entropy:  # one exp per logit: H = log Σ e − Σ e (z − max) / Σ e, e = exp(z − max)
-                z_max = z.amax(dim=1)
-                z_max = torch.where(torch.isfinite(z_max), z_max, torch.zeros_like(z_max))
+                z_max = _row_max(z)
                 shifted = z.sub_(z_max[:, None])
                 unnormalized = torch.exp(shifted)
                 exp_sum = unnormalized.sum(dim=1)
@@ -275,8 +279,7 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
             rows = torch.arange(e - s, device=logp.device)
             z_target = logp[rows, targets[s:e]]
             # one exp per logit: e = exp(z − max), Σ e, lse = max + log Σ e, p = e / Σ e
-            z_max = logp.amax(dim=1)
-            z_max = torch.where(torch.isfinite(z_max), z_max, torch.zeros_like(z_max))
+            z_max = _row_max(logp)
             shifted = logp.sub_(z_max[:, None])  # z − max, in place
             if with_entropy:  # z − max is needed again (entropy and its gradient): e goes to a buffer
                 if p_buffer is None or p_buffer.shape[0] < e - s:
