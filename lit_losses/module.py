@@ -308,7 +308,8 @@ class RegularizedLM(L.LightningModule):
             )
         # what Lightning (÷A) and DDP (÷D) make of this micro-batch's loss: its share of the step's loss
         share = stats.loss_scale / self._accumulation_factor()
-        self._step_sums(out).update({k: v * share for k, v in out.logged_values("train").items()})
+        values = out.logged_values("train")
+        self._step_sums(tuple(values)).update({k: v * share for k, v in values.items()})
         self.__dict__["_last_terms"] = out.terms
         if self._window_ends(batch_idx):
             self._log_step_sums()
@@ -337,8 +338,7 @@ class RegularizedLM(L.LightningModule):
         num_batches = self.trainer.num_training_batches
         return (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0 or batch_idx + 1 >= num_batches
 
-    def _step_sums(self, out: LossOutput) -> StepSums:
-        keys = tuple(out.logged_values("train"))
+    def _step_sums(self, keys: tuple[str, ...]) -> StepSums:
         sums = self.__dict__.get("_train_step_sums")
         if sums is None:
             sums = StepSums(keys).to(self.device)

@@ -213,6 +213,7 @@ class RegularizerSet:
         }
         compact = {k: v[mask] for k, v in batch.items() if isinstance(v, Tensor) and v.shape == mask.shape}
         sums = {t.name: base_weights.new_zeros(()) for t in active}
+        term_weights = {name: self.effective_weight(name, step) for name in self.terms}
         customs: dict[str, dict[str, float]] = {}
         base_sum = [base_weights.new_zeros(())]
 
@@ -231,33 +232,28 @@ class RegularizerSet:
                     out = t.call(ctx)
                 except Exception as exc:
                     raise RegularizerError(f"{where} failed: {exc!r}") from exc
-                if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
-                    out, customs[t.name] = out[0], _custom_metrics(out[1], where)
+                out, customs[t.name] = _split_custom(out, where)
                 if not isinstance(out, Tensor) or out.shape != logprobs.shape:
                     got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
                     raise RegularizerError(
                         f"{where} is declared pointwise but returned {got} for a chunk of {end - start} "
                         "tokens; a pointwise term returns one value per token"
                     )
-                if not bool(torch.isfinite(out.detach()).all()):
-                    raise RegularizerError(f"{where} returned a non-finite value (NaN or Inf)")
-                if not out.requires_grad:
-                    raise RegularizerError(f"{where} has no gradient path to any parameter")
+                _check_values(t, out, out, training=True)
                 value = (weights[t.name][start:end] * out).sum()
                 sums[t.name] += value.detach()
-                loss = loss + self.effective_weight(t.name, step) * value
+                loss = loss + term_weights[t.name] * value
             return loss
 
         def finish() -> tuple[Tensor, Tensor, dict[str, dict[str, Any]]]:
             telemetry, total = {}, base_weights.new_zeros(())
-            for name, t in self.terms.items():
-                weight = self.effective_weight(name, step)
+            for name in self.terms:  # a disabled term has no sum: value and contribution 0
                 value = sums.get(name, base_weights.new_zeros(()))
-                contribution = weight * value if t.enabled else value
+                contribution = term_weights[name] * value
                 total = total + contribution
                 telemetry[name] = {
                     "value": value,
-                    "weight": weight,
+                    "weight": term_weights[name],
                     "contribution": contribution,
                     "error": 0.0,
                     "custom": customs.get(name, {}),
@@ -322,9 +318,7 @@ class RegularizerSet:
 
     def _aggregate(self, term: Term, out: Any, ctx: LossContext) -> tuple[Tensor, dict[str, float]]:
         where = f"regularizer {term.name!r}"
-        custom: dict[str, float] = {}
-        if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
-            out, custom = out[0], _custom_metrics(out[1], where)
+        out, custom = _split_custom(out, where)
         if not isinstance(out, Tensor):
             raise _Fatal(f"{where} returned a {type(out).__name__}, not a tensor")
         key = term.spec.mask_key
@@ -335,18 +329,7 @@ class RegularizerSet:
                 f"{where} returned shape {tuple(out.shape)}; expected a scalar or the mask shape "
                 f"{tuple(mask.shape)}"
             )
-        checked = out.reshape(()) if scalar else out[mask]
-        if not bool(torch.isfinite(checked.detach()).all()):
-            raise RegularizerError(f"{where} returned a non-finite value (NaN or Inf)")
-        if ctx.stage == "train" and torch.is_grad_enabled() and not out.requires_grad:
-            if term.differentiable:
-                raise _Fatal(
-                    f"{where} has no gradient path to any parameter (its output does not require grad), so "
-                    "it would silently contribute zero gradient; set differentiable: false if intended"
-                )
-            if not term.warned:
-                term.warned = True
-                rank_zero_warn(f"{where} is declared non-differentiable: it adds to the loss value only")
+        _check_values(term, out, out.reshape(()) if scalar else out[mask], ctx.stage == "train")
         agg = term.spec.agg or self.default_agg
         stats = ctx.stats.get(key)
         if scalar:
@@ -368,6 +351,30 @@ class RegularizerSet:
 
 class _Fatal(RegularizerError):
     """A misuse that no ``on_error`` policy hides (wrong type or shape, no gradient path)."""
+
+
+def _split_custom(out: Any, where: str) -> tuple[Any, dict[str, float]]:
+    """A term's ``(value, {"key": number})`` return, or a bare value with no custom metrics."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
+        return out[0], _custom_metrics(out[1], where)
+    return out, {}
+
+
+def _check_values(term: Term, out: Tensor, valid_values: Tensor, training: bool) -> None:
+    """Non-finite values at valid positions are an error of the term; so is a missing gradient path
+    in training, unless the term is declared non-differentiable (then it warns once)."""
+    where = f"regularizer {term.name!r}"
+    if not bool(torch.isfinite(valid_values.detach()).all()):
+        raise RegularizerError(f"{where} returned a non-finite value (NaN or Inf)")
+    if training and torch.is_grad_enabled() and not out.requires_grad:
+        if term.differentiable:
+            raise _Fatal(
+                f"{where} has no gradient path to any parameter (its output does not require grad), so "
+                "it would silently contribute zero gradient; set differentiable: false if intended"
+            )
+        if not term.warned:
+            term.warned = True
+            rank_zero_warn(f"{where} is declared non-differentiable: it adds to the loss value only")
 
 
 def _attempt(fn: Callable[[], Any]) -> Any:
