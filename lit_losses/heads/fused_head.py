@@ -50,7 +50,8 @@ class FusedLMHead:
             logits; the reference), ``torch`` (`F.linear_cross_entropy`, logprobs only), ``liger``
             (CUDA, plain CE with uniform token weight only), or ``auto`` (chunked, and liger for the
             uniform plain-CE fast path when on CUDA with liger installed).
-        chunk_size: tokens per chunk (default: about 64 MiB of fp32 logits per chunk).
+        chunk_size: tokens per chunk (default: about 64 MiB of fp32 logits per chunk; on CPU about
+            128 MiB and at most 1024 tokens, see `default_chunk_size`).
         ignore_index: target value of positions without a label.
         accum_dtype: dtype in which logits and gradients accumulate (inputs of higher precision keep
             theirs).

@@ -152,6 +152,90 @@ def test_direct_op_without_entropy_returns_an_empty_entropy():
     assert ent.numel() == 0 and lp.shape == lse.shape == (5,)
 
 
+# ---- the folded projections (CPU): repeated targets, extreme logits, mixed precision ------------
+def _losses(head, hidden, targets, upstream):
+    """Every chunked entry point with a loss built from per-token values and ``upstream`` weights."""
+    valid = targets != head.ignore_index
+    g_lp, g_lse, g_ent = (u[valid] for u in upstream)
+
+    def pointwise(with_entropy):
+        def chunk_loss(s, e, lp, lse, ent):
+            loss = (g_lp[s:e] * lp).sum() + (g_lse[s:e] * lse.square()).sum()
+            return loss + (g_ent[s:e] * ent).sum() if with_entropy else loss
+
+        return head.pointwise_loss(hidden, targets, chunk_loss, with_entropy=with_entropy)
+
+    out = head(hidden, targets, ("logprobs", "lse"))
+    return {
+        "per_token": (upstream[0] * out.logprobs + upstream[1] * out.lse).sum(),
+        "weighted_ce": head.weighted_ce(hidden, targets, upstream[0].abs()),
+        "pointwise": pointwise(False),
+        "pointwise_entropy": pointwise(True),
+    }
+
+
+@pytest.mark.parametrize("path", ["per_token", "weighted_ce", "pointwise", "pointwise_entropy"])
+def test_repeated_targets_within_a_chunk(path):
+    """Many tokens of one chunk share a target: their weight-gradient rows must add up."""
+    hidden, weight, b, targets = problem(n=30, d=12, v=40, ignore_every=7)
+    targets[targets != -100] = torch.tensor([3, 3, 3, 7, 3, 7] * 5)[: int((targets != -100).sum())]
+    upstream = [
+        torch.randn(targets.shape, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+        for i in range(3)
+    ]
+    results = {}
+    for backend in ("naive", "chunked"):
+        head = FusedLMHead(weight, b, backend=backend, chunk_size=8)
+        loss = _losses(head, hidden, targets, upstream)[path]
+        results[backend] = (loss, *torch.autograd.grad(loss, (hidden, weight, b)))
+    for got, ref in zip(results["chunked"], results["naive"], strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("path", ["per_token", "weighted_ce", "pointwise", "pointwise_entropy"])
+def test_extreme_logits_in_float32_against_float64(path):
+    """Logits of a few hundred and targets of log-probability near −1000: fp32 stays within 1e-5."""
+    hidden, weight, b, targets = problem(n=24, d=16, v=500, ignore_every=6, dtype=torch.float32)
+    with torch.no_grad():
+        weight.mul_(80.0)
+    inputs32 = [hidden, weight, b]
+    hidden, weight, b = (x.detach().double().requires_grad_() for x in inputs32)  # the same values
+    upstream = [
+        torch.randn(targets.shape, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+        for i in range(3)
+    ]
+    ref_head = FusedLMHead(weight, b, backend="naive")
+    ref_loss = _losses(ref_head, hidden, targets, upstream)[path]
+    ref_grads = torch.autograd.grad(ref_loss, (hidden, weight, b))
+    lp = ref_head(hidden, targets).logprobs
+    assert lp.min() < -800  # the regime this test is about
+    head = FusedLMHead(inputs32[1], inputs32[2], backend="chunked", chunk_size=8)
+    loss = _losses(head, inputs32[0], targets, [u.float() for u in upstream])[path]
+    grads = torch.autograd.grad(loss, inputs32)
+    torch.testing.assert_close(loss.double(), ref_loss, rtol=1e-5, atol=1e-5)
+    for got, ref in zip(grads, ref_grads, strict=True):
+        scale = ref.abs().max()
+        torch.testing.assert_close(got.double() / scale, ref / scale, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["per_token", "weighted_ce", "pointwise", "pointwise_entropy"])
+def test_bf16_gradients_match_the_fp32_reference(path):
+    """bf16 inputs take the unfolded projection (fp32 logit gradients): gradients within bf16 precision."""
+    hidden, weight, _, targets = problem(n=40, d=32, v=300, dtype=torch.float32, bias=False)
+    h16, w16 = (x.detach().bfloat16().requires_grad_() for x in (hidden, weight))
+    h32, w32 = (x.detach().float().requires_grad_() for x in (h16, w16))
+    upstream = [torch.randn(targets.shape, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    ref_loss = _losses(FusedLMHead(w32, backend="naive"), h32, targets, upstream)[path]
+    ref_grads = torch.autograd.grad(ref_loss, (h32, w32))
+    loss = _losses(FusedLMHead(w16, backend="chunked", chunk_size=16), h16, targets, upstream)[path]
+    grads = torch.autograd.grad(loss, (h16, w16))
+    torch.testing.assert_close(loss.float(), ref_loss, rtol=2e-2, atol=2e-2)
+    for got, ref in zip(grads, ref_grads, strict=True):
+        assert got.dtype == torch.bfloat16
+        scale = ref.abs().max()
+        torch.testing.assert_close(got.float() / scale, ref / scale, rtol=0, atol=2e-2)
+
+
 # ---- bad input -------------------------------------------------------------------------------
 def test_target_out_of_range_names_value_and_vocab():
     hidden, weight, b, targets = problem(v=101)
