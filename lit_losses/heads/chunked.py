@@ -14,7 +14,8 @@ gradient into ``∂/∂z`` before the weight-gradient matmul: four ``N·D·V`` m
 Without the entropy term ``∂/∂z = c ⊙ p + g_ℓ ⊙ e_y`` with ``c = g_lse − g_ℓ``, so on CPU the per-token
 coefficients are folded into the small operands instead of a pass over ``[chunk, V]``:
 ``∂/∂h = c ⊙ (p W) + g_ℓ ⊙ W_y`` and ``∂/∂W = pᵀ (c ⊙ h) + Σ_t g_ℓ,t e_{y_t} h_tᵀ``. The only element-wise
-work per logit is one fused ``log_softmax`` (in place) and one ``exp``.
+work per logit is then one fused, in-place ``log_softmax`` in forward (``ℓ`` is read off it and
+``lse = z_y − ℓ``) and one fused ``softmax`` in backward (the fast paths: ``log_softmax`` and ``exp``).
 
 `ChunkedWeightedCE` is the plain cross-entropy fast path: when the loss is ``Σ_t w_t (−ℓ_t)`` with
 weights known in forward (global denominators), the gradients are computed during forward and
@@ -97,11 +98,13 @@ def _row_max(z: Tensor) -> Tensor:
     return torch.where(torch.isfinite(z_max), z_max, torch.zeros_like(z_max))
 
 
-def _log_softmax_(z: Tensor) -> Tensor:
-    """``log softmax`` of the rows of ``z``: one fused pass per row, written over ``z`` on CPU."""
+def _softmax_(z: Tensor, log: bool = False) -> Tensor:
+    """``softmax`` (or ``log softmax``) of the rows of ``z``: one fused pass per row, written over ``z``
+    on CPU."""
     if z.device.type == "cpu":
-        return torch.ops.aten._log_softmax.out(z, 1, False, out=z)
-    return torch.log_softmax(z, dim=1)
+        op = torch.ops.aten._log_softmax.out if log else torch.ops.aten._softmax.out
+        return op(z, 1, False, out=z)
+    return torch.log_softmax(z, dim=1) if log else torch.softmax(z, dim=1)
 
 
 def _target_log_probs_(z: Tensor, rows: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -110,7 +113,7 @@ def _target_log_probs_(z: Tensor, rows: Tensor, targets: Tensor) -> tuple[Tensor
     ``ℓ`` is read off the fused ``log_softmax`` and ``lse = z_y − ℓ``.
     """
     z_target = z[rows, targets]
-    log_p = _log_softmax_(z)
+    log_p = _softmax_(z, log=True)
     logprobs = log_p[rows, targets]
     return logprobs, z_target - logprobs, log_p
 
@@ -236,7 +239,7 @@ class ChunkedLogProbs(torch.autograd.Function):
             z = _logits(h, weight, bias, acc)
             coef = g_lse[s:e] - g_lp[s:e]
             if not use_entropy:
-                _backprop_probs(_log_softmax_(z).exp_(), coef, y, g_lp[s:e], h, weight, gh, grad_w, grad_b)
+                _backprop_probs(_softmax_(z), coef, y, g_lp[s:e], h, weight, gh, grad_w, grad_b)
                 continue
             logp = z.sub_(lse[s:e, None])
             coef_v = (logp + entropy[s:e, None]).mul_(-g_ent[s:e, None].to(acc)).add_(coef[:, None])
