@@ -6,6 +6,7 @@ Variants (per-token = a random upstream gradient on every log-probability):
   chunked        lit_losses chunked backend, per-token logprobs
   chunked_ce     lit_losses plain-CE fast path (weighted_ce: gradients in forward)
   matmul3        the bare 3 matmuls of any exact head: logits, grad of hidden, grad of weight
+  liger_ce       backend liger: Liger-Kernel's fused linear cross-entropy, plain CE (CUDA, [liger] extra)
 
 Each (variant, shape) runs in a fresh subprocess so that its peak RSS is its own; peak memory is the
 process high-water mark minus the resident size once inputs are allocated. Time is the best of
@@ -13,6 +14,8 @@ process high-water mark minus the resident size once inputs are allocated. Time 
 
     python benchmarks/fused_head.py                      # CPU fp32, the shapes of the issue
     python benchmarks/fused_head.py --shapes 512x256x32000 --repeats 2
+    python benchmarks/fused_head.py --device cuda --dtype bfloat16 --shapes 8192x4096x128256 \
+        --variants naive chunked chunked_ce liger_ce matmul3      # the GPU comparison of issue #3
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("naive", "torch_chunked", "chunked", "chunked_ce", "matmul3")
+VARIANTS = ("naive", "torch_chunked", "chunked", "chunked_ce", "matmul3", "liger_ce")
+CPU_VARIANTS = VARIANTS[:-1]
 DEFAULT_SHAPES = ("2048x512x128256", "4096x1024x65536")
 
 
@@ -65,6 +69,10 @@ def run_one(variant: str, n: int, d: int, v: int, repeats: int, dtype_name: str,
             FusedLMHead(weight, backend="chunked", check_finite=False).weighted_ce(
                 hidden, targets, 1.0 / n
             ).backward()
+        elif variant == "liger_ce":  # lit_losses' liger backend: Liger's fused linear CE, reduction "sum"
+            FusedLMHead(weight, backend="liger", check_finite=False).weighted_ce(
+                hidden, targets, 1.0 / n
+            ).backward()
         elif variant == "matmul3":
             with torch.no_grad():
                 logits = hidden @ weight.T
@@ -96,13 +104,15 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), help="N x D x V")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=None, choices=VARIANTS, help="default: all on CUDA")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant in this process
     args = parser.parse_args()
 
+    if args.variants is None:
+        args.variants = list(VARIANTS if args.device == "cuda" else CPU_VARIANTS)
     if args.one:
         variant, shape = args.one.split(":")
         n, d, v = (int(x) for x in shape.split("x"))

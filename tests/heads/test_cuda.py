@@ -1,0 +1,90 @@
+"""The head on CUDA (chunked and liger backends) against the naive reference; skipped without CUDA."""
+
+import pytest
+import torch
+
+from lit_losses.heads import FusedLMHead, fused_head
+from lit_losses.heads.liger import liger_available, liger_uniform_ce_sum
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+ALL = ("logprobs", "lse", "entropy")
+
+
+def problem(n=300, d=64, v=5000, dtype=torch.float32, bias=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, d, generator=g)
+    weight = torch.randn(v, d, generator=g) * 0.2
+    b = torch.randn(v, generator=g) * 0.1 if bias else None
+    targets = torch.randint(0, v, (n,), generator=g)
+    targets[::7] = -100
+    leaves = [x.to("cuda", dtype).requires_grad_() if x is not None else None for x in (hidden, weight, b)]
+    return (*leaves, targets.cuda())
+
+
+def per_token_loss_and_grads(backend, hidden, weight, bias, targets, upstream):
+    out = FusedLMHead(weight, bias, backend=backend, chunk_size=64)(hidden, targets, ALL)
+    loss = sum((getattr(out, k).float() * u).sum() for k, u in zip(ALL, upstream, strict=True))
+    return loss, torch.autograd.grad(loss, [x for x in (hidden, weight, bias) if x is not None])
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_chunked_on_cuda_matches_naive_fp32(bias):
+    hidden, weight, b, targets = problem(bias=bias)
+    upstream = [torch.randn(targets.shape, device="cuda") for _ in ALL]
+    ref, ref_grads = per_token_loss_and_grads("naive", hidden, weight, b, targets, upstream)
+    got, grads = per_token_loss_and_grads("chunked", hidden, weight, b, targets, upstream)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+
+
+def test_chunked_on_cuda_bf16_accumulates_in_fp32():
+    hidden, weight, _, targets = problem(dtype=torch.bfloat16)
+    h32, w32 = (x.detach().float().requires_grad_() for x in (hidden, weight))
+    upstream = [torch.randn(targets.shape, device="cuda") for _ in ALL]
+    ref, ref_grads = per_token_loss_and_grads("naive", h32, w32, None, targets, upstream)
+    got, grads = per_token_loss_and_grads("chunked", hidden, weight, None, targets, upstream)
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-1)
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert g.dtype == torch.bfloat16
+        torch.testing.assert_close(g.float() / r.abs().max(), r / r.abs().max(), rtol=0, atol=2e-2)
+
+
+def test_bad_target_on_cuda_is_a_value_error_not_a_device_assert():
+    hidden, weight, _, targets = problem()
+    targets[5] = weight.shape[0]
+    with pytest.raises(ValueError, match=rf"target {weight.shape[0]} .*V={weight.shape[0]}"):
+        FusedLMHead(weight, backend="chunked")(hidden, targets)
+
+
+@pytest.mark.skipif(not liger_available(), reason="needs the [liger] extra")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_liger_plain_ce_matches_the_chunked_fast_path(dtype):
+    hidden, weight, _, targets = problem(dtype=dtype)
+    w = 1.0 / int((targets != -100).sum())
+    results = {}
+    for backend in ("chunked", "liger"):
+        loss = FusedLMHead(weight, backend=backend).weighted_ce(hidden, targets, w)
+        results[backend] = (loss.float(), *torch.autograd.grad(loss, (hidden, weight)))
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-3)
+    for got, ref in zip(results["liger"], results["chunked"], strict=True):
+        torch.testing.assert_close(got.float(), ref.float(), **tol)
+
+
+@pytest.mark.skipif(not liger_available(), reason="needs the [liger] extra")
+def test_auto_takes_liger_for_uniform_plain_ce_and_chunked_otherwise(monkeypatch):
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return liger_uniform_ce_sum(*args, **kwargs)
+
+    monkeypatch.setattr(fused_head, "liger_uniform_ce_sum", counting)
+    hidden, weight, _, targets = problem()
+    head = FusedLMHead(weight, backend="auto")
+    uniform = head.weighted_ce(hidden, targets, 0.5)
+    per_token_w = torch.full(targets.shape, 0.5, device="cuda")
+    weighted = head.weighted_ce(hidden, targets, per_token_w)
+    assert len(calls) == 1  # the uniform call only
+    torch.testing.assert_close(uniform, weighted, rtol=1e-5, atol=1e-5)
