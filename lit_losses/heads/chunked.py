@@ -1,21 +1,25 @@
 """The ``chunked`` backend: a pure-PyTorch fused output head that never materializes ``[N, V]`` logits.
 
 Notation for one token: ``z = W h + b`` (logits), ``lse = log Σ_v e^{z_v}``, ``p = softmax(z)``,
-``ℓ = z_y − lse`` (log-probability of the target ``y``), ``H = lse − Σ_v p_v z_v`` (entropy).
+``ℓ = z_y − lse`` (log-probability of the target ``y``), ``H = lse − Σ_v p_v z_v = −Σ_v p_v log p_v``
+(entropy, computed in the second form: a sum of non-negative terms).
 Given upstream gradients ``(g_ℓ, g_lse, g_H)`` the logit gradient is
 
     ∂/∂z_v = g_ℓ (δ_vy − p_v) + g_lse p_v − g_H p_v (z_v − lse + H)
            = p_v [g_lse − g_ℓ − g_H (log p_v + H)] + g_ℓ δ_vy,
 
 and ``∂/∂h = (∂/∂z) W``, ``∂/∂W = (∂/∂z)ᵀ h``, ``∂/∂b = Σ_t ∂/∂z``. Forward keeps only ``O(N)`` state
-(``lse``, ``H``) and backward recomputes the logits chunk by chunk, folding each token's upstream
-gradient into ``∂/∂z`` before the weight-gradient matmul: four ``N·D·V`` matmuls in all.
+(``H``) besides its inputs and backward recomputes the logits chunk by chunk, folding each token's
+upstream gradient into ``∂/∂z`` before the weight-gradient matmul: four ``N·D·V`` matmuls in all, the
+fewest an exact per-token head can do without storing ``[N, V]`` (``∂/∂W`` contracts ``p`` over tokens
+with the upstream gradient, known only in backward).
 
 Without the entropy term ``∂/∂z = c ⊙ p + g_ℓ ⊙ e_y`` with ``c = g_lse − g_ℓ``, so on CPU the per-token
 coefficients are folded into the small operands instead of a pass over ``[chunk, V]``:
 ``∂/∂h = c ⊙ (p W) + g_ℓ ⊙ W_y`` and ``∂/∂W = pᵀ (c ⊙ h) + Σ_t g_ℓ,t e_{y_t} h_tᵀ``. The only element-wise
 work per logit is then one fused, in-place ``log_softmax`` in forward (``ℓ`` is read off it and
-``lse = z_y − ℓ``) and one fused ``softmax`` in backward (the fast paths: ``log_softmax`` and ``exp``).
+``lse = z_y − ℓ``) and one fused ``softmax`` in backward (the fast paths: ``log_softmax`` and ``exp``);
+``[chunk, V]`` work tensors are allocated once per pass (`_Scratch`).
 
 `ChunkedWeightedCE` is the plain cross-entropy fast path: when the loss is ``Σ_t w_t (−ℓ_t)`` with
 weights known in forward (global denominators), the gradients are computed during forward and
