@@ -145,8 +145,10 @@ def _probs_and_entropy(log_p: Tensor, out: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _entropy_logit_grad_(log_p: Tensor, p: Tensor, coef: Tensor, g_ent: Tensor, entropy: Tensor) -> Tensor:
-    """``∂/∂z`` without its target term: ``p ⊙ [coef − g_H (log p + H)]``, written over ``log_p``."""
-    return log_p.add_(entropy[:, None]).mul_(-g_ent[:, None]).add_(coef[:, None]).mul_(p)
+    """``∂/∂z`` without its target term: ``p ⊙ [coef − g_H (log p + H)]``, written over ``log_p`` in two
+    passes (``addcmul`` then ``mul``)."""
+    shift = (coef - g_ent * entropy)[:, None]
+    return torch.addcmul(shift, log_p, -g_ent[:, None], out=log_p).mul_(p)
 
 
 def _backprop_probs(
