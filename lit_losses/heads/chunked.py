@@ -120,10 +120,8 @@ def _backprop_chunk(
 def _softmax_(z: Tensor, log: bool = False) -> Tensor:
     """``softmax`` (or ``log softmax``) of the rows of ``z``: one fused pass per row, written over ``z``
     on CPU."""
-    if z.device.type == "cpu":
-        op = torch.ops.aten._log_softmax.out if log else torch.ops.aten._softmax.out
-        return op(z, 1, False, out=z)
-    return torch.log_softmax(z, dim=1) if log else torch.softmax(z, dim=1)
+    fn = torch.log_softmax if log else torch.softmax
+    return fn(z, 1, out=z) if z.device.type == "cpu" else fn(z, 1)
 
 
 def _target_log_probs_(z: Tensor, rows: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
