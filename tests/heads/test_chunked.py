@@ -153,28 +153,28 @@ def test_direct_op_without_entropy_returns_an_empty_entropy():
 
 
 # ---- the folded projections (CPU): repeated targets, extreme logits, mixed precision ------------
-def _losses(head, hidden, targets, upstream):
-    """Every chunked entry point with a loss built from per-token values and ``upstream`` weights."""
+PATHS = ["per_token", "weighted_ce", "pointwise", "pointwise_entropy"]
+
+
+def _loss(path, head, hidden, targets, upstream):
+    """A loss through one chunked entry point, built from per-token values and ``upstream`` weights."""
+    if path == "per_token":
+        out = head(hidden, targets, ("logprobs", "lse"))
+        return (upstream[0] * out.logprobs + upstream[1] * out.lse).sum()
+    if path == "weighted_ce":
+        return head.weighted_ce(hidden, targets, upstream[0].abs())
     valid = targets != head.ignore_index
     g_lp, g_lse, g_ent = (u[valid] for u in upstream)
+    with_entropy = path == "pointwise_entropy"
 
-    def pointwise(with_entropy):
-        def chunk_loss(s, e, lp, lse, ent):
-            loss = (g_lp[s:e] * lp).sum() + (g_lse[s:e] * lse.square()).sum()
-            return loss + (g_ent[s:e] * ent).sum() if with_entropy else loss
+    def chunk_loss(s, e, lp, lse, ent):
+        loss = (g_lp[s:e] * lp).sum() + (g_lse[s:e] * lse.square()).sum()
+        return loss + (g_ent[s:e] * ent).sum() if with_entropy else loss
 
-        return head.pointwise_loss(hidden, targets, chunk_loss, with_entropy=with_entropy)
-
-    out = head(hidden, targets, ("logprobs", "lse"))
-    return {
-        "per_token": (upstream[0] * out.logprobs + upstream[1] * out.lse).sum(),
-        "weighted_ce": head.weighted_ce(hidden, targets, upstream[0].abs()),
-        "pointwise": pointwise(False),
-        "pointwise_entropy": pointwise(True),
-    }
+    return head.pointwise_loss(hidden, targets, chunk_loss, with_entropy=with_entropy)
 
 
-@pytest.mark.parametrize("path", ["per_token", "weighted_ce", "pointwise", "pointwise_entropy"])
+@pytest.mark.parametrize("path", PATHS)
 def test_repeated_targets_within_a_chunk(path):
     """Many tokens of one chunk share a target: their weight-gradient rows must add up."""
     hidden, weight, b, targets = problem(n=30, d=12, v=40, ignore_every=7)
@@ -186,15 +186,15 @@ def test_repeated_targets_within_a_chunk(path):
     results = {}
     for backend in ("naive", "chunked"):
         head = FusedLMHead(weight, b, backend=backend, chunk_size=8)
-        loss = _losses(head, hidden, targets, upstream)[path]
+        loss = _loss(path, head, hidden, targets, upstream)
         results[backend] = (loss, *torch.autograd.grad(loss, (hidden, weight, b)))
     for got, ref in zip(results["chunked"], results["naive"], strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-11, atol=1e-12)
 
 
-@pytest.mark.parametrize("path", ["per_token", "weighted_ce", "pointwise", "pointwise_entropy"])
+@pytest.mark.parametrize("path", PATHS)
 def test_extreme_logits_in_float32_against_float64(path):
-    """Logits of a few hundred and targets of log-probability near −1000: fp32 stays within 1e-5."""
+    """Logits of a few hundred and target log-probabilities below −800: fp32 stays within 1e-5."""
     hidden, weight, b, targets = problem(n=24, d=16, v=500, ignore_every=6, dtype=torch.float32)
     with torch.no_grad():
         weight.mul_(80.0)
@@ -205,12 +205,12 @@ def test_extreme_logits_in_float32_against_float64(path):
         for i in range(3)
     ]
     ref_head = FusedLMHead(weight, b, backend="naive")
-    ref_loss = _losses(ref_head, hidden, targets, upstream)[path]
+    ref_loss = _loss(path, ref_head, hidden, targets, upstream)
     ref_grads = torch.autograd.grad(ref_loss, (hidden, weight, b))
     lp = ref_head(hidden, targets).logprobs
     assert lp.min() < -800  # the regime this test is about
     head = FusedLMHead(inputs32[1], inputs32[2], backend="chunked", chunk_size=8)
-    loss = _losses(head, inputs32[0], targets, [u.float() for u in upstream])[path]
+    loss = _loss(path, head, inputs32[0], targets, [u.float() for u in upstream])
     grads = torch.autograd.grad(loss, inputs32)
     torch.testing.assert_close(loss.double(), ref_loss, rtol=1e-5, atol=1e-5)
     for got, ref in zip(grads, ref_grads, strict=True):
@@ -218,16 +218,16 @@ def test_extreme_logits_in_float32_against_float64(path):
         torch.testing.assert_close(got.double() / scale, ref / scale, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("path", ["per_token", "weighted_ce", "pointwise", "pointwise_entropy"])
+@pytest.mark.parametrize("path", PATHS)
 def test_bf16_gradients_match_the_fp32_reference(path):
     """bf16 inputs take the unfolded projection (fp32 logit gradients): gradients within bf16 precision."""
     hidden, weight, _, targets = problem(n=40, d=32, v=300, dtype=torch.float32, bias=False)
     h16, w16 = (x.detach().bfloat16().requires_grad_() for x in (hidden, weight))
     h32, w32 = (x.detach().float().requires_grad_() for x in (h16, w16))
     upstream = [torch.randn(targets.shape, generator=torch.Generator().manual_seed(i)) for i in range(3)]
-    ref_loss = _losses(FusedLMHead(w32, backend="naive"), h32, targets, upstream)[path]
+    ref_loss = _loss(path, FusedLMHead(w32, backend="naive"), h32, targets, upstream)
     ref_grads = torch.autograd.grad(ref_loss, (h32, w32))
-    loss = _losses(FusedLMHead(w16, backend="chunked", chunk_size=16), h16, targets, upstream)[path]
+    loss = _loss(path, FusedLMHead(w16, backend="chunked", chunk_size=16), h16, targets, upstream)
     grads = torch.autograd.grad(loss, (h16, w16))
     torch.testing.assert_close(loss.float(), ref_loss, rtol=2e-2, atol=2e-2)
     for got, ref in zip(grads, ref_grads, strict=True):
