@@ -21,6 +21,15 @@ def _isolated_cache(tmp_path_factory):
     yield cache
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _trainer_root(tmp_path_factory):
+    """`quiet_trainer`'s default checkpoints go to a temporary folder, not the working directory."""
+    from tests import helpers
+
+    helpers.TRAINER_ROOT = tmp_path_factory.mktemp("trainer_root")
+    yield helpers.TRAINER_ROOT
+
+
 @pytest.fixture
 def text_corpus(tmp_path) -> Path:
     """A small corpus of real text: a few standard-library modules, one file per document."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import torch
 
@@ -27,8 +29,14 @@ class LossRecorder(L.Callback):
         self.losses[trainer.global_step] = float(outputs["loss"] if isinstance(outputs, dict) else outputs)
 
 
+#: Lightning's default output folder for `quiet_trainer` (checkpoints of trainers without a logger);
+#: conftest points it at a pytest temporary folder so that no test writes into the working directory.
+TRAINER_ROOT: Path | None = None
+
+
 def quiet_trainer(**kwargs) -> L.Trainer:
     defaults = dict(
+        default_root_dir=TRAINER_ROOT,
         accelerator="cpu",
         devices=1,
         logger=False,
