@@ -49,6 +49,7 @@ def test_fit_from_shipped_config_writes_events_and_checkpoint(tmp_path):
     assert ckpts, "no checkpoint written"
 
     common = ["--config", CONFIG, f"--ckpt_path={ckpts[0]}", "--trainer.logger=false", *FAST]
+    common.append(f"--trainer.default_root_dir={tmp_path / 'eval'}")  # its config.yaml lands there
     validated = main(["validate", *common])
     assert validated.trainer.callback_metrics["val/loss"] > 0
     predicted = main(["predict", *common, "--trainer.limit_predict_batches=2"])
