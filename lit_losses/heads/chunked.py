@@ -104,10 +104,30 @@ def _accum_dtype(x: Tensor, accum_dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(x.dtype, accum_dtype)
 
 
+def _gradient_buffers(
+    hidden: Tensor, weight: Tensor, acc: torch.dtype, need_h: bool, need_w: bool, need_b: bool
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """``(∂/∂hidden, ∂/∂weight, ∂/∂bias)`` buffers, ``None`` where not needed: ``∂/∂hidden`` is written
+    chunk by chunk (empty), the others accumulate over chunks in ``acc`` (zeros)."""
+    grad_h = torch.empty_like(hidden) if need_h else None
+    grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+    grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
+    return grad_h, grad_w, grad_b
+
+
 def _backprop_chunk(
-    dz: Tensor, h: Tensor, weight: Tensor, grad_h: Tensor | None, grad_w: Tensor | None, grad_b: Tensor | None
+    dz: Tensor,
+    targets: Tensor,
+    g_target: Tensor,
+    h: Tensor,
+    weight: Tensor,
+    grad_h: Tensor | None,
+    grad_w: Tensor | None,
+    grad_b: Tensor | None,
 ) -> None:
-    """Project one chunk's logit gradient ``dz`` onto hidden (``grad_h``), weight and bias."""
+    """Project one chunk's logit gradient ``dz + g_target ⊙ e_y`` (formed over ``dz``) onto hidden
+    (``grad_h``), weight and bias."""
+    dz[torch.arange(dz.shape[0], device=dz.device), targets] += g_target
     dz_in = dz if dz.dtype == h.dtype else dz.to(h.dtype)
     if grad_h is not None:
         torch.mm(dz_in, weight, out=grad_h)
@@ -124,11 +144,12 @@ def _softmax_(z: Tensor, log: bool = False) -> Tensor:
     return fn(z, 1, out=z) if z.device.type == "cpu" else fn(z, 1)
 
 
-def _target_log_probs_(z: Tensor, rows: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _target_log_probs_(z: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(ℓ, lse, log p)`` of one chunk of logits ``z``, which is overwritten by ``log p`` on CPU.
 
     ``ℓ`` is read off the fused ``log_softmax`` and ``lse = z_y − ℓ``.
     """
+    rows = torch.arange(z.shape[0], device=z.device)
     z_target = z[rows, targets]
     log_p = _softmax_(z, log=True)
     logprobs = log_p[rows, targets]
@@ -167,10 +188,7 @@ def _backprop_probs(
     low-precision inputs keep fp32 logit gradients).
     """
     if p.device.type != "cpu" or not (p.dtype == h.dtype == weight.dtype):
-        rows = torch.arange(p.shape[0], device=p.device)
-        dz = p.mul_(coef[:, None])
-        dz[rows, targets] += g_target
-        _backprop_chunk(dz, h, weight, grad_h, grad_w, grad_b)
+        _backprop_chunk(p.mul_(coef[:, None]), targets, g_target, h, weight, grad_h, grad_w, grad_b)
         return
     if grad_h is not None:
         torch.mm(p, weight, out=grad_h)
@@ -228,8 +246,7 @@ class ChunkedLogProbs(torch.autograd.Function):
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             z = scratch.logits(hidden[s:e], weight, bias)
-            rows = torch.arange(e - s, device=z.device)
-            logprobs[s:e], lse[s:e], log_p = _target_log_probs_(z, rows, targets[s:e])
+            logprobs[s:e], lse[s:e], log_p = _target_log_probs_(z, targets[s:e])
             if with_entropy:
                 _, entropy[s:e] = _probs_and_entropy(log_p, scratch.take("probs", e - s))
         return logprobs, lse, entropy
@@ -252,9 +269,7 @@ class ChunkedLogProbs(torch.autograd.Function):
         g_lse = zeros if g_lse is None else g_lse.to(acc)
         use_entropy = ctx.with_entropy and g_ent is not None
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
-        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
+        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, need_h, need_w, need_b)
         scratch = _Scratch(weight.shape[0], acc, hidden.device)
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
@@ -267,8 +282,7 @@ class ChunkedLogProbs(torch.autograd.Function):
             log_p = _softmax_(z, log=True)
             p = torch.exp(log_p, out=scratch.take("probs", e - s))
             dz = _entropy_logit_grad_(log_p, p, coef, g_ent[s:e].to(acc), entropy[s:e])
-            dz[torch.arange(e - s, device=dz.device), y] += g_lp[s:e]
-            _backprop_chunk(dz, h, weight, gh, grad_w, grad_b)
+            _backprop_chunk(dz, y, g_lp[s:e], h, weight, gh, grad_w, grad_b)
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
         return grad_h, grad_w, grad_b, None, None, None, None
@@ -296,15 +310,13 @@ class ChunkedWeightedCE(torch.autograd.Function):
         n = hidden.shape[0]
         w_tok = token_weights.to(acc)
         logprobs = hidden.new_empty(n, dtype=acc)
-        grad_h = torch.empty_like(hidden)
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device)
-        grad_b = None if bias is None else torch.zeros(weight.shape[0], dtype=acc, device=weight.device)
+        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, True, True, bias is not None)
         scratch = _Scratch(weight.shape[0], acc, hidden.device)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             h, y, w_c = hidden[s:e], targets[s:e], w_tok[s:e]
             z = scratch.logits(h, weight, bias)
-            logprobs[s:e], _, log_p = _target_log_probs_(z, torch.arange(e - s, device=z.device), y)
+            logprobs[s:e], _, log_p = _target_log_probs_(z, y)
             # d(−w ℓ)/dz = w (p − e_y)
             _backprop_probs(log_p.exp_(), w_c, y, -w_c, h, weight, grad_h[s:e], grad_w, grad_b)
         _save_gradients(ctx, grad_h, grad_w, grad_b, weight, bias)
@@ -359,17 +371,14 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
     ) -> Tensor:
         acc = _accum_dtype(hidden, accum_dtype)
         n = hidden.shape[0]
-        grad_h = torch.empty_like(hidden)
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device)
-        grad_b = None if bias is None else torch.zeros(weight.shape[0], dtype=acc, device=weight.device)
+        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, True, True, bias is not None)
         total = hidden.new_zeros((), dtype=acc)
         scratch = _Scratch(weight.shape[0], acc, hidden.device)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             h, y, gh = hidden[s:e], targets[s:e], grad_h[s:e]
             z = scratch.logits(h, weight, bias)
-            rows = torch.arange(e - s, device=z.device)
-            lp_c, lse_c, log_p = _target_log_probs_(z, rows, y)
+            lp_c, lse_c, log_p = _target_log_probs_(z, y)
             if with_entropy:
                 p, ent_c = _probs_and_entropy(log_p, scratch.take("probs", e - s))
                 loss_c, (g_lp, g_lse, g_ent) = _chunk_loss_grads(chunk_loss, s, e, (lp_c, lse_c, ent_c), acc)
@@ -379,8 +388,7 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
             coef = g_lse - g_lp
             if with_entropy and bool(g_ent.ne(0).any()):
                 dz = _entropy_logit_grad_(log_p, p, coef, g_ent, ent_c)
-                dz[rows, y] += g_lp
-                _backprop_chunk(dz, h, weight, gh, grad_w, grad_b)
+                _backprop_chunk(dz, y, g_lp, h, weight, gh, grad_w, grad_b)
             else:
                 _backprop_probs(p, coef, y, g_lp, h, weight, gh, grad_w, grad_b)
             total += loss_c
