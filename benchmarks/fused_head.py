@@ -65,12 +65,9 @@ def run_one(variant: str, n: int, d: int, v: int, repeats: int, dtype_name: str,
         elif variant == "chunked":
             lp = FusedLMHead(weight, backend="chunked", check_finite=False)(hidden, targets).logprobs
             lp.backward(upstream)
-        elif variant == "chunked_ce":
-            FusedLMHead(weight, backend="chunked", check_finite=False).weighted_ce(
-                hidden, targets, 1.0 / n
-            ).backward()
-        elif variant == "liger_ce":  # lit_losses' liger backend: Liger's fused linear CE, reduction "sum"
-            FusedLMHead(weight, backend="liger", check_finite=False).weighted_ce(
+        elif variant in ("chunked_ce", "liger_ce"):  # liger: Liger's fused linear CE, reduction "sum"
+            backend = variant.removesuffix("_ce")
+            FusedLMHead(weight, backend=backend, check_finite=False).weighted_ce(
                 hidden, targets, 1.0 / n
             ).backward()
         elif variant == "matmul3":
