@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from lit_losses import GlobalStatsLoader, RegularizerSpec, TinyLM, register_regularizer
-from lit_losses.autograd import check_regularizer, custom_vjp
+from lit_losses.autograd import custom_vjp
+from lit_losses.regularizers.testing import check_regularizer
 
 
 def external_sequence_penalty(

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import nn
 
+from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
+from lit_losses.schedule import Schedule
+
+LRSchedule = Literal["cosine", "linear", "constant"]
 
 
 @dataclass
@@ -18,7 +21,13 @@ class OptimizerConfig:
 
     ``f`` rises linearly from 0 to 1 over ``warmup_steps``, then follows ``schedule`` down to
     ``min_lr_ratio`` at ``total_steps``: ``cosine``: ``r + (1−r)·½(1+cos πu)``, ``linear``:
-    ``1 − (1−r)·u``, ``constant``: 1, with ``u`` the fraction of the post-warmup steps done.
+    ``1 − (1−r)·u``, ``constant``: 1, with ``u`` the fraction of the post-warmup steps done (one
+    `Schedule`, the same type that schedules regularizer weights).
+
+    Example:
+        >>> cfg = OptimizerConfig(lr=1e-3, warmup_steps=3, schedule="linear", min_lr_ratio=0.5)
+        >>> [round(cfg.lr_factor(step, total_steps=7), 3) for step in range(8)]
+        [0.25, 0.5, 0.75, 1.0, 0.875, 0.75, 0.625, 0.5]
     """
 
     lr: float = 3e-4
@@ -31,7 +40,7 @@ class OptimizerConfig:
     """Decoupled weight decay, applied to matrices only (not to norms, biases or 1-D parameters)."""
     warmup_steps: int = 100
     """Optimizer steps of linear warmup."""
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    schedule: LRSchedule = "cosine"
     """Decay after warmup."""
     min_lr_ratio: float = 0.1
     """Final learning rate as a fraction of ``lr``."""
@@ -39,6 +48,7 @@ class OptimizerConfig:
     """Steps of the whole schedule; default: the trainer's estimated optimizer steps."""
 
     def __post_init__(self) -> None:
+        check_choice(self.schedule, LRSchedule, "optimizer.schedule")
         if self.lr <= 0:
             raise ConfigError(f"optimizer.lr must be > 0, got {self.lr}")
         if self.warmup_steps < 0:
@@ -49,17 +59,20 @@ class OptimizerConfig:
             raise ConfigError(f"optimizer.total_steps must be >= 1, got {self.total_steps}")
         self.betas = tuple(self.betas)  # YAML gives lists
 
+    def lr_schedule(self, total_steps: int) -> Schedule:
+        """The `Schedule` of ``f``: warmup from ``1/(warmup_steps+1)`` (never a zero learning rate)."""
+        warmup = self.warmup_steps
+        return Schedule(
+            "linear_warmup" if self.schedule == "constant" else self.schedule,
+            warmup_steps=warmup,
+            start=1.0 / (warmup + 1),
+            total_steps=max(self.total_steps or total_steps, warmup + 1),
+            final=self.min_lr_ratio,
+        )
+
     def lr_factor(self, step: int, total_steps: int) -> float:
         """The multiplier ``f(step)`` of the peak learning rate."""
-        if step < self.warmup_steps:
-            return (step + 1) / (self.warmup_steps + 1)
-        if self.schedule == "constant":
-            return 1.0
-        u = min(1.0, (step - self.warmup_steps) / max(1, total_steps - self.warmup_steps))
-        r = self.min_lr_ratio
-        if self.schedule == "linear":
-            return 1.0 - (1.0 - r) * u
-        return r + (1.0 - r) * 0.5 * (1.0 + math.cos(math.pi * u))
+        return self.lr_schedule(total_steps).factor(step)
 
 
 def build_optimizer(
@@ -76,6 +89,5 @@ def build_optimizer(
     optimizer = torch.optim.AdamW(
         [g for g in groups if g["params"]], lr=config.lr, betas=config.betas, eps=config.eps
     )
-    total = config.total_steps or total_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: config.lr_factor(s, total))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, config.lr_schedule(total_steps).factor)
     return optimizer, scheduler

@@ -2,7 +2,14 @@
 
 from lit_losses.aggregation.loader import GLOBAL_STATS_KEY, GlobalStatsLoader
 from lit_losses.aggregation.metrics import StepSums, mode_denominator
-from lit_losses.aggregation.modes import AGG_MODES, aggregate, check_mode, reweight_mean, token_weights
+from lit_losses.aggregation.modes import (
+    AGG_MODES,
+    AggMode,
+    aggregate,
+    check_mode,
+    reweight_mean,
+    token_weights,
+)
 from lit_losses.aggregation.stats import (
     LABELS_KEY,
     GlobalStats,
@@ -13,18 +20,28 @@ from lit_losses.aggregation.stats import (
     sequence_ids,
     sum_counts,
 )
+from lit_losses.aggregation.window import (
+    accumulation_factor,
+    check_window,
+    configure_train_loaders,
+    window_ends,
+)
 
 __all__ = [
     "AGG_MODES",
     "GLOBAL_STATS_KEY",
     "LABELS_KEY",
+    "AggMode",
     "GlobalStats",
     "GlobalStatsLoader",
     "MaskStats",
     "StepSums",
+    "accumulation_factor",
     "aggregate",
     "batch_mask",
     "check_mode",
+    "check_window",
+    "configure_train_loaders",
     "count_masks",
     "count_units",
     "mode_denominator",
@@ -32,4 +49,5 @@ __all__ = [
     "sequence_ids",
     "sum_counts",
     "token_weights",
+    "window_ends",
 ]

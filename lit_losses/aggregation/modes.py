@@ -23,22 +23,21 @@ their share of the global count (`reweight_mean`), so that it too sums to a glob
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
 from lit_losses.aggregation.stats import MaskStats, sequence_ids
-from lit_losses.errors import ConfigError
+from lit_losses.choices import check_choice
 
 AggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"]
-AGG_MODES: tuple[str, ...] = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean")
+AGG_MODES: tuple[str, ...] = get_args(AggMode)
 
 
 def check_mode(mode: str, where: str = "agg") -> str:
-    if mode not in AGG_MODES:
-        raise ConfigError(f"unknown aggregation mode {mode!r} (from {where}); choose among {AGG_MODES}")
-    return mode
+    """``mode`` if it is one of `AGG_MODES`, else a `ConfigError` naming ``where`` and the closest mode."""
+    return check_choice(mode, AggMode, where)
 
 
 def token_weights(

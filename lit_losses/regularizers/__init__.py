@@ -1,21 +1,29 @@
-"""Regularizers: a registry of named loss terms, their specs, the set that runs them, built-ins."""
+"""Regularizers: a registry of named loss terms, their specs, the set that runs them, built-ins.
+
+Layers: `spec` (configuration) → `registry` (names) → `term` (one resolved term, its checks) →
+`runner` (`RegularizerSet`, the general path) and `fused` (pointwise terms inside the fused head);
+`builtins` and `legacy` are terms; `testing` checks a term's gradient.
+"""
 
 from lit_losses.regularizers import builtins
 from lit_losses.regularizers.legacy import legacy_term, sequence_logprobs
-from lit_losses.regularizers.registry import NEEDS, REGISTRY, RegistryEntry, register_regularizer
-from lit_losses.regularizers.regularizer_set import RegularizerError, RegularizerSet, Term
-from lit_losses.regularizers.schedule import Schedule
+from lit_losses.regularizers.registry import NEEDS, REGISTRY, Need, RegistryEntry, register_regularizer
+from lit_losses.regularizers.runner import RegularizerSet
 from lit_losses.regularizers.spec import RegularizerSpec
+from lit_losses.regularizers.term import RegularizerError, Term, TermResult
+from lit_losses.schedule import Schedule
 
 __all__ = [
     "NEEDS",
     "REGISTRY",
+    "Need",
     "RegistryEntry",
     "RegularizerError",
     "RegularizerSet",
     "RegularizerSpec",
     "Schedule",
     "Term",
+    "TermResult",
     "builtins",
     "legacy_term",
     "register_regularizer",

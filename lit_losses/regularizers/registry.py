@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import difflib
 import functools
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from lit_losses.errors import ConfigError
+from lit_losses.registry import Registry
 
-NEEDS = ("logprobs", "lse", "entropy", "hidden")
+Need = Literal["logprobs", "lse", "entropy", "hidden"]
+NEEDS: tuple[str, ...] = get_args(Need)
 """What a term may consume: head outputs (``logprobs``, ``lse``, ``entropy``) and ``hidden`` states."""
 
 
@@ -34,7 +34,16 @@ class RegistryEntry:
         return functools.partial(self.target, **args)
 
 
-REGISTRY: dict[str, RegistryEntry] = {}
+def _as_entry(name: str, obj: Any) -> RegistryEntry:
+    if isinstance(obj, RegistryEntry):
+        return obj
+    if not callable(obj):
+        raise TypeError(f"regularizer {name!r} must be a function or a class, got {type(obj).__name__}")
+    return REGISTRY.find(obj) or RegistryEntry(getattr(obj, "__name__", repr(obj)), obj)
+
+
+REGISTRY: Registry[RegistryEntry] = Registry("regularizer", adapt=_as_entry, identity=lambda e: e.target)
+"""Every registered loss term, by name."""
 
 
 def check_needs(needs: Sequence[str], where: str) -> tuple[str, ...]:
@@ -45,14 +54,15 @@ def check_needs(needs: Sequence[str], where: str) -> tuple[str, ...]:
 
 
 def register_regularizer(
-    name: str, *, needs: Sequence[str] = ("logprobs",), differentiable: bool = True, pointwise: bool = False
+    name: str, *, needs: Sequence[Need] = ("logprobs",), differentiable: bool = True, pointwise: bool = False
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a loss term under ``name`` (usable from YAML as ``{name: <name>, weight: ...}``).
 
     A function is called as ``fn(ctx, **args)``; a class is instantiated with ``cls(**args)`` once
     and called as ``instance(ctx)``. Either may be ``async``. It returns a per-token tensor ``[B, T]``
     (aggregated with the term's mode and the global counts), or a scalar taken as a mean over this
-    micro-batch's valid units, optionally as ``(value, {"custom_key": number, ...})``.
+    micro-batch's valid units, optionally as ``(value, {"custom_key": number, ...})``. Registering
+    the same definition again (a re-run notebook cell) replaces the entry.
 
     Args:
         name: registry name (unique).
@@ -62,40 +72,27 @@ def register_regularizer(
         pointwise: the output at each token depends only on that token's head outputs and batch
             values (elementwise code). Such terms can be evaluated chunk by chunk inside the fused head,
             with every gradient computed in forward (no logits recompute).
+
+    Example:
+        >>> from lit_losses import register_regularizer
+        >>> @register_regularizer("doc_logprob_sq", pointwise=True)
+        ... def logprob_sq(ctx):
+        ...     return ctx.logprobs.square()
+        >>> from lit_losses.regularizers import REGISTRY
+        >>> "doc_logprob_sq" in REGISTRY
+        True
     """
     check_needs(needs, f"register_regularizer({name!r})")
 
     def decorator(target: Callable[..., Any]) -> Callable[..., Any]:
-        previous = REGISTRY.get(name)
-        if previous is not None and _qualified(previous.target) != _qualified(target):
-            raise ValueError(f"a regularizer named {name!r} is already registered ({previous.target!r})")
-        # the same definition run again (a re-executed notebook cell or script) replaces the entry
-        REGISTRY[name] = RegistryEntry(name, target, tuple(needs), differentiable, pointwise)
+        REGISTRY.register(name, RegistryEntry(name, target, tuple(needs), differentiable, pointwise))
         return target
 
     return decorator
 
 
-def _qualified(target: Any) -> str:
-    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', repr(target))}"
-
-
 def resolve(fn: str | Callable[..., Any], where: str) -> RegistryEntry:
     """A registry entry from a registry name, an import path ``pkg.module.function``, or a callable."""
     if callable(fn):
-        for entry in REGISTRY.values():
-            if entry.target is fn:
-                return entry
-        return RegistryEntry(getattr(fn, "__name__", repr(fn)), fn)
-    if fn in REGISTRY:
-        return REGISTRY[fn]
-    if "." in fn:
-        module_name, _, attr = fn.rpartition(".")
-        try:
-            target = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"{where}: cannot import regularizer {fn!r} ({exc})") from exc
-        return resolve(target, where)
-    close = difflib.get_close_matches(fn, list(REGISTRY), n=3, cutoff=0.5)
-    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    raise ConfigError(f"{where}: unknown regularizer {fn!r}{hint} (registered: {sorted(REGISTRY)})")
+        return _as_entry(getattr(fn, "__name__", "term"), fn)
+    return REGISTRY.get(fn, where)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from lit_losses.aggregation import check_mode
 from lit_losses.errors import ConfigError
-from lit_losses.regularizers.schedule import Schedule
+from lit_losses.schedule import Schedule
 
 ON_ERROR = ("raise", "skip", "warn")
 EXECUTORS = ("none", "thread")

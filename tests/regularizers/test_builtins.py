@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_losses.autograd import check_regularizer
+from lit_losses.regularizers.testing import check_regularizer
 from lit_losses.regularizers import REGISTRY, RegularizerSpec, sequence_logprobs
 from tests.helpers import EmbeddingLM, random_batch
 
@@ -90,7 +90,7 @@ def test_legacy_callback_gets_unpadded_sequences_and_works_as_the_whole_loss():
     assert out.terms["legacy"]["custom"]["num_sequences"] == 5.0
 
     # the sequences handed over: one unpadded tensor per (row, segment) with a valid label, in order
-    from lit_losses.module import LossContext
+    from lit_losses.loss import LossContext
 
     logp, _, _, mask = legacy.reference_head(batch)
     ctx = LossContext(batch, type("H", (), {"logprobs": logp})(), None, mask, None, 0, "train")

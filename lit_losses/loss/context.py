@@ -1,0 +1,114 @@
+"""`LossContext` (what a loss term reads in one micro-batch) and `LossOutput` (what the step returns)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from lit_losses.aggregation.stats import GlobalStats
+from lit_losses.heads import HeadOutput
+
+Stage = Literal["train", "val", "predict"]
+
+
+@dataclass
+class LossContext:
+    """Everything a loss term may read in one micro-batch step.
+
+    Attributes:
+        batch: the micro-batch dict (``input_ids``, ``labels``, ``segment_ids``, ``position_ids``, …).
+        head: head outputs (``logprobs``/``lse``/``entropy`` ``[B, T]``, 0 at ignored positions).
+        hidden: hidden states ``[B, T, D]``.
+        mask: ``labels != ignore_index`` ``[B, T]``.
+        stats: global counts of the optimizer step and the ``loss_scale``.
+        step: the trainer's global (optimizer) step.
+        stage: ``"train"``, ``"val"`` or ``"predict"``.
+
+    Example:
+        >>> import torch
+        >>> from lit_losses.heads import HeadOutput
+        >>> logp = torch.tensor([[-1.0, -2.0]])
+        >>> ctx = LossContext({"labels": torch.tensor([[3, 4]])}, HeadOutput(logprobs=logp), None,
+        ...                   torch.tensor([[True, True]]), None, step=0, stage="train")
+        >>> ctx.logprobs
+        tensor([[-1., -2.]])
+        >>> ctx.entropy
+        Traceback (most recent call last):
+        ...
+        AttributeError: head output 'entropy' was not computed: declare it in the term's needs
+    """
+
+    batch: dict[str, Any]
+    head: HeadOutput
+    hidden: Tensor | None
+    mask: Tensor
+    stats: GlobalStats | None
+    step: int
+    stage: Stage
+
+    @property
+    def logprobs(self) -> Tensor:
+        """``log p(label)`` ``[B, T]`` (0 at ignored positions)."""
+        return self._head_field("logprobs")
+
+    @property
+    def lse(self) -> Tensor:
+        """Log-sum-exp of the logits ``[B, T]``."""
+        return self._head_field("lse")
+
+    @property
+    def entropy(self) -> Tensor:
+        """Entropy of the predicted distribution ``[B, T]``."""
+        return self._head_field("entropy")
+
+    def _head_field(self, name: str) -> Tensor:
+        value = getattr(self.head, name)
+        if value is None:
+            raise AttributeError(f"head output {name!r} was not computed: declare it in the term's needs")
+        return value
+
+
+TELEMETRY_KEYS = ("value", "contribution", "error", "grad_norm_sq")
+"""Per-term values whose global value is a sum over micro-batches and ranks."""
+
+
+@dataclass
+class LossOutput:
+    """The loss of one micro-batch and its parts (all already normalized by the global counts).
+
+    ``total = base_loss_weight · base + regularizer_total``; ``terms`` holds each regularizer's
+    `TermResult` (``value``, ``weight``, ``contribution``, ``error``, ``custom``, ``grad_norm_sq``).
+
+    Example:
+        >>> import torch
+        >>> out = LossOutput(torch.tensor(2.5), torch.tensor(2.0), torch.tensor(0.5), stats=None)
+        >>> sorted(out.logged_values("train"))
+        ['train/base_loss', 'train/loss_total', 'train/regularizer_total']
+    """
+
+    total: Tensor
+    base: Tensor
+    regularizer_total: Tensor
+    stats: GlobalStats | None
+    terms: dict[str, Any] = field(default_factory=dict)
+    num_tokens: int = 0
+
+    def logged_values(self, stage: str) -> dict[str, Tensor]:
+        """Flat telemetry whose global value is a sum over micro-batches and ranks.
+
+        Per term: ``value``, ``contribution``, ``error`` (a count, logged as 0/1) and, when computed,
+        ``grad_norm_sq`` (squared norms add up over micro-batches and ranks; logged as ``grad_norm``).
+        """
+        values = {
+            f"{stage}/loss_total": self.total.detach(),
+            f"{stage}/base_loss": self.base.detach(),
+            f"{stage}/regularizer_total": self.regularizer_total.detach(),
+        }
+        for name, term in self.terms.items():
+            for key in TELEMETRY_KEYS:
+                if term[key] is not None:
+                    values[f"regularizers/{name}/{key}"] = torch.as_tensor(term[key])
+        return values

@@ -1,0 +1,92 @@
+"""`FusedTerms`: pointwise terms evaluated chunk by chunk inside the fused head (gradients in forward)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lit_losses.aggregation import LABELS_KEY, GlobalStats, token_weights
+from lit_losses.heads import HeadOutput
+from lit_losses.loss.context import LossContext
+from lit_losses.regularizers.term import RegularizerError, Term, TermMisuse, TermResult
+
+
+class FusedTerms:
+    """The chunk loss that `FusedLMHead.pointwise_loss` calls, and the step's telemetry afterwards.
+
+    Called as ``fused(start, end, logprobs, lse, entropy)`` on the valid tokens ``[start, end)``, it
+    returns ``base_loss_weight · base + Σ_i w_i · r_i`` restricted to them, with the same per-token
+    aggregation weights as the general path; `finish` returns ``(base, regularizer_total, terms)``
+    once the head has seen every chunk. Built by `RegularizerSet.fused` (when `fusable`).
+    """
+
+    def __init__(
+        self,
+        terms: Mapping[str, Term],
+        default_agg: str,
+        batch: Mapping[str, Any],
+        mask: Tensor,
+        stats: GlobalStats,
+        step: int,
+        base_weights: Tensor,
+        base_loss_weight: float,
+    ) -> None:
+        self.terms, self.active = terms, [t for t in terms.values() if t.enabled]
+        self.batch, self.stats, self.step = batch, stats, step
+        self.base_weights, self.base_loss_weight = base_weights, base_loss_weight
+        segment_ids = batch.get("segment_ids")
+        dtype = base_weights.dtype
+        self.weights = {
+            t.name: token_weights(mask, t.spec.agg or default_agg, stats.get(LABELS_KEY), segment_ids, dtype)[
+                mask
+            ]
+            for t in self.active
+        }
+        self.compact = {
+            k: v[mask] for k, v in batch.items() if isinstance(v, Tensor) and v.shape == mask.shape
+        }
+        self.term_weights = {name: t.effective_weight(step) for name, t in terms.items()}
+        self.sums = {t.name: base_weights.new_zeros(()) for t in self.active}
+        self.customs: dict[str, dict[str, float]] = {}
+        self.base_sum = base_weights.new_zeros(())
+
+    def __call__(self, start: int, end: int, logprobs: Tensor, lse: Tensor, entropy: Tensor | None) -> Tensor:
+        chunk_batch = {**self.batch, **{k: v[start:end] for k, v in self.compact.items()}}
+        chunk_mask = torch.ones(end - start, dtype=torch.bool, device=logprobs.device)
+        head = HeadOutput(logprobs, lse, entropy)
+        ctx = LossContext(chunk_batch, head, None, chunk_mask, self.stats, self.step, "train")
+        base = -(self.base_weights[start:end] * logprobs).sum()
+        self.base_sum += base.detach()
+        loss = self.base_loss_weight * base
+        for t in self.active:
+            try:
+                out = t.call(ctx)
+            except Exception as exc:
+                raise RegularizerError(f"{t.where} failed: {exc!r}") from exc
+            out, self.customs[t.name] = t.split_custom(out)
+            if not isinstance(out, Tensor) or out.shape != logprobs.shape:
+                got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+                raise TermMisuse(
+                    f"{t.where} is declared pointwise but returned {got} for a chunk of {end - start} "
+                    "tokens; a pointwise term returns one value per token"
+                )
+            t.check_values(out, out, training=True)
+            value = (self.weights[t.name][start:end] * out).sum()
+            self.sums[t.name] += value.detach()
+            loss = loss + self.term_weights[t.name] * value
+        return loss
+
+    def finish(self) -> tuple[Tensor, Tensor, dict[str, TermResult]]:
+        """``(base, regularizer_total, per-term results)`` after the last chunk."""
+        results, total = {}, self.base_weights.new_zeros(())
+        for name in self.terms:  # a disabled term has no sum: value and contribution 0
+            value = self.sums.get(name, self.base_weights.new_zeros(()))
+            contribution = self.term_weights[name] * value
+            total = total + contribution
+            results[name] = TermResult(
+                value, self.term_weights[name], contribution, 0.0, self.customs.get(name, {})
+            )
+        return self.base_sum, total, results

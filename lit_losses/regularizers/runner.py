@@ -1,0 +1,264 @@
+"""`RegularizerSet`: runs the terms of a step, aggregates them, weighs them and reports telemetry."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+
+from lit_losses.aggregation import LABELS_KEY, AggMode, GlobalStats, aggregate, batch_mask, reweight_mean
+from lit_losses.errors import ConfigError
+from lit_losses.loss.context import LossContext
+from lit_losses.regularizers.executors import TermExecutors
+from lit_losses.regularizers.fused import FusedTerms
+from lit_losses.regularizers.spec import RegularizerSpec, check_weight
+from lit_losses.regularizers.term import RegularizerError, Term, TermMisuse, TermResult, build_term
+
+
+class RegularizerSet:
+    """The loss terms of a `RegularizedLM`: ``Σ_i w_i(step) · r_i`` with telemetry.
+
+    In a step, async terms (on one persistent event loop) and ``executor: thread`` terms start first
+    and run concurrently with the main-thread terms; results are combined in name order, so the order
+    of the terms in the config never changes the result. Each output is checked (a tensor, of shape
+    ``[B, T]`` or scalar, finite at valid positions, with a gradient path unless declared
+    non-differentiable) and aggregated with the global counts of its mask key.
+
+    Errors: wrong types and shapes and missing gradient paths always raise; exceptions, non-finite
+    values and timeouts follow the term's ``on_error`` (``raise`` | ``skip`` | ``warn``).
+
+    Args:
+        specs: the terms (`RegularizerSpec` or dicts with its fields).
+        default_agg: aggregation mode of terms that do not set ``agg``.
+        grad_norm: also compute each term's gradient norm w.r.t. the per-token head outputs
+            (log-probabilities, and the lse and entropy where a term consumes them).
+
+    Example:
+        >>> import torch
+        >>> from lit_losses.heads import HeadOutput
+        >>> from lit_losses.loss import LossContext
+        >>> from lit_losses.aggregation import GlobalStats
+        >>> terms = RegularizerSet([{"name": "z_loss", "weight": 0.5}])
+        >>> batch = {"labels": torch.tensor([[1, 2, -100]])}
+        >>> lse = torch.tensor([[1.0, 3.0, 0.0]], requires_grad=True)
+        >>> ctx = LossContext(batch, HeadOutput(lse=lse), lse, batch["labels"] != -100,
+        ...                   GlobalStats.local_only(batch), step=0, stage="train")
+        >>> total, results = terms(ctx)
+        >>> float(total), float(results["z_loss"].value)  # 0.5 · (1² + 3²) / 2 valid tokens
+        (2.5, 5.0)
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[RegularizerSpec | Mapping[str, Any]] = (),
+        default_agg: AggMode = "token-mean",
+        grad_norm: bool = False,
+    ) -> None:
+        specs = [s if isinstance(s, RegularizerSpec) else RegularizerSpec(**s) for s in specs]
+        seen: set[str] = set()
+        for i, s in enumerate(specs):
+            if s.name in seen:
+                raise ConfigError(f"model.regularizers[{i}]: duplicate regularizer name {s.name!r}")
+            seen.add(s.name)
+        self.terms = {t.name: t for t in sorted((build_term(s) for s in specs), key=lambda t: t.name)}
+        self.default_agg, self.grad_norm = default_agg, grad_norm
+        self.executors = TermExecutors()
+
+    # ---- introspection and run-time control ---------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.terms)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.terms
+
+    def term(self, name: str) -> Term:
+        if name not in self.terms:
+            raise KeyError(f"no regularizer named {name!r}; known: {sorted(self.terms)}")
+        return self.terms[name]
+
+    def active(self) -> list[Term]:
+        """The enabled terms, in name order."""
+        return [t for t in self.terms.values() if t.enabled]
+
+    def needs(self) -> tuple[str, ...]:
+        """Union of the enabled terms' needs (plus ``logprobs`` for gradient norms)."""
+        needs = {n for t in self.active() for n in t.needs}
+        if self.grad_norm and self.active():
+            needs.add("logprobs")
+        return tuple(sorted(needs))
+
+    def mask_keys(self) -> tuple[str, ...]:
+        return tuple(sorted({t.spec.mask_key for t in self.terms.values()} - {LABELS_KEY}))
+
+    def effective_weight(self, name: str, step: int) -> float:
+        return self.term(name).effective_weight(step)
+
+    def set_weight(self, name: str, weight: float) -> None:
+        term = self.term(name)
+        term.weight = check_weight(name, weight, term.spec.allow_negative_weight)
+
+    def scale_weight(self, name: str, factor: float) -> None:
+        self.set_weight(name, self.term(name).weight * factor)
+
+    def set_enabled(self, name: str, enabled: bool) -> None:
+        self.term(name).enabled = bool(enabled)
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Run-time weights and enabled flags, per term."""
+        return {n: {"weight": t.weight, "enabled": t.enabled} for n, t in self.terms.items()}
+
+    def load_state_dict(self, state: Mapping[str, Mapping[str, Any]]) -> None:
+        unknown = sorted(set(state) - set(self.terms))
+        if unknown:
+            rank_zero_warn(f"checkpoint has regularizers {unknown} that this model does not define; ignored")
+        for name, values in state.items():
+            if name in self.terms:
+                self.set_weight(name, values["weight"])
+                self.set_enabled(name, values["enabled"])
+
+    # ---- the fused path ----------------------------------------------------------------------
+    def fusable(self) -> bool:
+        """Whether every enabled term can run chunk by chunk inside the fused head (`fused`).
+
+        True when each is pointwise, synchronous on the main thread, differentiable, aggregated over
+        ``labels`` with ``on_error: raise``, needs no hidden states, and gradient norms are off.
+        """
+        active = self.active()
+        return (
+            bool(active)
+            and not self.grad_norm
+            and all(
+                t.pointwise
+                and t.differentiable
+                and not t.is_async
+                and t.spec.executor == "none"
+                and t.spec.on_error == "raise"
+                and t.spec.mask_key == LABELS_KEY
+                and "hidden" not in t.needs
+                for t in active
+            )
+        )
+
+    def fused(
+        self,
+        batch: Mapping[str, Any],
+        mask: Tensor,
+        stats: GlobalStats,
+        step: int,
+        base_weights: Tensor,
+        base_loss_weight: float,
+    ) -> FusedTerms:
+        """The chunk loss of `FusedLMHead.pointwise_loss` for this micro-batch (requires `fusable`)."""
+        return FusedTerms(
+            self.terms, self.default_agg, batch, mask, stats, step, base_weights, base_loss_weight
+        )
+
+    # ---- the general path ----------------------------------------------------------------------
+    def __call__(self, ctx: LossContext) -> tuple[Tensor, dict[str, TermResult]]:
+        """``(Σ_i w_i · r_i, result per term)`` for one micro-batch."""
+        outcomes = self._run(ctx)
+        total = ctx.hidden.new_zeros((), dtype=torch.float32)
+        results: dict[str, TermResult] = {}
+        for name, t in self.terms.items():  # name order: the result never depends on config order
+            result = TermResult(total.new_zeros(()), t.effective_weight(ctx.step), total.new_zeros(()))
+            result.grad_norm_sq = total.new_zeros(()) if self.grad_norm else None
+            results[name] = result
+            if not t.enabled:
+                continue
+            try:
+                value, result.custom = self._aggregate(t, outcomes[name], ctx)
+            except Exception as exc:
+                self._handle_error(t, exc)
+                result.error = 1.0
+                continue
+            contribution = result.weight * value
+            total = total + contribution
+            result.value, result.contribution = value.detach(), contribution.detach()
+            if self.grad_norm:
+                result.grad_norm_sq = _grad_norm_sq(contribution, ctx)
+        return total, results
+
+    def _run(self, ctx: LossContext) -> dict[str, Any]:
+        """Each enabled term's raw output, or the exception it raised (offloaded terms run concurrently)."""
+        active = self.active()
+        started = time.monotonic()
+        futures = {}
+        for t in active:
+            if t.is_async:
+                futures[t.name] = self.executors.submit_async(lambda t=t: t.call(ctx))
+            elif t.spec.executor == "thread":
+                futures[t.name] = self.executors.submit_thread(lambda t=t: t.call(ctx))
+        outcomes: dict[str, Any] = {}
+        for t in active:
+            if t.name not in futures:
+                outcomes[t.name] = _attempt(lambda t=t: t.call(ctx))
+        for name, future in futures.items():
+            outcomes[name] = self._result(self.terms[name], future, started)
+        return outcomes
+
+    def _result(self, term: Term, future: concurrent.futures.Future, started: float) -> Any:
+        timeout = term.spec.timeout_s
+        remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        try:
+            return future.result(timeout=remaining)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            return RegularizerError(f"{term.where} timed out after {timeout} s")
+        except Exception as exc:
+            return exc
+
+    def _aggregate(self, term: Term, out: Any, ctx: LossContext) -> tuple[Tensor, dict[str, float]]:
+        if isinstance(out, BaseException):
+            raise out
+        out, custom = term.split_custom(out)
+        if not isinstance(out, Tensor):
+            raise TermMisuse(f"{term.where} returned a {type(out).__name__}, not a tensor")
+        key = term.spec.mask_key
+        mask = ctx.mask if key == LABELS_KEY else batch_mask(ctx.batch, key)
+        scalar = out.dim() == 0 or (out.dim() == 1 and out.numel() == 1)
+        if not scalar and out.shape != mask.shape:
+            raise TermMisuse(
+                f"{term.where} returned shape {tuple(out.shape)}; expected a scalar or the mask shape "
+                f"{tuple(mask.shape)}"
+            )
+        term.check_values(out, out.reshape(()) if scalar else out[mask], ctx.stage == "train")
+        agg = term.spec.agg or self.default_agg
+        stats = ctx.stats.get(key)
+        if scalar:
+            value = reweight_mean(out.reshape(()), agg, ctx.stats.get_local(key), stats)
+        else:
+            value = aggregate(out, mask, agg, stats, ctx.batch.get("segment_ids"), name=term.where)
+        return value.to(torch.promote_types(value.dtype, torch.float32)), custom
+
+    def _handle_error(self, term: Term, exc: BaseException) -> None:
+        if isinstance(exc, TermMisuse) or term.spec.on_error == "raise":
+            message = str(exc) if term.name in str(exc) else f"{term.where} failed: {exc!r}"
+            raise RegularizerError(message) from exc
+        if term.spec.on_error == "warn":
+            rank_zero_warn(f"{term.where} skipped this step: {exc!r}")
+
+    def close(self) -> None:
+        self.executors.close()
+
+
+def _attempt(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception as exc:
+        return exc
+
+
+def _grad_norm_sq(contribution: Tensor, ctx: LossContext) -> Tensor:
+    """``‖∂(w·r)/∂(logprobs, lse, entropy)‖²``: the weighted gradient w.r.t. the per-token head outputs."""
+    outputs = [
+        o for o in (ctx.head.logprobs, ctx.head.lse, ctx.head.entropy) if o is not None and o.requires_grad
+    ]
+    if not outputs or not contribution.requires_grad:
+        return contribution.new_zeros(())
+    grads = torch.autograd.grad(contribution, outputs, retain_graph=True, allow_unused=True)
+    return sum((g.float().pow(2).sum() for g in grads if g is not None), contribution.new_zeros(()))
