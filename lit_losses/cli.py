@@ -3,24 +3,84 @@
 The model is any `RegularizedLM` subclass (``model.class_path``, e.g. `lit_losses.TinyLM`); the data
 is any LightningDataModule (``data.class_path``, e.g. `lit_losses.TextDataModule`). With a data module
 that has a ``vocab_size`` (as `TextDataModule`), it is linked to ``model.init_args.vocab_size``.
-Configuration errors (`ConfigError`) are reported as one ``error:`` line, before training starts.
+Closed options are typed as ``Literal`` so that ``--help`` lists their choices. Every configuration
+error, whether jsonargparse's or a `ConfigError` raised while building or training, is reported as one
+``lit-losses: error: …`` line naming the option's path, with exit code 2.
 """
 
 from __future__ import annotations
 
+import ast
+import re
 import sys
+from typing import NoReturn
 
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_losses.data.text import TextDataModule
 from lit_losses.errors import ConfigError
 from lit_losses.module import RegularizedLM
+from lit_losses.registry import closest
+
+_KEY = re.compile(r'Parser key "([^"]+)"')
+_LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]")
+_TYPE = re.compile(r"Expected a <class '(\w+)'>")
+_VALUE = re.compile(r"(?:Got|Given) value: (.*)")
+_SUBCLASS_ROOTS = ("model", "data")
+
+
+def one_line_error(message: str) -> str:
+    """jsonargparse's nested parse error as one line: the option's path, the value and the fix.
+
+    Example:
+        >>> one_line_error('Parser key "model":\\n  Problem with given class_path:\\n'
+        ...                '    Parser key "agg":\\n'
+        ...                "      Expected a typing.Literal['mean', 'sum']. Got value: maen")
+        "model.init_args.agg: 'maen' is not one of ('mean', 'sum'); did you mean 'mean'?"
+    """
+    keys = _KEY.findall(message)
+    if not keys:
+        return " ".join(line.strip() for line in message.splitlines() if line.strip())
+    path = keys[0]
+    if len(keys) > 1:
+        path += (".init_args." if keys[0] in _SUBCLASS_ROOTS else ".") + ".".join(keys[1:])
+    inner = message[message.rindex(f'Parser key "{keys[-1]}"') :]
+    value = _VALUE.search(inner)
+    value = value.group(1).strip() if value else "?"
+    choices = tuple(c for group in _LITERAL.findall(inner) for c in ast.literal_eval(f"({group},)"))
+    if choices:
+        return f"{path}: {value!r} is not one of {choices}{closest(value, choices)}"
+    types = [t for t in _TYPE.findall(inner) if t != "NoneType"]
+    if types:
+        return f"{path}: expected {' or '.join(dict.fromkeys(types))}, got {value!r}"
+    boilerplate = (
+        "Does not validate",
+        "Subtypes:",
+        "Errors:",
+        "- Problem with",
+        "- Expected a",
+        "Given value",
+    )
+    detail = [
+        ln.strip() for ln in inner.splitlines()[1:] if ln.strip() and not ln.strip().startswith(boilerplate)
+    ]
+    return f"{path}: {detail[0] if detail else value}"
+
+
+class LitLossesParser(LightningArgumentParser):
+    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback)."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:
+            super().error(message, ex)
+        print(f"lit-losses: error: {one_line_error(message)}", file=sys.stderr)
+        sys.exit(2)
 
 
 class LitLossesCLI(LightningCLI):
     """LightningCLI with the data→model vocabulary link and one-line configuration errors."""
 
-    def add_arguments_to_parser(self, parser) -> None:
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults(
             {
                 "model": {"class_path": "lit_losses.TinyLM"},
@@ -28,20 +88,6 @@ class LitLossesCLI(LightningCLI):
             }
         )
         parser.link_arguments("data.init_args.vocab_size", "model.init_args.vocab_size")
-
-    def instantiate_classes(self) -> None:
-        try:
-            super().instantiate_classes()
-        except Exception as err:
-            _fail_on_config_error(err)
-            raise
-
-    def _run_subcommand(self, subcommand: str) -> None:
-        try:
-            super()._run_subcommand(subcommand)
-        except Exception as err:
-            _fail_on_config_error(err)
-            raise
 
 
 def _fail_on_config_error(err: BaseException) -> None:
@@ -56,15 +102,20 @@ def _fail_on_config_error(err: BaseException) -> None:
 
 def cli_main(args: list[str] | None = None) -> LitLossesCLI:
     """Run ``lit-losses`` with ``args`` (default: ``sys.argv[1:]``) and return the CLI object."""
-    return LitLossesCLI(
-        RegularizedLM,
-        TextDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        args=args,
-        save_config_kwargs={"overwrite": True},
-        auto_configure_optimizers=False,
-    )
+    try:
+        return LitLossesCLI(
+            RegularizedLM,
+            TextDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            args=args,
+            parser_class=LitLossesParser,
+            save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,
+        )
+    except Exception as err:
+        _fail_on_config_error(err)
+        raise
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ class Schedule:
     Example:
         >>> s = Schedule("cosine", warmup_steps=2, total_steps=6, final=0.1)
         >>> [round(s.factor(k), 3) for k in range(8)]
-        [0.0, 0.5, 1.0, 0.865, 0.55, 0.235, 0.1, 0.1]
+        [0.0, 0.5, 1.0, 0.868, 0.55, 0.232, 0.1, 0.1]
     """
 
     kind: ScheduleKind = "constant"

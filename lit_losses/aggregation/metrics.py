@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from lit_losses.aggregation.modes import check_mode
+from lit_losses.aggregation.modes import AggMode, check_mode
 from lit_losses.aggregation.stats import MaskStats
 
 
@@ -45,7 +45,7 @@ class StepSums(Metric):
         return {k: self.sums[i] for i, k in enumerate(self.keys)}
 
 
-def mode_denominator(mode: str, local: MaskStats) -> int:
+def mode_denominator(mode: AggMode, local: MaskStats) -> int:
     """The count a micro-batch's locally normalized value was divided by, in ``mode``.
 
     ``value × denominator`` summed over micro-batches and ranks, divided by the summed denominators,

@@ -41,7 +41,7 @@ def check_mode(mode: str, where: str = "agg") -> str:
 
 
 def token_weights(
-    mask: Tensor, mode: str, stats: MaskStats, segment_ids: Tensor | None = None, dtype=torch.float32
+    mask: Tensor, mode: AggMode, stats: MaskStats, segment_ids: Tensor | None = None, dtype=torch.float32
 ) -> Tensor:
     """Per-position weights ``w`` (0 where ``mask`` is False) with ``loss = Σ w · L`` (see module doc)."""
     check_mode(mode)
@@ -61,7 +61,7 @@ def token_weights(
 def aggregate(
     loss_mat: Tensor,
     mask: Tensor,
-    mode: str,
+    mode: AggMode,
     stats: MaskStats,
     segment_ids: Tensor | None = None,
     name: str = "loss",
@@ -85,7 +85,7 @@ def aggregate(
     return (w * torch.where(mask.bool(), loss_mat, torch.zeros_like(loss_mat))).sum()
 
 
-def reweight_mean(value: Tensor, mode: str, local: MaskStats, stats: MaskStats) -> Tensor:
+def reweight_mean(value: Tensor, mode: AggMode, local: MaskStats, stats: MaskStats) -> Tensor:
     """Share of the global value of a scalar ``value`` that is a mean over this micro-batch's valid units.
 
     ``token-mean``: ``value · n_local / N``; ``token-sum``: ``value · n_local``; ``seq-*``:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_losses.aggregation import LABELS_KEY, GlobalStats, token_weights
+from lit_losses.aggregation import LABELS_KEY, AggMode, GlobalStats, token_weights
 from lit_losses.heads import HeadOutput
 from lit_losses.loss.context import LossContext
 from lit_losses.regularizers.term import RegularizerError, Term, TermMisuse, TermResult
@@ -26,7 +26,7 @@ class FusedTerms:
     def __init__(
         self,
         terms: Mapping[str, Term],
-        default_agg: str,
+        default_agg: AggMode,
         batch: Mapping[str, Any],
         mask: Tensor,
         stats: GlobalStats,

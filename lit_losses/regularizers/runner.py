@@ -49,7 +49,7 @@ class RegularizerSet:
         >>> ctx = LossContext(batch, HeadOutput(lse=lse), lse, batch["labels"] != -100,
         ...                   GlobalStats.local_only(batch), step=0, stage="train")
         >>> total, results = terms(ctx)
-        >>> float(total), float(results["z_loss"].value)  # 0.5 · (1² + 3²) / 2 valid tokens
+        >>> float(total.detach()), float(results["z_loss"].value)  # 0.5 · (1² + 3²) / 2 valid tokens
         (2.5, 5.0)
     """
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from lit_losses.aggregation import check_mode
+from lit_losses.aggregation import AggMode, check_mode
+from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
 from lit_losses.schedule import Schedule
 
-ON_ERROR = ("raise", "skip", "warn")
-EXECUTORS = ("none", "thread")
+OnError = Literal["raise", "skip", "warn"]
+Executor = Literal["none", "thread"]
 
 
 @dataclass
@@ -20,6 +22,15 @@ class RegularizerSpec:
 
     ``total = base + Σ_i weight_i · schedule_i(step) · term_i`` where ``term_i`` is the term's output
     aggregated with ``agg`` and the global counts of ``mask_key``.
+
+    Example:
+        >>> spec = RegularizerSpec("z_loss", weight=1e-4, schedule={"kind": "linear_warmup", "warmup_steps": 10})
+        >>> spec.schedule.factor(5) * spec.weight
+        5e-05
+        >>> RegularizerSpec("z", on_error="skpi")
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: regularizer 'z'.on_error: 'skpi' is not one of ('raise', 'skip', 'warn'); did you mean 'skip'?
     """
 
     name: str
@@ -32,16 +43,16 @@ class RegularizerSpec:
     """A disabled term is not computed; changeable at run time, saved in checkpoints."""
     schedule: Schedule | None = None
     """Weight schedule over the global step (default: constant)."""
-    agg: str | None = None
+    agg: AggMode | None = None
     """Aggregation mode of a per-token output (default: the model's ``loss_agg``)."""
     mask_key: str = "labels"
     """Mask (and global counts) the term is aggregated over."""
-    on_error: Literal["raise", "skip", "warn"] = "raise"
+    on_error: OnError = "raise"
     """``raise``: stop with the term's name; ``skip``: contribute 0 and log ``…/error = 1``;
     ``warn``: as ``skip``, with a warning."""
     timeout_s: float | None = None
     """Time limit of an async or thread-offloaded term (past it: an error of that term)."""
-    executor: Literal["none", "thread"] = "none"
+    executor: Executor = "none"
     """``thread``: run a CPU-bound sync term off the main thread, concurrently with the others."""
     needs: list[str] | None = None
     """Head outputs consumed (default: the registry entry's)."""
@@ -62,10 +73,8 @@ class RegularizerSpec:
             raise ConfigError(f"regularizer name {self.name!r} must be non-empty and contain no '/'")
         if self.agg is not None:
             check_mode(self.agg, f"{where}.agg")
-        if self.on_error not in ON_ERROR:
-            raise ConfigError(f"{where}.on_error {self.on_error!r} is not one of {ON_ERROR}")
-        if self.executor not in EXECUTORS:
-            raise ConfigError(f"{where}.executor {self.executor!r} is not one of {EXECUTORS}")
+        check_choice(self.on_error, OnError, f"{where}.on_error")
+        check_choice(self.executor, Executor, f"{where}.executor")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ConfigError(f"{where}.timeout_s must be > 0, got {self.timeout_s}")
         if isinstance(self.schedule, dict):
@@ -74,8 +83,7 @@ class RegularizerSpec:
 
 
 def check_weight(name: str, weight: float, allow_negative: bool) -> float:
-    import math
-
+    """``weight`` as a float if finite (and >= 0 unless ``allow_negative``), else a `ConfigError`."""
     if not isinstance(weight, int | float) or not math.isfinite(weight):
         raise ConfigError(f"regularizer {name!r}: weight must be a finite number, got {weight!r}")
     if weight < 0 and not allow_negative:
