@@ -1,57 +1,57 @@
-"""lit_losses: PyTorch Lightning integration for language models trained with custom losses."""
+"""lit_losses: PyTorch Lightning integration for language models trained with custom losses.
+
+The public API, by concept (everything else is importable from its subpackage):
+
+- models: `RegularizedLM` (subclass it), `TinyLM` (built-in), `OptimizerConfig`, `Schedule`
+- the loss of a step: `LossContext`, `LossOutput`, `Objective`
+- fused output head: `FusedLMHead`, `HeadOutput`
+- global-denominator aggregation: `GlobalStatsLoader`, `GlobalStats`, `AggMode`, `aggregate`
+- regularizers: `RegularizerSpec`, `RegularizerSet`, `RegularizerError`, `register_regularizer`
+- data: `TextDataModule`
+- training controller: `TrainingController`, `register_metric_handlers`, `register_operation_handlers`
+- extension points: `Registry`, `ConfigError`; custom gradients: the `autograd` subpackage
+"""
 
 from lit_losses import autograd  # the custom-gradient toolkit
-from lit_losses.aggregation import (
-    AGG_MODES,
-    GlobalStats,
-    GlobalStatsLoader,
-    MaskStats,
-    StepSums,
-    aggregate,
-    reweight_mean,
-    token_weights,
-)
+from lit_losses.aggregation import AggMode, GlobalStats, GlobalStatsLoader, aggregate
 from lit_losses.controller import TrainingController, register_metric_handlers, register_operation_handlers
 from lit_losses.data import TextDataModule
+from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
-from lit_losses.models import TinyLM, TinyTransformer
-from lit_losses.module import LossContext, LossOutput, RegularizedLM
+from lit_losses.loss import LossContext, LossOutput
+from lit_losses.loss.objective import Objective
+from lit_losses.models import TinyLM
+from lit_losses.module import RegularizedLM
 from lit_losses.optim import OptimizerConfig
-from lit_losses.regularizers import (
-    RegularizerError,
-    RegularizerSet,
-    RegularizerSpec,
-    Schedule,
-    register_regularizer,
-)
+from lit_losses.registry import Registry
+from lit_losses.regularizers import RegularizerError, RegularizerSet, RegularizerSpec, register_regularizer
+from lit_losses.schedule import Schedule
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AGG_MODES",
+    "AggMode",
+    "ConfigError",
     "FusedLMHead",
     "GlobalStats",
     "GlobalStatsLoader",
     "HeadOutput",
     "LossContext",
     "LossOutput",
-    "MaskStats",
+    "Objective",
     "OptimizerConfig",
     "RegularizedLM",
+    "Registry",
     "RegularizerError",
     "RegularizerSet",
     "RegularizerSpec",
     "Schedule",
-    "StepSums",
     "TextDataModule",
     "TinyLM",
-    "TinyTransformer",
     "TrainingController",
     "aggregate",
     "autograd",
     "register_metric_handlers",
     "register_operation_handlers",
     "register_regularizer",
-    "reweight_mean",
-    "token_weights",
 ]

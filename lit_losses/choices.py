@@ -21,9 +21,9 @@ def check_choice(value: Any, choices: Any, where: str) -> Any:
         >>> check_choice("cosin", Literal["cosine", "linear"], "schedule")
         Traceback (most recent call last):
         ...
-        lit_losses.errors.ConfigError: schedule: 'cosin' is not one of ('cosine', 'linear'); did you mean 'cosine'?
+        lit_losses.errors.ConfigError: schedule 'cosin' is not one of ('cosine', 'linear'); did you mean 'cosine'?
     """
     allowed = get_args(choices) or tuple(choices)
     if value not in allowed:
-        raise ConfigError(f"{where}: {value!r} is not one of {allowed}{closest(value, allowed)}")
+        raise ConfigError(f"{where} {value!r} is not one of {allowed}{closest(value, allowed)}")
     return value

@@ -7,7 +7,6 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities.rank_zero import WarningCache
 from torch import Tensor
-from torchmetrics.aggregation import MeanMetric
 
 from lit_losses.aggregation import (
     GLOBAL_STATS_KEY,
@@ -16,7 +15,6 @@ from lit_losses.aggregation import (
     accumulation_factor,
     check_window,
     configure_train_loaders,
-    mode_denominator,
     window_ends,
 )
 from lit_losses.choices import check_choice
@@ -25,8 +23,8 @@ from lit_losses.heads.fused_head import Backend
 from lit_losses.hparams import plain_data
 from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.objective import Objective, batch_tensor
-from lit_losses.loss.telemetry import StepTelemetry
-from lit_losses.optim import OptimizerConfig, build_optimizer
+from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
+from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.regularizers import RegularizerSet, RegularizerSpec, TermResult
 
 LOCAL_NORMALIZATION_WARNING = (
@@ -34,6 +32,8 @@ LOCAL_NORMALIZATION_WARNING = (
     "biases the gradient when accumulate_grad_batches × world_size > 1 and the counts differ; use "
     "lit_losses.GlobalStatsLoader for the train dataloader"
 )
+
+_WARNINGS = WarningCache()
 
 
 class RegularizedLM(L.LightningModule):
@@ -43,14 +43,11 @@ class RegularizedLM(L.LightningModule):
     states) and ``output_projection() -> (weight [V, D], bias [V] | None)`` (an ``nn.Linear``'s
     parameters or the tied embedding; gradients accumulate into it).
 
-    **The loss** of a micro-batch is ``(w_base · base + Σ_i w_i r_i) × stats.loss_scale`` (`Objective`),
-    ``base = −log p(label)`` aggregated with ``loss_agg`` over the *global* counts of the optimizer step
-    (`GlobalStatsLoader`); ``loss_scale = A × D`` cancels Lightning's ``÷ accumulate_grad_batches`` and
-    DDP's average. ``train/*`` and ``regularizers/*`` are logged once per optimizer step as exact global
-    values (`StepTelemetry`), ``val/loss`` over the whole validation set; `telemetry` holds the last
-    step as a nested dict; regularizer weights and enabled flags are saved in checkpoints.
-
-    **Plug points** (overridable): `global_stats`, `mask_keys`, `head_outputs_needed`, `regularize`.
+    **The loss** of a micro-batch is ``(w_base · base + Σ_i w_i r_i) × loss_scale`` (`Objective`), ``base =
+    −log p(label)`` aggregated with ``loss_agg`` over the *global* counts of the optimizer step
+    (`GlobalStatsLoader`); ``loss_scale = A × D`` cancels Lightning's ``÷A`` and DDP's ``÷D``. Logged
+    values are exact global values (`StepTelemetry`). Plug points: `global_stats`, `mask_keys`,
+    `head_outputs_needed`, `regularize`.
 
     Args:
         head_backend: output-head backend.
@@ -65,20 +62,11 @@ class RegularizedLM(L.LightningModule):
 
     Example:
         >>> import torch
-        >>> class Bigram(RegularizedLM):
-        ...     def __init__(self, **kwargs):
-        ...         super().__init__(**kwargs)
-        ...         self.embed = torch.nn.Embedding(10, 10)
-        ...     def forward_hidden(self, batch):
-        ...         return self.embed(batch["input_ids"])
-        ...     def output_projection(self):
-        ...         return torch.eye(10), None  # logits = the embedding
-        >>> model = Bigram(regularizers=[{"name": "z_loss", "weight": 1e-4}])
-        >>> batch = {"input_ids": torch.tensor([[1, 2, 3]]), "labels": torch.tensor([[2, 3, -100]])}
-        >>> out = model.compute_loss(batch)
-        >>> out.total.backward()
-        >>> sorted(out.terms), model.predict_step(batch, 0).shape
-        (['z_loss'], torch.Size([1, 3]))
+        >>> from lit_losses import TinyLM
+        >>> model = TinyLM(vocab_size=64, d_model=16, n_heads=2, regularizers=[{"name": "z_loss"}])
+        >>> batch = {"input_ids": torch.randint(0, 64, (2, 8)), "labels": torch.randint(0, 64, (2, 8))}
+        >>> sorted(model.compute_loss(batch).terms), model.predict_step(batch, 0).shape
+        (['z_loss'], torch.Size([2, 8]))
     """
 
     def __init__(
@@ -96,27 +84,20 @@ class RegularizedLM(L.LightningModule):
         super().__init__()
         self.head_backend = check_choice(head_backend, Backend, "model.head_backend")
         self.save_hyperparameters()
-        self.head_chunk_size, self.ignore_index, self.check_finite = (
-            head_chunk_size,
-            ignore_index,
-            check_finite,
-        )
-        self.optimizer_config = OptimizerConfig(**optimizer) if isinstance(optimizer, dict) else optimizer
-        self.optimizer_config = self.optimizer_config or OptimizerConfig()
+        self.head_chunk_size, self.ignore_index = head_chunk_size, ignore_index
+        self.check_finite = check_finite
+        self.optimizer_config = OptimizerConfig.coerce(optimizer)
         self.regularizer_set = RegularizerSet(regularizers or (), loss_agg, regularizer_grad_norm)
         self.objective = Objective(self.regularizer_set, loss_agg, base_loss_weight)
         self.loss_agg, self.base_loss_weight = loss_agg, self.objective.base_loss_weight
-        self.val_loss, self.val_loss_total = MeanMetric(), MeanMetric()
+        self.val_telemetry = ValidationTelemetry(loss_agg)
         self.step_telemetry = StepTelemetry()
-        self._warnings = WarningCache()
 
     @property
     def telemetry(self) -> dict[str, Any]:
-        """The last optimizer step: ``{loss_total, base_loss, regularizer_total, regularizers: {name:
-        {value, weight, contribution, custom}}}``."""
+        """The last optimizer step as a nested dict (see `StepTelemetry`)."""
         return self.step_telemetry.nested
 
-    # ---- subclass contract and plug points ----------------------------------------------------
     def forward_hidden(self, batch: dict[str, Tensor]) -> Tensor:
         """Hidden states ``[B, T, D]`` of the model body for ``batch``."""
         raise NotImplementedError(f"{type(self).__name__} must implement forward_hidden(batch)")
@@ -142,7 +123,7 @@ class RegularizedLM(L.LightningModule):
         if stage == "train" and isinstance(attached, GlobalStats):
             return attached
         if stage == "train" and accumulation_factor(self._trainer) > 1:
-            self._warnings.warn(LOCAL_NORMALIZATION_WARNING)
+            _WARNINGS.warn(LOCAL_NORMALIZATION_WARNING)
         return GlobalStats.local_only(batch, self.mask_keys(), self.ignore_index)
 
     def mask_keys(self) -> tuple[str, ...]:
@@ -165,7 +146,6 @@ class RegularizedLM(L.LightningModule):
         return self.objective(self.output_head(), hidden, batch, stats, int(self.global_step), stage,
                               self.head_outputs_needed(), self.regularize)  # fmt: skip
 
-    # ---- Lightning hooks ---------------------------------------------------------------------
     def on_train_start(self) -> None:
         """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs."""
         configure_train_loaders(self.trainer, self.mask_keys(), self.ignore_index)
@@ -176,18 +156,14 @@ class RegularizedLM(L.LightningModule):
         share = out.stats.loss_scale / accumulation_factor(self._trainer)  # its share of the step
         self.step_telemetry.update(out.logged_values("train"), share, out.terms)
         if window_ends(self._trainer, batch_idx):
-            for key, value in self.step_telemetry.compute(self.regularizer_set, self.global_step).items():
-                self.log(key, value, prog_bar=key == "train/loss_total", on_step=True, on_epoch=False)
+            self.step_telemetry.log_step(self, self.regularizer_set, self.global_step)
         return out.total * out.stats.loss_scale
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         out = self.compute_loss(batch, "val")
-        weight = mode_denominator(self.loss_agg, out.stats.get_local())
-        if weight:  # Σ value·count / Σ count over every micro-batch of every rank (exact in DDP)
-            self.val_loss.update(out.base.detach(), weight=weight)
-            self.val_loss_total.update(out.total.detach(), weight=weight)
-        self.log("val/loss", self.val_loss, prog_bar=True, on_step=False, on_epoch=True)
-        self.log("val/loss_total", self.val_loss_total, on_step=False, on_epoch=True)
+        self.val_telemetry.update(out)
+        self.log("val/loss", self.val_telemetry.loss, prog_bar=True, on_step=False, on_epoch=True)
+        self.log("val/loss_total", self.val_telemetry.loss_total, on_step=False, on_epoch=True)
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> Tensor:
         """Per-token log-probabilities ``[B, T]`` of the labels (0 at ignored positions)."""
@@ -195,13 +171,10 @@ class RegularizedLM(L.LightningModule):
         return self.output_head()(self.forward_hidden(batch), labels, "logprobs").logprobs
 
     def configure_optimizers(self) -> dict[str, Any]:
-        total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
-        optimizer, scheduler = build_optimizer(self, self.optimizer_config, max(total, 1))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return optimizer_and_schedule(self, self.optimizer_config, self._trainer)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Save the regularizers' run-time weights and enabled flags; hyper-parameters as plain data
-        (``torch.load(weights_only=True)`` and ``load_from_checkpoint`` rebuild them)."""
+        """Save the regularizers' run-time weights and flags, hyper-parameters as plain data."""
         checkpoint["lit_losses_regularizers"] = self.regularizer_set.state_dict()
         if "hyper_parameters" in checkpoint:
             checkpoint["hyper_parameters"] = plain_data(checkpoint["hyper_parameters"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -59,6 +59,11 @@ class OptimizerConfig:
             raise ConfigError(f"optimizer.total_steps must be >= 1, got {self.total_steps}")
         self.betas = tuple(self.betas)  # YAML gives lists
 
+    @classmethod
+    def coerce(cls, value: OptimizerConfig | dict | None) -> OptimizerConfig:
+        """``value`` as an `OptimizerConfig` (a dict of its fields, or ``None`` for the defaults)."""
+        return cls(**value) if isinstance(value, dict) else value or cls()
+
     def lr_schedule(self, total_steps: int) -> Schedule:
         """The `Schedule` of ``f``: warmup from ``1/(warmup_steps+1)`` (never a zero learning rate)."""
         warmup = self.warmup_steps
@@ -91,3 +96,10 @@ def build_optimizer(
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, config.lr_schedule(total_steps).factor)
     return optimizer, scheduler
+
+
+def optimizer_and_schedule(module: nn.Module, config: OptimizerConfig, trainer: Any = None) -> dict[str, Any]:
+    """`build_optimizer` over the estimated optimizer steps, as ``configure_optimizers`` returns it."""
+    total = int(trainer.estimated_stepping_batches) if trainer is not None else 1
+    optimizer, scheduler = build_optimizer(module, config, max(total, 1))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -43,6 +43,22 @@ class TrainingController(L.Callback):
 
     Args:
         config: YAML path, inline YAML, or dict.
+
+    Raises:
+        ConfigError: every problem of the config at once (see `parse_config`).
+
+    Example:
+        >>> from lit_losses.controller import TrainingController
+        >>> controller = TrainingController({
+        ...     "controller-metrics": [{"name": "state", "class": "TrainingState"}],
+        ...     "controllers": [{"name": "stop-at-100", "triggers": ["on_train_batch_end"],
+        ...                      "rule": 'state["global_step"] >= 100',
+        ...                      "operations": ["lightning.should_training_stop"]}],
+        ... })
+        >>> controller.counters, controller.fired
+        ({'stop-at-100': 0}, [])
+
+        Then ``L.Trainer(callbacks=[controller])``.
     """
 
     def __init__(self, config: str | Path | dict[str, Any]) -> None:
@@ -50,18 +66,26 @@ class TrainingController(L.Callback):
         self.config = parse_config(config)
         self.evaluator = RuleEvaluator()
         self.values: dict[str, dict[str, Any]] = {}
+        """The latest value of each metric, by metric name (each with its ``step``)."""
         self.counters = {c.name: 0 for c in self.config.controllers}
         self.fired: list[dict[str, Any]] = []
         """``{"controller", "step", "event", "operations"}`` of every firing (this process)."""
+
         self._skipped_once: set[str] = set()
         self._events = {t for c in self.config.controllers for t in c.triggers}
 
     @property
     def state_key(self) -> str:
+        """The key of this callback's state in checkpoints (depends on the controller names)."""
         return self._generate_state_key(controllers=sorted(self.counters))
 
     # ---- Lightning hooks ---------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Check the operations against the module (e.g. regularizer names), before any step.
+
+        Raises:
+            ConfigError: an operation that cannot work on ``pl_module``.
+        """
         for handler in self.config.operations.values():
             if isinstance(handler, RegularizerControl):
                 handler.check_module(pl_module)
@@ -164,6 +188,7 @@ class TrainingController(L.Callback):
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """Patience counters, latest metric values and metric handler states, for checkpoints."""
         return {
             "counters": dict(self.counters),
             "values": {k: dict(v) for k, v in self.values.items()},
@@ -171,6 +196,7 @@ class TrainingController(L.Callback):
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore `state_dict`'s output; controllers and metrics no longer configured are ignored."""
         self.counters.update({k: v for k, v in state_dict.get("counters", {}).items() if k in self.counters})
         self.values.update(state_dict.get("values", {}))
         for name, state in state_dict.get("metrics", {}).items():

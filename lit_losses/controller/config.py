@@ -6,34 +6,58 @@ import ast
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import yaml
 
-from lit_losses.controller.metrics import ALL_EVENTS, METRIC_HANDLERS, MetricHandler
+from lit_losses.controller.metrics import ALL_EVENTS, METRIC_HANDLERS, MetricHandler, Trigger
 from lit_losses.controller.operations import OPERATION_HANDLERS, LightningOperations, OperationHandler
 from lit_losses.controller.rules import RULE_FUNCTIONS, RuleError, check_rule
 from lit_losses.errors import ConfigError
+from lit_losses.registry import Registry
 
 TOP_LEVEL = ("controller-metrics", "controller_metrics", "operations", "controllers")
-PATIENCE_MODES = ("reset_on_failure", "no_reset")
+
+PatienceMode = Literal["reset_on_failure", "no_reset_on_failure"]
+"""How a failed evaluation affects the patience count (fms-hf-tuning's names)."""
+
+PATIENCE_MODES: tuple[PatienceMode, ...] = get_args(PatienceMode)
+PATIENCE_ALIASES: dict[str, PatienceMode] = {"no_reset": "no_reset_on_failure"}
+"""Earlier spellings of patience modes, still accepted."""
 
 
 @dataclass
 class Patience:
-    """Fire after ``patience_threshold`` consecutive (``reset_on_failure``) or cumulative (``no_reset``)
-    evaluations on which the rule held; the count restarts after each firing."""
+    """When a controller whose rule holds fires.
+
+    It fires after ``patience_threshold`` consecutive (``reset_on_failure``: a failed evaluation
+    restarts the count) or cumulative (``no_reset_on_failure``) evaluations on which the rule held;
+    the count restarts after each firing.
+
+    Attributes:
+        patience_threshold: evaluations on which the rule must hold (>= 1).
+        mode: a `PatienceMode`.
+    """
 
     patience_threshold: int = 1
-    mode: str = "reset_on_failure"
+    mode: PatienceMode = "reset_on_failure"
 
 
 @dataclass
 class Controller:
-    """One rule: when it holds on one of its triggers (any rank), perform its operations."""
+    """One rule: when it holds on one of its triggers (any rank), perform its operations.
+
+    Attributes:
+        name: unique among the controllers.
+        triggers: the hooks on which the rule is evaluated.
+        rule: the validated rule expression.
+        operations: ``(operation name, action)`` pairs, performed in order.
+        patience: when a rule that holds fires.
+        names: the metric names the rule reads (it skips until all are available).
+    """
 
     name: str
-    triggers: list[str]
+    triggers: list[Trigger]
     rule: str
     operations: list[tuple[str, str]]
     patience: Patience = field(default_factory=Patience)
@@ -43,13 +67,25 @@ class Controller:
 
 @dataclass
 class ControllerConfig:
+    """A validated controller config (what `parse_config` returns).
+
+    Attributes:
+        metrics: the metric handlers, by name (the names rules read).
+        operations: the operation handlers, by name (``lightning`` always included).
+        controllers: the controllers, in YAML order.
+    """
+
     metrics: dict[str, MetricHandler]
     operations: dict[str, OperationHandler]
     controllers: list[Controller]
 
 
 def load_source(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
-    """A config from a dict, a YAML file path, or an inline YAML string."""
+    """A config from a dict, a YAML file path, or an inline YAML string.
+
+    Raises:
+        ConfigError: a missing file, invalid YAML, or a document that is not a mapping.
+    """
     if isinstance(source, Mapping):
         return dict(source)
     text = str(source)
@@ -70,7 +106,46 @@ def load_source(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
 
 
 def parse_config(source: str | Path | Mapping[str, Any]) -> ControllerConfig:
-    """Load and validate; raises one `ConfigError` listing every problem with its YAML path."""
+    """Load and validate a controller config (fms-hf-tuning's trainer-controller schema).
+
+    Everything that can be checked without a trainer is: keys, handler classes (registered names or
+    import paths ``pkg.module.Class``) and their arguments, rules (statically, nothing runs),
+    triggers, operations and their actions, patience.
+
+    Args:
+        source: a dict, a YAML file path (``.yaml``/``.yml``/``.json``), or an inline YAML string.
+
+    Returns:
+        The handlers, built and validated, and the controllers.
+
+    Raises:
+        ConfigError: one error listing every problem, each with its YAML path.
+
+    Example:
+        >>> from lit_losses.controller import parse_config
+        >>> config = parse_config(
+        ...     {
+        ...         "controller-metrics": [{"name": "train_loss", "class": "Loss"}],
+        ...         "controllers": [
+        ...             {
+        ...                 "name": "loss-runaway",
+        ...                 "triggers": ["on_train_batch_end"],
+        ...                 "rule": 'train_loss["loss"] > 10',
+        ...                 "operations": ["lightning.should_training_stop"],
+        ...             }
+        ...         ],
+        ...     }
+        ... )
+        >>> [c.name for c in config.controllers], sorted(config.metrics), sorted(config.operations)
+        (['loss-runaway'], ['train_loss'], ['lightning'])
+        >>> parse_config({"controllers": [{"name": "c", "triggers": ["on_step_end"]}]})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: controller config has 3 problem(s):
+          controllers[0] (c).triggers: unknown trigger 'on_step_end'; choose among [...]
+          controllers[0] (c).rule: a rule must be a non-empty string, got None
+          controllers[0] (c).operations: must be a non-empty list of 'operation.action'
+    """
     data = load_source(source)
     problems: list[str] = []
     for key in data:
@@ -79,7 +154,7 @@ def parse_config(source: str | Path | Mapping[str, Any]) -> ControllerConfig:
     if "controller-metrics" in data and "controller_metrics" in data:
         problems.append("controller_metrics: give either controller-metrics or controller_metrics, not both")
     metric_key = "controller-metrics" if "controller-metrics" in data else "controller_metrics"
-    metrics = _build_entries(data.get(metric_key) or [], metric_key, METRIC_HANDLERS, problems, "metric")
+    metrics = _build_entries(data.get(metric_key) or [], metric_key, METRIC_HANDLERS, problems)
     for path, handler in list(metrics.items()):
         try:
             handler.validate()
@@ -92,7 +167,13 @@ def parse_config(source: str | Path | Mapping[str, Any]) -> ControllerConfig:
             problems.append(f"{handler._path}.name: {name!r} must be an identifier, not a rule function name")
     operations = {"lightning": LightningOperations("lightning")}
     operations.update(
-        _build_entries(data.get("operations") or [], "operations", OPERATION_HANDLERS, problems, "operation")
+        _build_entries(
+            data.get("operations") or [],
+            "operations",
+            OPERATION_HANDLERS,
+            problems,
+            reserved={"lightning": LightningOperations},
+        )
     )
     for handler in operations.values():
         try:
@@ -107,8 +188,17 @@ def parse_config(source: str | Path | Mapping[str, Any]) -> ControllerConfig:
 
 
 def _build_entries(
-    entries: Any, key: str, registry: Mapping[str, Any], problems: list[str], kind: str
+    entries: Any,
+    key: str,
+    registry: Registry[type],
+    problems: list[str],
+    reserved: Mapping[str, type] | None = None,
 ) -> dict:
+    """The handlers of the ``key`` list, by name; each problem is appended to ``problems``.
+
+    ``reserved`` maps names that only one class may take (``lightning``) to that class.
+    """
+    reserved = reserved or {}
     built: dict[str, Any] = {}
     if not isinstance(entries, list):
         problems.append(f"{key}: must be a list, got {type(entries).__name__}")
@@ -125,16 +215,26 @@ def _build_entries(
         if not isinstance(name, str) or not name:
             problems.append(f"{path}.name: missing or not a string")
             continue
-        if name in built or (kind == "operation" and name == "lightning" and cls != "LightningOperations"):
-            problems.append(f"{path}.name: duplicate or reserved {kind} name {name!r}")
+        if name in built:
+            problems.append(f"{path}.name: duplicate {registry.kind} name {name!r}")
             continue
-        if cls not in registry:
-            problems.append(f"{path}.class: unknown {kind} class {cls!r}; registered: {sorted(registry)}")
+        if not isinstance(cls, str) or not cls:
+            problems.append(
+                f"{path}.class: must be a registered {registry.kind} name or an import path, got {cls!r}"
+            )
+            continue
+        try:
+            handler_cls = registry.get(cls, where=f"{path}.class")
+        except ConfigError as exc:
+            problems.append(str(exc))
+            continue
+        if name in reserved and handler_cls is not reserved[name]:
+            problems.append(f"{path}.name: {name!r} is reserved for {reserved[name].__name__}")
             continue
         if not isinstance(arguments, Mapping):
             problems.append(f"{path}.arguments: must be a mapping")
             continue
-        handler = registry[cls](name, **arguments)
+        handler = handler_cls(name, **arguments)
         handler._path = path
         built[name] = handler
     return built
@@ -143,6 +243,7 @@ def _build_entries(
 def _build_controllers(
     entries: Any, metric_names: tuple[str, ...], operations: dict, problems: list[str]
 ) -> list:
+    """The ``controllers`` list; each problem is appended to ``problems``."""
     controllers: list[Controller] = []
     if not isinstance(entries, list) or not entries:
         problems.append("controllers: must be a non-empty list")
@@ -204,6 +305,7 @@ def _build_controllers(
 
 
 def _patience(raw: Any, path: str, problems: list[str]) -> Patience:
+    """A controller's ``patience`` mapping (earlier mode spellings mapped to their current name)."""
     if raw is None:
         return Patience()
     if not isinstance(raw, Mapping):
@@ -216,6 +318,7 @@ def _patience(raw: Any, path: str, problems: list[str]) -> Patience:
     if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 1:
         problems.append(f"{path}.patience_threshold: must be an integer >= 1, got {threshold!r}")
         threshold = 1
+    mode = PATIENCE_ALIASES.get(mode, mode) if isinstance(mode, str) else mode
     if mode not in PATIENCE_MODES:
         problems.append(f"{path}.mode: {mode!r} is not one of {list(PATIENCE_MODES)}")
     return Patience(threshold, mode)

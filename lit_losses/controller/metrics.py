@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, get_args
 
 import lightning as L
 
+from lit_losses.controller.registration import register_classes, subclass_of
 from lit_losses.errors import ConfigError
+from lit_losses.registry import Registry
 
-ALL_EVENTS = (
+Trigger = Literal[
     "on_train_start",
     "on_train_epoch_start",
     "on_train_batch_start",
@@ -21,8 +22,11 @@ ALL_EVENTS = (
     "on_validation_epoch_end",
     "on_validation_end",
     "on_train_end",
-)
-"""Lightning hooks usable as triggers (and as events metric handlers compute on)."""
+]
+"""A Lightning hook usable as a controller trigger (and as an event metric handlers compute on)."""
+
+ALL_EVENTS: tuple[Trigger, ...] = get_args(Trigger)
+"""Every `Trigger`, in the order Lightning calls the hooks."""
 
 
 def _number(value: Any) -> float:
@@ -34,25 +38,54 @@ class MetricHandler:
 
     Subclasses set `events` (the hooks they can compute on), check their arguments in `validate`
     and return a dict from `compute`; the controller adds ``step`` (the global step of the
-    computation). ``None`` means "not available yet": rules that use it skip.
+    computation). ``None`` means "not available yet": rules that use it skip. Register a subclass
+    with `register_metric_handlers` to use it as ``class`` in the YAML (or give its import path).
+
+    Args:
+        name: the name rules use for the values (``name`` in the YAML).
+        **arguments: the entry's ``arguments`` mapping, checked by `validate`.
+
+    Example:
+        >>> from lit_losses.controller import MetricHandler
+        >>> class Constant(MetricHandler):
+        ...     def compute(self, event, trainer, pl_module):
+        ...         return {"value": self.arguments["value"]}
+        >>> Constant("const", value=3).compute("on_train_batch_end", None, None)
+        {'value': 3}
     """
 
-    events: tuple[str, ...] = ALL_EVENTS
+    events: tuple[Trigger, ...] = ALL_EVENTS
+    """The hooks on which `compute` may be called."""
 
     def __init__(self, name: str, **arguments: Any) -> None:
         self.name, self.arguments = name, arguments
 
     def validate(self) -> None:
-        """Raise `ConfigError` for bad arguments."""
+        """Check the arguments, once, when the config is parsed.
+
+        Raises:
+            ConfigError: bad arguments (the message is prefixed with the entry's YAML path).
+        """
 
     def compute(self, event: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any] | None:
+        """The current values, or ``None`` when they are not available yet.
+
+        Args:
+            event: the hook being run (one of `events`).
+            trainer: the running trainer.
+            pl_module: the module being trained.
+
+        Returns:
+            A dict of values (the controller adds ``step``), or ``None``.
+        """
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
+        """State to save in checkpoints (e.g. a window of past values); empty by default."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        """Restore what `state_dict` returned."""
 
     def _unknown_arguments(self, allowed: tuple[str, ...]) -> None:
         unknown = sorted(set(self.arguments) - set(allowed))
@@ -61,7 +94,11 @@ class MetricHandler:
 
 
 class Loss(MetricHandler):
-    """The latest logged training loss ``{"loss": value}`` (argument ``key``: ``train/loss_total``)."""
+    """The latest logged training loss: ``{"loss": value}``.
+
+    Arguments (YAML): ``key``, the logged metric to read (default ``train/loss_total``).
+    Not available until the metric was logged.
+    """
 
     events = ("on_train_batch_end", "on_train_epoch_end", "on_validation_end")
 
@@ -75,7 +112,10 @@ class Loss(MetricHandler):
 
 
 class EvalMetrics(MetricHandler):
-    """Validation metrics: every logged ``val/…`` value, keyed without the prefix (``{"loss": …}``)."""
+    """Validation metrics: every logged ``val/…`` value, keyed without the prefix (``{"loss": …}``).
+
+    Arguments (YAML): ``prefix`` (default ``val/``). Not available before the first validation.
+    """
 
     events = ("on_validation_end", "on_validation_epoch_end", "on_train_epoch_end", "on_train_batch_end")
 
@@ -91,7 +131,12 @@ class EvalMetrics(MetricHandler):
 
 
 class HistoryBasedMetric(MetricHandler):
-    """The last ``window`` values of logged metric ``key``: ``{"window": [...], "full": bool}``."""
+    """The last ``window`` values of logged metric ``key``: ``{"window": [...], "full": bool}``.
+
+    Arguments (YAML): ``key`` (required, a logged metric name) and ``window`` (an integer >= 1,
+    default 5). One value is appended per computation on which ``key`` is logged; the window is saved
+    in checkpoints.
+    """
 
     def validate(self) -> None:
         self._unknown_arguments(("key", "window"))
@@ -119,7 +164,10 @@ class HistoryBasedMetric(MetricHandler):
 
 
 class TrainingState(MetricHandler):
-    """``{"epoch", "global_step", "max_steps", "max_epochs", "should_stop"}`` of the trainer."""
+    """``{"epoch", "global_step", "max_steps", "max_epochs", "should_stop"}`` of the trainer.
+
+    Takes no arguments; always available.
+    """
 
     def validate(self) -> None:
         self._unknown_arguments(())
@@ -135,7 +183,10 @@ class TrainingState(MetricHandler):
 
 
 class PerProcessState(MetricHandler):
-    """``{"rank", "local_rank", "world_size"}`` of this process (rules on it differ across ranks)."""
+    """``{"rank", "local_rank", "world_size"}`` of this process (rules on it differ across ranks).
+
+    Takes no arguments; always available.
+    """
 
     def validate(self) -> None:
         self._unknown_arguments(())
@@ -152,7 +203,8 @@ class RegularizerState(MetricHandler):
     """Per regularizer of a `RegularizedLM`: ``{name: {"weight", "enabled", "value", "contribution"}}``.
 
     ``weight`` is the effective weight (schedule included) at the current step; ``value`` and
-    ``contribution`` are those of the last optimizer step (NaN before the first one).
+    ``contribution`` are those of the last optimizer step (NaN before the first one). Takes no
+    arguments; not available for a module without regularizers.
     """
 
     def validate(self) -> None:
@@ -175,21 +227,42 @@ class RegularizerState(MetricHandler):
         return out
 
 
-METRIC_HANDLERS: dict[str, Callable[..., MetricHandler]] = {
-    "Loss": Loss,
-    "EvalMetrics": EvalMetrics,
-    "HistoryBasedMetric": HistoryBasedMetric,
-    "TrainingState": TrainingState,
-    "PerProcessState": PerProcessState,
-    "RegularizerState": RegularizerState,
-}
+METRIC_HANDLERS: Registry[type[MetricHandler]] = Registry(
+    "metric handler", adapt=subclass_of(MetricHandler, "metric handler")
+)
+"""Metric handler classes by name (the YAML ``class`` of a ``controller-metrics`` entry)."""
 
 
-def register_metric_handlers(*handlers: type[MetricHandler], **named: type[MetricHandler]) -> None:
-    """Register metric handler classes (by class name, or under the given names)."""
-    for handler in handlers:
-        named[handler.__name__] = handler
-    for name, handler in named.items():
-        if not (isinstance(handler, type) and issubclass(handler, MetricHandler)):
-            raise TypeError(f"metric handler {name!r} must be a MetricHandler subclass, got {handler!r}")
-        METRIC_HANDLERS[name] = handler
+def register_metric_handlers(
+    *handlers: type[MetricHandler] | list[type[MetricHandler]], **named: type[MetricHandler]
+) -> None:
+    """Register metric handler classes, by class name or under the given names.
+
+    Args:
+        *handlers: `MetricHandler` subclasses, registered under their class name; a list of them is
+            accepted too (``register_metric_handlers([A, B])``, as in fms-hf-tuning).
+        **named: subclasses registered under the keyword's name.
+
+    Raises:
+        TypeError: an object that is not a `MetricHandler` subclass.
+        ValueError: a name already registered for a different class.
+
+    Example:
+        >>> from lit_losses.controller import METRIC_HANDLERS, MetricHandler, register_metric_handlers
+        >>> class Ones(MetricHandler):
+        ...     def compute(self, event, trainer, pl_module):
+        ...         return {"one": 1}
+        >>> register_metric_handlers([Ones], AllOnes=Ones)
+        >>> "Ones" in METRIC_HANDLERS and "AllOnes" in METRIC_HANDLERS
+        True
+        >>> register_metric_handlers(dict)
+        Traceback (most recent call last):
+        ...
+        TypeError: metric handler 'dict' must be a MetricHandler subclass, got <class 'dict'>
+    """
+    register_classes(METRIC_HANDLERS, handlers, named)
+
+
+register_metric_handlers(
+    Loss, EvalMetrics, HistoryBasedMetric, TrainingState, PerProcessState, RegularizerState
+)

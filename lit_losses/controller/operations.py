@@ -4,37 +4,57 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import lightning as L
 
+from lit_losses.controller.registration import register_classes, subclass_of
 from lit_losses.controller.rules import RuleEvaluator, check_rule
 from lit_losses.errors import ConfigError
+from lit_losses.registry import Registry
 
 log = logging.getLogger("lit_losses.controller")
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+"""A `LogControl` level (case-insensitive in the YAML)."""
+
+LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 
 
 class OperationHandler:
     """A named set of actions (methods ``should_<action>(trainer, pl_module, context)``).
 
-    ``context`` holds the controller name and the metric values of the firing rule.
-    `every_rank` lists the actions that must run on every rank (collectives such as checkpointing);
-    the others run on rank 0 only.
+    ``context`` holds the controller name (``"controller"``), the hook (``"event"``) and the metric
+    values (``"metrics"``) of the firing rule; actions may add entries to it. `every_rank` lists the
+    actions that must run on every rank (collectives such as checkpointing); the others run on rank 0
+    only. Register a subclass with `register_operation_handlers` to use it as ``class`` in the YAML.
+
+    Args:
+        name: the name controllers use (``<name>.<action>`` in their ``operations``).
+        **arguments: the entry's ``arguments`` mapping, checked by `validate`.
     """
 
     every_rank: tuple[str, ...] = ()
+    """Actions that run on every rank; the others run on rank 0 only."""
 
     def __init__(self, name: str, **arguments: Any) -> None:
         self.name, self.arguments = name, arguments
 
     @classmethod
     def actions(cls) -> tuple[str, ...]:
+        """The action names (methods ``should_*``), sorted."""
         return tuple(sorted(a for a in dir(cls) if a.startswith("should_") and callable(getattr(cls, a))))
 
     def validate(self, metric_names: tuple[str, ...]) -> None:
-        """Raise `ConfigError` for bad arguments (``metric_names``: those in scope of rules)."""
+        """Check the arguments, once, when the config is parsed.
+
+        Args:
+            metric_names: the metric names in scope of rules (and of message placeholders).
+
+        Raises:
+            ConfigError: bad arguments (the message is prefixed with the entry's YAML path).
+        """
 
     def _unknown_arguments(self, allowed: tuple[str, ...]) -> None:
         unknown = sorted(set(self.arguments) - set(allowed))
@@ -49,8 +69,9 @@ class LightningOperations(OperationHandler):
     - ``should_save_checkpoint``: ``trainer.save_checkpoint`` on every rank, to
       ``<dirpath>/controller-<controller>-step<N>.ckpt`` (argument ``dirpath``, default
       ``<default_root_dir>/controller-checkpoints``).
-    - ``should_validate``: run the validation loop now.
-    - ``should_log``: send the current metrics to the loggers at this step.
+    - ``should_validate``: run the validation loop now (during training only; an error without
+      validation data).
+    - ``should_log``: send the current scalar metrics to the loggers at this step.
     """
 
     every_rank = ("should_training_stop", "should_save_checkpoint", "should_validate")
@@ -72,17 +93,11 @@ class LightningOperations(OperationHandler):
     def should_validate(self, trainer, pl_module, context) -> None:
         if not trainer.training or trainer.validating or trainer.sanity_checking:
             return
-        val_loop = trainer.fit_loop.epoch_loop.val_loop
-        if not trainer.val_dataloaders and not val_loop._data_source.is_defined():
+        if not _has_validation_data(trainer):
             raise RuntimeError(
                 f"controller {context['controller']!r}: should_validate without validation data"
             )
-        # what Lightning's epoch loop does around a validation inside training (val_check_interval)
-        trainer.validating = True
-        first_loop_iter = trainer._logger_connector._first_loop_iter
-        val_loop.run()
-        trainer.training = True
-        trainer._logger_connector._first_loop_iter = first_loop_iter
+        _validate_inside_fit(trainer)
 
     def should_log(self, trainer, pl_module, context) -> None:
         metrics = {
@@ -92,20 +107,50 @@ class LightningOperations(OperationHandler):
             logger.log_metrics(metrics, step=trainer.global_step)
 
 
+# ---- Lightning internals ------------------------------------------------------------------------
+# Lightning has no public API to run the validation loop in the middle of `fit` (checked against
+# lightning 2.6.6): `Trainer.validate` starts a run of its own, and when validation happens is fixed by
+# `val_check_interval` / `check_val_every_n_epoch` at the start of fit. So `should_validate` does what
+# `_TrainingEpochLoop.on_advance_end` does around a scheduled validation, private attributes included.
+# Re-check these two helpers (and tests/controller/test_operations.py) when upgrading Lightning.
+
+
+def _has_validation_data(trainer: L.Trainer) -> bool:
+    """Whether fit was given validation data (loaded lazily, so `val_dataloaders` may still be None)."""
+    val_loop = trainer.fit_loop.epoch_loop.val_loop
+    return bool(trainer.val_dataloaders) or val_loop._data_source.is_defined()
+
+
+def _validate_inside_fit(trainer: L.Trainer) -> None:
+    """Run the validation loop now, as Lightning does for ``val_check_interval < 1``.
+
+    The logger connector's ``_first_loop_iter`` tells whether logged values are step- or epoch-level;
+    the validation loop resets it, so it is saved and restored (else the training metrics logged after
+    the validation would be taken as epoch-level).
+    """
+    trainer.validating = True  # so that the trainer's active loop is the validation loop
+    first_loop_iter = trainer._logger_connector._first_loop_iter
+    trainer.fit_loop.epoch_loop.val_loop.run()
+    trainer.training = True
+    trainer._logger_connector._first_loop_iter = first_loop_iter
+
+
 _PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
 
 
 class LogControl(OperationHandler):
-    """``should_log``: a message at ``level`` (``DEBUG``…``CRITICAL``), with ``{expression}`` placeholders.
+    """``should_log``: a message at ``level`` (a `LogLevel`, default ``INFO``) with ``{expr}`` placeholders.
 
     Placeholders are rule expressions over the metrics (validated like rules), e.g.
     ``"loss {train_loss['loss']:.3f} at step {state['global_step']}"`` (a format spec may follow ``:``).
+    A placeholder that cannot be evaluated yet renders as ``<expression: ErrorName>``. The message is
+    logged on the ``lit_losses.controller`` logger and stored as ``context["message"]``.
     """
 
     def validate(self, metric_names):
         self._unknown_arguments(("message", "level"))
         level = str(self.arguments.get("level", "INFO")).upper()
-        if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        if level not in LOG_LEVELS:
             raise ConfigError(f"arguments.level {level!r} is not a logging level")
         message = self.arguments.get("message")
         if not isinstance(message, str):
@@ -141,7 +186,8 @@ class RegularizerControl(OperationHandler):
     - ``should_set_weight`` (argument ``value``), ``should_scale_weight`` (argument ``factor``),
     - ``should_enable``, ``should_disable``.
 
-    Runs on every rank (the weights must stay identical across ranks).
+    Runs on every rank (the weights must stay identical across ranks). The regularizer name is
+    checked against the module by `check_module` (at the controller's ``setup``).
     """
 
     every_rank = ("should_set_weight", "should_scale_weight", "should_enable", "should_disable")
@@ -152,6 +198,11 @@ class RegularizerControl(OperationHandler):
             raise ConfigError("RegularizerControl needs arguments.regularizer (a regularizer name)")
 
     def check_module(self, pl_module: L.LightningModule) -> None:
+        """Check that ``pl_module`` has the regularizer.
+
+        Raises:
+            ConfigError: a module without regularizers, or without this one.
+        """
         terms = getattr(pl_module, "regularizer_set", None)
         if terms is None:
             raise ConfigError(
@@ -204,21 +255,27 @@ class LRControl(OperationHandler):
                 config.scheduler.base_lrs = [lr * factor for lr in config.scheduler.base_lrs]
 
 
-OPERATION_HANDLERS: dict[str, Callable[..., OperationHandler]] = {
-    "LightningOperations": LightningOperations,
-    "LogControl": LogControl,
-    "RegularizerControl": RegularizerControl,
-    "LRControl": LRControl,
-}
+OPERATION_HANDLERS: Registry[type[OperationHandler]] = Registry(
+    "operation handler", adapt=subclass_of(OperationHandler, "operation handler")
+)
+"""Operation handler classes by name (the YAML ``class`` of an ``operations`` entry)."""
 
 
-def register_operation_handlers(*handlers: type[OperationHandler], **named: type[OperationHandler]) -> None:
-    """Register operation handler classes (by class name, or under the given names)."""
-    for handler in handlers:
-        named[handler.__name__] = handler
-    for name, handler in named.items():
-        if not (isinstance(handler, type) and issubclass(handler, OperationHandler)):
-            raise TypeError(
-                f"operation handler {name!r} must be an OperationHandler subclass, got {handler!r}"
-            )
-        OPERATION_HANDLERS[name] = handler
+def register_operation_handlers(
+    *handlers: type[OperationHandler] | list[type[OperationHandler]], **named: type[OperationHandler]
+) -> None:
+    """Register operation handler classes, by class name or under the given names.
+
+    Args:
+        *handlers: `OperationHandler` subclasses, registered under their class name; a list of them is
+            accepted too (``register_operation_handlers([A, B])``, as in fms-hf-tuning).
+        **named: subclasses registered under the keyword's name.
+
+    Raises:
+        TypeError: an object that is not an `OperationHandler` subclass.
+        ValueError: a name already registered for a different class.
+    """
+    register_classes(OPERATION_HANDLERS, handlers, named)
+
+
+register_operation_handlers(LightningOperations, LogControl, RegularizerControl, LRControl)

@@ -95,7 +95,28 @@ class RuleError(ValueError):
 
 
 def check_rule(rule: str, names: Iterable[str]) -> ast.Expression:
-    """Parse and validate ``rule`` without running it; ``names`` are the metric names in scope."""
+    """Parse and validate ``rule`` without running it.
+
+    Args:
+        rule: one Python expression in the language described in this module's docstring.
+        names: the metric names in scope (with `RULE_FUNCTIONS`, the only names a rule may use).
+
+    Returns:
+        The parsed expression.
+
+    Raises:
+        RuleError: the rule is not accepted; the message says why (with a suggestion for a
+            misspelled name).
+
+    Example:
+        >>> from lit_losses.controller import check_rule
+        >>> type(check_rule('loss["value"] > 2 and is_finite(loss["value"])', ["loss"])).__name__
+        'Expression'
+        >>> check_rule("loss.__class__", ["loss"])
+        Traceback (most recent call last):
+        ...
+        lit_losses.controller.rules.RuleError: Attribute is not allowed in rules
+    """
     if not isinstance(rule, str) or not rule.strip():
         raise RuleError(f"a rule must be a non-empty string, got {rule!r}")
     if len(rule) > MAX_RULE_CHARS:
@@ -162,11 +183,32 @@ def _check_node(node: ast.AST, scope: set[str]) -> None:
 
 
 class RuleEvaluator:
-    """Evaluates validated rules with simpleeval over a mapping of metric values."""
+    """Evaluates rules with simpleeval (never Python ``eval``) over a mapping of metric values.
+
+    Rules should have passed `check_rule` first; simpleeval adds its own limits on top.
+
+    Example:
+        >>> from lit_losses.controller import RuleEvaluator
+        >>> evaluator = RuleEvaluator()
+        >>> evaluator.evaluate('mean(hist["window"]) > 1.5', {"hist": {"window": [1.0, 2.0, 3.0]}})
+        True
+    """
 
     def __init__(self) -> None:
         self._eval = simpleeval.EvalWithCompoundTypes(functions=dict(RULE_FUNCTIONS))
 
     def evaluate(self, rule: str, names: Mapping[str, Any]) -> Any:
+        """The value of ``rule`` with ``names`` (metric name -> values) in scope.
+
+        Args:
+            rule: a rule expression.
+            names: the values rules read, by metric name.
+
+        Returns:
+            What the expression evaluates to (the controller takes its truth value).
+
+        Raises:
+            Exception: whatever evaluation raises (e.g. `KeyError` for a key not logged yet).
+        """
         self._eval.names = dict(names)
         return self._eval.eval(rule.strip())

@@ -7,8 +7,10 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torchmetrics.aggregation import MeanMetric
 
-from lit_losses.aggregation import StepSums
+from lit_losses.aggregation import AggMode, StepSums, mode_denominator
+from lit_losses.loss.context import LossOutput
 from lit_losses.regularizers import RegularizerSet, TermResult
 
 
@@ -48,6 +50,11 @@ class StepTelemetry(nn.Module):
             raise RuntimeError(f"the logged loss terms changed during training: {self.sums.keys} -> {keys}")
         self.sums.update({k: v * share for k, v in values.items()})
         self.last_terms = terms
+
+    def log_step(self, module: Any, regularizers: RegularizerSet | None, step: int) -> None:
+        """`compute` and log the values with ``module.log`` (``train/loss_total`` on the progress bar)."""
+        for key, value in self.compute(regularizers, step).items():
+            module.log(key, value, prog_bar=key == "train/loss_total", on_step=True, on_epoch=False)
 
     def compute(self, regularizers: RegularizerSet | None, step: int) -> dict[str, Tensor]:
         """The step's values to log (then the sums restart)."""
@@ -95,3 +102,34 @@ def nested_telemetry(values: Mapping[str, Tensor], last_terms: Mapping[str, Term
         "regularizer_total": get("train/regularizer_total"),
         "regularizers": regularizers,
     }
+
+
+class ValidationTelemetry(nn.Module):
+    """``val/loss`` and ``val/loss_total`` over the whole validation set and every rank.
+
+    Each micro-batch's value (normalized by its own counts) is weighted by the count it was divided by
+    (`mode_denominator`), so ``Σ value·count / Σ count`` with torchmetrics' weighted `MeanMetric` (sum
+    states) is the global value, exact under DDP.
+
+    Example:
+        >>> import torch
+        >>> from lit_losses.aggregation import GlobalStats
+        >>> val = ValidationTelemetry("token-mean")
+        >>> for loss, n in ((1.0, 3), (3.0, 1)):
+        ...     stats = GlobalStats.local_only({"labels": torch.zeros(1, n, dtype=torch.long)})
+        ...     val.update(LossOutput(torch.tensor(loss), torch.tensor(loss), torch.tensor(0.0), stats))
+        >>> val.loss.compute()  # (1·3 + 3·1) / 4
+        tensor(1.5000)
+    """
+
+    def __init__(self, loss_agg: AggMode) -> None:
+        super().__init__()
+        self.loss_agg = loss_agg
+        self.loss, self.loss_total = MeanMetric(), MeanMetric()
+
+    def update(self, out: LossOutput) -> None:
+        """Add one validation micro-batch."""
+        weight = mode_denominator(self.loss_agg, out.stats.get_local())
+        if weight:
+            self.loss.update(out.base.detach(), weight=weight)
+            self.loss_total.update(out.total.detach(), weight=weight)

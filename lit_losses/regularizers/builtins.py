@@ -14,7 +14,7 @@ from torch import Tensor
 from lit_losses.regularizers.registry import register_regularizer
 
 if TYPE_CHECKING:
-    from lit_losses.module import LossContext
+    from lit_losses.loss.context import LossContext
 
 
 @register_regularizer("z_loss", needs=("lse",), pointwise=True)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import torch
+
+from lit_losses.regularizers.term import RegularizerError, Term
 
 
 def _autograd_modes() -> tuple[bool, bool]:
@@ -33,6 +36,28 @@ class TermExecutors:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+
+    def run(self, terms: Sequence[Term], ctx: Any) -> dict[str, Any]:
+        """Each term's raw output on ``ctx``, or the exception it raised (or its timeout).
+
+        Async and ``executor: thread`` terms start first and run concurrently with the main-thread
+        terms; a term's ``timeout_s`` counts from the start of the step.
+        """
+        started = time.monotonic()
+        futures = {}
+        for t in terms:
+            if t.is_async:
+                futures[t.name] = self.submit_async(lambda t=t: t.call(ctx))
+            elif t.spec.executor == "thread":
+                futures[t.name] = self.submit_thread(lambda t=t: t.call(ctx))
+        outcomes: dict[str, Any] = {}
+        for t in terms:
+            if t.name not in futures:
+                outcomes[t.name] = _attempt(lambda t=t: t.call(ctx))
+        for t in terms:
+            if t.name in futures:
+                outcomes[t.name] = _result(t, futures[t.name], started)
+        return outcomes
 
     def submit_async(self, fn: Callable[[], Coroutine[Any, Any, Any]]) -> concurrent.futures.Future:
         modes = _autograd_modes()
@@ -74,3 +99,22 @@ class TermExecutors:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["max_threads"])
+
+
+def _attempt(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception as exc:
+        return exc
+
+
+def _result(term: Term, future: concurrent.futures.Future, started: float) -> Any:
+    timeout = term.spec.timeout_s
+    remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+    try:
+        return future.result(timeout=remaining)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        return RegularizerError(f"{term.where} timed out after {timeout} s")
+    except Exception as exc:
+        return exc

@@ -11,7 +11,7 @@ from torch import Tensor
 from lit_losses.aggregation import sequence_ids
 
 if TYPE_CHECKING:
-    from lit_losses.module import LossContext
+    from lit_losses.loss.context import LossContext
 
 LegacyLossFn = Callable[[dict[str, Any], list[Tensor]], tuple[Tensor, dict[str, Any]]]
 

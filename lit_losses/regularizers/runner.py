@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import concurrent.futures
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -161,7 +159,7 @@ class RegularizerSet:
     # ---- the general path ----------------------------------------------------------------------
     def __call__(self, ctx: LossContext) -> tuple[Tensor, dict[str, TermResult]]:
         """``(Σ_i w_i · r_i, result per term)`` for one micro-batch."""
-        outcomes = self._run(ctx)
+        outcomes = self.executors.run(self.active(), ctx)
         total = ctx.hidden.new_zeros((), dtype=torch.float32)
         results: dict[str, TermResult] = {}
         for name, t in self.terms.items():  # name order: the result never depends on config order
@@ -182,35 +180,6 @@ class RegularizerSet:
             if self.grad_norm:
                 result.grad_norm_sq = _grad_norm_sq(contribution, ctx)
         return total, results
-
-    def _run(self, ctx: LossContext) -> dict[str, Any]:
-        """Each enabled term's raw output, or the exception it raised (offloaded terms run concurrently)."""
-        active = self.active()
-        started = time.monotonic()
-        futures = {}
-        for t in active:
-            if t.is_async:
-                futures[t.name] = self.executors.submit_async(lambda t=t: t.call(ctx))
-            elif t.spec.executor == "thread":
-                futures[t.name] = self.executors.submit_thread(lambda t=t: t.call(ctx))
-        outcomes: dict[str, Any] = {}
-        for t in active:
-            if t.name not in futures:
-                outcomes[t.name] = _attempt(lambda t=t: t.call(ctx))
-        for name, future in futures.items():
-            outcomes[name] = self._result(self.terms[name], future, started)
-        return outcomes
-
-    def _result(self, term: Term, future: concurrent.futures.Future, started: float) -> Any:
-        timeout = term.spec.timeout_s
-        remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-        try:
-            return future.result(timeout=remaining)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            return RegularizerError(f"{term.where} timed out after {timeout} s")
-        except Exception as exc:
-            return exc
 
     def _aggregate(self, term: Term, out: Any, ctx: LossContext) -> tuple[Tensor, dict[str, float]]:
         if isinstance(out, BaseException):
@@ -244,13 +213,6 @@ class RegularizerSet:
 
     def close(self) -> None:
         self.executors.close()
-
-
-def _attempt(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except Exception as exc:
-        return exc
 
 
 def _grad_norm_sq(contribution: Tensor, ctx: LossContext) -> Tensor:

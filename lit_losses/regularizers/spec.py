@@ -24,13 +24,14 @@ class RegularizerSpec:
     aggregated with ``agg`` and the global counts of ``mask_key``.
 
     Example:
-        >>> spec = RegularizerSpec("z_loss", weight=1e-4, schedule={"kind": "linear_warmup", "warmup_steps": 10})
+        >>> warmup = {"kind": "linear_warmup", "warmup_steps": 10}
+        >>> spec = RegularizerSpec("z_loss", weight=1e-4, schedule=warmup)
         >>> spec.schedule.factor(5) * spec.weight
         5e-05
-        >>> RegularizerSpec("z", on_error="skpi")
+        >>> RegularizerSpec("z", on_error="skpi")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        lit_losses.errors.ConfigError: regularizer 'z'.on_error: 'skpi' is not one of ('raise', 'skip', 'warn'); did you mean 'skip'?
+        lit_losses.errors.ConfigError: regularizer 'z'.on_error 'skpi' is not one of (...); did you mean...?
     """
 
     name: str

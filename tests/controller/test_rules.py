@@ -129,58 +129,6 @@ def test_accepted_rules_evaluate_as_python_would(rule, values, expected):
     assert controller.evaluator.evaluate(rule, {"train_loss": values}) is expected
 
 
-def test_every_problem_is_reported_at_once_with_its_yaml_path():
-    config = {
-        "controller_metrics": [
-            {"name": "train_loss", "class": "Loss"},
-            {"name": "hist", "class": "HistoryBasedMetric", "arguments": {"window": 0}},
-            {"name": "x", "class": "NoSuchMetric"},
-        ],
-        "operations": [{"name": "regs", "class": "RegularizerControl", "arguments": {}}],
-        "controllers": [
-            {
-                "name": "a",
-                "triggers": ["on_train_batch_end"],
-                "rule": "train_loss['loss'] >",
-                "operations": ["lightning.should_training_stop"],
-            },
-            {
-                "name": "b",
-                "triggers": ["on_batch_end"],
-                "rule": "nope > 1",
-                "operations": ["lightning.should_fly"],
-            },
-            {
-                "name": "c",
-                "triggers": ["on_train_batch_end"],
-                "rule": "True",
-                "operations": ["ghost.should_log"],
-                "patience": {"patience_threshold": 0, "mode": "sometimes"},
-            },
-        ],
-        "extra": 1,
-    }
-    with pytest.raises(ConfigError) as info:
-        TrainingController(config)
-    message = str(info.value)
-    for expected in (
-        "extra: unknown key",
-        "controller_metrics[1].arguments: ",
-        "controller_metrics[2].class: unknown metric class 'NoSuchMetric'",
-        "operations[0].arguments: RegularizerControl needs arguments.regularizer",
-        "controllers[0] (a).rule: syntax error",
-        "controllers[1] (b).triggers: unknown trigger 'on_batch_end'",
-        "controllers[1] (b).rule: name 'nope' is not defined",
-        "controllers[2] (c).patience.mode: 'sometimes'",
-        "controllers[1] (b).operations: unknown action 'should_fly'",
-        "controllers[2] (c).operations: unknown operation 'ghost'",
-        "controllers[2] (c).patience.patience_threshold: must be an integer >= 1",
-        "controllers[2] (c).patience.mode: 'sometimes'",
-    ):
-        assert expected in message, (expected, message)
-    assert "problem(s)" in message
-
-
 def test_a_misspelled_metric_name_gets_a_suggestion():
     with pytest.raises(ConfigError, match=r"name 'train_los' is not defined \(did you mean 'train_loss'\?\)"):
         TrainingController(config_with('train_los["loss"] > 3'))

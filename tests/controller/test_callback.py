@@ -1,0 +1,123 @@
+"""`TrainingController` end to end: a real Lightning Trainer on the tiny LM, driven by controller rules."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import pytest
+
+from lit_losses import GlobalStatsLoader, RegularizerSpec, TrainingController
+from lit_losses.errors import ConfigError
+from tests.aggregation.ddp_step import micro_batches
+from tests.controller.helpers import REPO, controller, fit, tiny, torch_loader
+from tests.helpers import quiet_trainer
+
+
+def test_stop_on_a_threshold():
+    ctrl = controller('train_loss["loss"] < 100 and state["global_step"] >= 3')
+    trainer = fit(tiny(), [ctrl])
+    assert trainer.global_step == 3
+    assert [f["step"] for f in ctrl.fired] == [3]
+
+
+def test_stop_after_patience():
+    # holds on steps 1, 2, then fails on 3 (reset), then holds from 4: fires on the 3rd consecutive, step 6
+    ctrl = controller(
+        'state["global_step"] != 3', patience={"patience_threshold": 3, "mode": "reset_on_failure"}
+    )
+    assert fit(tiny(), [ctrl]).global_step == 6
+    cumulative = controller(
+        'state["global_step"] != 3', patience={"patience_threshold": 3, "mode": "no_reset"}
+    )
+    assert fit(tiny(), [cumulative]).global_step == 4
+
+
+@pytest.mark.parametrize(
+    ("mode", "fires_on"),
+    [("reset_on_failure", [6, 9]), ("no_reset_on_failure", [4, 7, 10]), ("no_reset", [4, 7, 10])],
+)
+def test_patience_modes_count_consecutive_or_cumulative_holds(mode, fires_on):
+    ctrl = controller("True", patience={"patience_threshold": 3, "mode": mode})
+    (c,) = ctrl.config.controllers
+    # the rule fails on evaluation 3 only; the count restarts after each firing
+    fired = [i for i in range(1, 11) if ctrl._patience_reached(c, holds=i != 3)]
+    assert fired == fires_on
+
+
+def test_a_metric_not_yet_available_skips_its_rule(caplog):
+    ctrl = controller('val["loss"] > 0', metrics=[{"name": "val", "class": "EvalMetrics"}])
+    with caplog.at_level(logging.INFO, logger="lit_losses.controller"):
+        trainer = fit(tiny(), [ctrl], max_steps=3)
+    assert trainer.global_step == 3 and not ctrl.fired
+    assert sum("not available yet" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_module_dependent_problems_are_found_before_training():
+    ctrl = controller(
+        "True",
+        operations=["halve.should_scale_weight"],
+        ops=[
+            {
+                "name": "halve",
+                "class": "RegularizerControl",
+                "arguments": {"regularizer": "entrpy", "factor": 0.5},
+            }
+        ],
+    )
+    with pytest.raises(ConfigError, match="unknown regularizer 'entrpy'"):
+        fit(tiny(regularizers=[RegularizerSpec(name="entropy", weight=0.01)]), [ctrl], max_steps=2)
+
+
+def test_resume_mid_patience_fires_at_the_same_step(tmp_path):
+    def patient():
+        return controller('state["global_step"] >= 1', patience={"patience_threshold": 5})
+
+    uninterrupted = fit(tiny(), [patient()])
+    assert uninterrupted.global_step == 5
+
+    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=1)
+    first = patient()
+    fit(tiny(), [first, ckpt], max_steps=3)
+    assert first.counters == {"c": 3}
+    resumed_ctrl = patient()
+    trainer = quiet_trainer(max_steps=12, callbacks=[resumed_ctrl])
+    trainer.fit(
+        tiny(), GlobalStatsLoader(micro_batches(), batch_size=None), ckpt_path=str(tmp_path / "last.ckpt")
+    )
+    assert trainer.global_step == 5
+    assert [f["step"] for f in resumed_ctrl.fired] == [5]
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "configs" / "controller").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_shipped_controller_configs_run(path, tmp_path):
+    """Each example config validates and drives a short run of the tiny LM with validation."""
+    ctrl = TrainingController(str(path))
+    model = tiny(
+        regularizers=[
+            RegularizerSpec(name="entropy", weight=0.01),
+            RegularizerSpec(name="z_loss", weight=1e-4),
+        ]
+    )
+    trainer = quiet_trainer(
+        max_steps=6,
+        callbacks=[ctrl],
+        limit_val_batches=2,
+        val_check_interval=2,
+        default_root_dir=str(tmp_path),
+    )
+    data = micro_batches()
+    trainer.fit(model, GlobalStatsLoader(data, batch_size=None), torch_loader(data))
+    assert trainer.global_step <= 6
+    assert ctrl.values, "no metric was computed"
+
+
+def test_cli_run_with_the_controlled_config(tmp_path):
+    from tests.test_cli import run_cli
+
+    cli, _ = run_cli(["--config", str(REPO / "configs" / "controlled.yaml")], tmp_path)
+    (ctrl,) = [c for c in cli.trainer.callbacks if isinstance(c, TrainingController)]
+    assert [c.name for c in ctrl.config.controllers] == ["loss-runaway"]
+    assert "train_loss" in ctrl.values and cli.trainer.global_step == 6

@@ -1,0 +1,124 @@
+"""The package's shape: no import cycle, a torch-only autograd toolkit, small modules and classes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "lit_losses"
+MAX_MODULE_LINES = 400
+MAX_CLASS_LINES = 200
+MAX_REGULARIZED_LM_LINES = 150
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_modules(name: str) -> set[str]:
+    """The lit_losses modules ``name`` imports (anywhere in the file, ``TYPE_CHECKING`` blocks included),
+    plus the sub-package ``__init__`` each of them runs first (the root package excepted)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + [base]
+                ).strip(".")
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                targets.add(full if full in MODULES else base)
+    edges = set()
+    for target in targets:
+        while target and target not in MODULES:
+            target = target.rpartition(".")[0]
+        parts = target.split(".")
+        for depth in range(2, len(parts) + 1):  # lit_losses.x, lit_losses.x.y, ...
+            edges.add(".".join(parts[:depth]))
+    edges.discard(name)
+    return {e for e in edges if not name.startswith(e + ".")}  # a module's own parent packages
+
+
+GRAPH = {name: imported_modules(name) for name in MODULES}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_graph_parser_sees_imports():
+    assert "lit_losses.loss.objective" in GRAPH["lit_losses.module"]
+    assert "lit_losses.regularizers" in GRAPH["lit_losses.loss.objective"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_import_graph_has_no_cycle():
+    graph = {
+        name: {t for t in targets if t != "lit_losses"}
+        for name, targets in GRAPH.items()
+        if name != "lit_losses"
+    }
+    assert find_cycle(graph) is None
+
+
+def test_autograd_depends_on_torch_only():
+    for name, targets in GRAPH.items():
+        if name.startswith("lit_losses.autograd"):
+            outside = {t for t in targets if not t.startswith("lit_losses.autograd")}
+            assert not outside, f"{name} imports {sorted(outside)}"
+
+
+def test_loss_context_imports_nothing_above_heads_and_aggregation():
+    allowed = ("lit_losses.heads", "lit_losses.aggregation", "lit_losses.errors", "lit_losses.choices",
+               "lit_losses.registry")  # fmt: skip
+    for target in GRAPH["lit_losses.loss.context"]:
+        assert target.startswith(allowed), target
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_and_class_sizes(name):
+    tree = ast.parse(MODULES[name].read_text())
+    lines = len(MODULES[name].read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{name} has {lines} lines"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            size = node.end_lineno - node.lineno + 1
+            limit = MAX_REGULARIZED_LM_LINES if node.name == "RegularizedLM" else MAX_CLASS_LINES
+            assert size <= limit, f"{name}.{node.name} has {size} lines (limit {limit})"
+
+
+def test_public_top_level_is_small_and_importable():
+    import lit_losses
+
+    assert len(lit_losses.__all__) <= 30
+    for name in lit_losses.__all__:
+        assert getattr(lit_losses, name) is not None
