@@ -122,3 +122,17 @@ def test_public_top_level_is_small_and_importable():
     assert len(lit_losses.__all__) <= 30
     for name in lit_losses.__all__:
         assert getattr(lit_losses, name) is not None
+
+
+def test_every_public_class_and_function_has_a_runnable_example():
+    import inspect
+
+    import lit_losses
+
+    for name in lit_losses.__all__:
+        obj = getattr(lit_losses, name)
+        if inspect.ismodule(obj) or not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue  # the autograd subpackage (its members have their own), Literal aliases
+        if inspect.isclass(obj) and issubclass(obj, Exception):
+            continue
+        assert ">>>" in (obj.__doc__ or ""), f"lit_losses.{name} has no docstring example"

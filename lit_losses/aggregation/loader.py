@@ -53,6 +53,13 @@ class GlobalStatsLoader(DataLoader):
         ignore_index: label value of positions without a target.
         process_group: group to all-reduce over (default: the whole world when initialized).
         **kwargs: ``DataLoader`` keyword arguments.
+
+    Example:
+        >>> import torch
+        >>> micro_batches = [{"labels": torch.tensor([[5, 6, 7, 8]])}, {"labels": torch.tensor([[5, -100]])}]
+        >>> loader = GlobalStatsLoader(micro_batches, batch_size=None, accumulate_grad_batches=2)
+        >>> [(b["global_stats"].get().num_tokens, b["global_stats"].get_local().num_tokens) for b in loader]
+        [(5, 4), (5, 1)]
     """
 
     def __init__(

@@ -75,6 +75,16 @@ def aggregate(
         stats: global counts of the mask (`MaskStats`).
         segment_ids: packed-row segments ``[B, T]``; a sequence is a (row, segment) pair.
         name: what ``loss_mat`` is, for error messages.
+
+    Example:
+        >>> import torch
+        >>> from lit_losses.aggregation import MaskStats
+        >>> loss = torch.tensor([[1.0, 3.0, 9.0], [2.0, 0.0, 0.0]])
+        >>> mask = torch.tensor([[True, True, False], [True, False, False]])
+        >>> aggregate(loss, mask, "token-mean", MaskStats(num_tokens=3, num_sequences=2))  # (1+3+2)/3
+        tensor(2.)
+        >>> aggregate(loss, mask, "seq-mean-token-mean", MaskStats(num_tokens=3, num_sequences=2))  # (2+2)/2
+        tensor(2.)
     """
     if loss_mat.shape != mask.shape:
         raise ValueError(

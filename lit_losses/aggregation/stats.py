@@ -102,6 +102,12 @@ class GlobalStats:
     on every data-parallel rank); ``local`` those of this micro-batch. ``loss_scale = A × D``
     (``accumulate_grad_batches`` × world size) cancels Lightning's ``÷A`` and DDP's ``÷D``, so that
     summing the micro-batch losses the way they do gives the global-batch loss.
+
+    Example:
+        >>> import torch
+        >>> stats = GlobalStats.local_only({"labels": torch.tensor([[1, 2, -100], [3, -100, -100]])})
+        >>> stats.get("labels"), stats.loss_scale
+        (MaskStats(num_tokens=3, num_sequences=2), 1.0)
     """
 
     masks: dict[str, MaskStats] = field(default_factory=dict)

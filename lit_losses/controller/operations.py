@@ -274,6 +274,15 @@ def register_operation_handlers(
     Raises:
         TypeError: an object that is not an `OperationHandler` subclass.
         ValueError: a name already registered for a different class.
+
+    Example:
+        >>> from lit_losses.controller import OPERATION_HANDLERS, OperationHandler
+        >>> class Notify(OperationHandler):
+        ...     def should_notify(self, trainer, pl_module, context):
+        ...         print("rule fired at step", trainer.global_step)
+        >>> register_operation_handlers([Notify])
+        >>> "Notify" in OPERATION_HANDLERS
+        True
     """
     register_classes(OPERATION_HANDLERS, handlers, named)
 

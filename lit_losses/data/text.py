@@ -61,6 +61,18 @@ class TextDataModule(L.LightningDataModule):
         cache_dir: where the tokenizer is cached (default ``$LIT_LOSSES_CACHE`` or
             ``~/.cache/lit_losses``).
         num_workers: DataLoader workers.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> folder = pathlib.Path(tempfile.mkdtemp())
+        >>> for i in range(4):
+        ...     _ = (folder / f"doc{i}.txt").write_text(f"document {i}: the quick brown fox. " * 20)
+        >>> data = TextDataModule(paths=[str(folder / "*.txt")], vocab_size=300, seq_len=32,
+        ...                       tokens_per_batch=64, val_fraction=0.25, cache_dir=str(folder))
+        >>> data.setup("fit")
+        >>> batch = next(iter(data.val_dataloader()))
+        >>> sorted(batch), tuple(batch["input_ids"].shape)
+        (['input_ids', 'labels', 'position_ids', 'segment_ids'], (2, 32))
     """
 
     def __init__(

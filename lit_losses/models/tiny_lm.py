@@ -163,6 +163,13 @@ class TinyLM(RegularizedLM):
         d_ff: SwiGLU hidden width (default ``8/3 · d_model`` rounded up to 64).
         rope_base: rotary embedding base.
         **kwargs: the `RegularizedLM` options (head, loss aggregation, optimizer, regularizers).
+
+    Example:
+        >>> import torch
+        >>> model = TinyLM(vocab_size=100, d_model=32, n_layers=1, n_heads=2)
+        >>> batch = {"input_ids": torch.randint(0, 100, (2, 10)), "labels": torch.randint(0, 100, (2, 10))}
+        >>> model.forward_hidden(batch).shape, model.forward_logits(batch).shape
+        (torch.Size([2, 10, 32]), torch.Size([2, 10, 100]))
     """
 
     def __init__(
