@@ -18,10 +18,10 @@ def check_choice(value: Any, choices: Any, where: str) -> Any:
         >>> from typing import Literal
         >>> check_choice("cosine", Literal["cosine", "linear"], "optimizer.schedule")
         'cosine'
-        >>> check_choice("cosin", Literal["cosine", "linear"], "schedule")
+        >>> check_choice("cosin", Literal["cosine", "linear"], "kind")
         Traceback (most recent call last):
         ...
-        lit_losses.errors.ConfigError: schedule 'cosin' is not one of ('cosine', 'linear'); did you mean 'cosine'?
+        lit_losses.errors.ConfigError: kind 'cosin' is not one of ('cosine', 'linear'); did you mean 'cosine'?
     """
     allowed = get_args(choices) or tuple(choices)
     if value not in allowed:
