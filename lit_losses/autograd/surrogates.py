@@ -112,21 +112,14 @@ Returns:
 Example:
     >>> import torch
     >>> x = torch.tensor([0.4, 1.6], requires_grad=True)
-    >>> y = round_ste(x)
-    >>> y.detach()
-    tensor([0., 2.])
-    >>> y.sum().backward()
-    >>> x.grad
-    tensor([1., 1.])
+    >>> (round_ste(x) * torch.tensor([1.0, 3.0])).sum().backward()  # y = [0, 2]
+    >>> x.grad  # the upstream gradient, passed straight through
+    tensor([1., 3.])
 """
 sign_ste = straight_through(torch.sign, name="sign_ste")
 sign_ste.__doc__ = """``sign(x)``, with the straight-through gradient ``∂/∂x = 1``.
 
-Args:
-    x: a tensor.
-
-Returns:
-    ``torch.sign(x)``.
+``x`` is any tensor; returns ``torch.sign(x)`` (0 at 0, where the gradient is still 1).
 
 Example:
     >>> import torch

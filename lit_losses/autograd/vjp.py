@@ -200,13 +200,7 @@ def custom_vjp(
     name: str | None = None,
     surrogate: bool = False,
 ) -> CustomVJP:
-    """Make ``forward`` a primitive whose gradient is ``backward`` (see `CustomVJP`).
-
-    Args:
-        forward: ``forward(*inputs) -> (output, saved)``.
-        backward: ``backward(saved, grad_output) -> one gradient per input``.
-        name: the op's name in error messages (default: ``forward.__name__``).
-        surrogate: the backward is deliberately not the derivative (e.g. straight-through).
+    """Make ``forward`` a primitive whose gradient is ``backward``; the arguments are `CustomVJP`'s.
 
     Returns:
         the primitive, a `CustomVJP` called like ``forward`` and returning its ``output``.

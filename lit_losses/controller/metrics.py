@@ -163,40 +163,37 @@ class HistoryBasedMetric(MetricHandler):
         self.values.extend(state.get("values", []))
 
 
-class TrainingState(MetricHandler):
-    """``{"epoch", "global_step", "max_steps", "max_epochs", "should_stop"}`` of the trainer.
+class TrainerFields(MetricHandler):
+    """Fields of the trainer, ``{key: trainer.<attribute>}`` for each ``(key, attribute)`` of `fields`.
 
     Takes no arguments; always available.
     """
+
+    fields: tuple[tuple[str, str], ...] = ()
 
     def validate(self) -> None:
         self._unknown_arguments(())
 
     def compute(self, event, trainer, pl_module):
-        return {
-            "epoch": trainer.current_epoch,
-            "global_step": trainer.global_step,
-            "max_steps": trainer.max_steps,
-            "max_epochs": trainer.max_epochs,
-            "should_stop": bool(trainer.should_stop),
-        }
+        return {key: getattr(trainer, attribute) for key, attribute in self.fields}
 
 
-class PerProcessState(MetricHandler):
-    """``{"rank", "local_rank", "world_size"}`` of this process (rules on it differ across ranks).
+class TrainingState(TrainerFields):
+    """``{"epoch", "global_step", "max_steps", "max_epochs", "should_stop"}`` of the trainer."""
 
-    Takes no arguments; always available.
-    """
+    fields = (
+        ("epoch", "current_epoch"),
+        ("global_step", "global_step"),
+        ("max_steps", "max_steps"),
+        ("max_epochs", "max_epochs"),
+        ("should_stop", "should_stop"),
+    )
 
-    def validate(self) -> None:
-        self._unknown_arguments(())
 
-    def compute(self, event, trainer, pl_module):
-        return {
-            "rank": trainer.global_rank,
-            "local_rank": trainer.local_rank,
-            "world_size": trainer.world_size,
-        }
+class PerProcessState(TrainerFields):
+    """``{"rank", "local_rank", "world_size"}`` of this process (rules on it differ across ranks)."""
+
+    fields = (("rank", "global_rank"), ("local_rank", "local_rank"), ("world_size", "world_size"))
 
 
 class RegularizerState(MetricHandler):

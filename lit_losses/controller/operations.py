@@ -264,16 +264,9 @@ OPERATION_HANDLERS: Registry[type[OperationHandler]] = Registry(
 def register_operation_handlers(
     *handlers: type[OperationHandler] | list[type[OperationHandler]], **named: type[OperationHandler]
 ) -> None:
-    """Register operation handler classes, by class name or under the given names.
-
-    Args:
-        *handlers: `OperationHandler` subclasses, registered under their class name; a list of them is
-            accepted too (``register_operation_handlers([A, B])``, as in fms-hf-tuning).
-        **named: subclasses registered under the keyword's name.
-
-    Raises:
-        TypeError: an object that is not an `OperationHandler` subclass.
-        ValueError: a name already registered for a different class.
+    """Register `OperationHandler` subclasses (a YAML ``operations`` entry's ``class``), under their class
+    name, or under the keyword's name; lists are accepted as in fms-hf-tuning. The rules and errors are
+    those of `register_metric_handlers`.
 
     Example:
         >>> from lit_losses.controller import OPERATION_HANDLERS, OperationHandler

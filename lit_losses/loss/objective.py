@@ -13,7 +13,7 @@ from lit_losses.aggregation import LABELS_KEY, AggMode, GlobalStats, check_mode,
 from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.loss.context import LossContext, LossOutput, Stage
-from lit_losses.regularizers import RegularizerSet, TermResult
+from lit_losses.regularizers import FusedTerms, RegularizerSet, TermResult
 
 LossPath = Literal["plain_ce", "fused", "general"]
 Regularize = Callable[[LossContext], tuple[Tensor, dict[str, TermResult]]]
@@ -127,7 +127,9 @@ class Objective:
         num_tokens = stats.get_local(LABELS_KEY).num_tokens
         path = self.path(stage, needed)
         if path == "fused":
-            fused = self.regularizers.fused(batch, mask, stats, step, weights[mask], self.base_loss_weight)
+            fused = FusedTerms(
+                self.regularizers, batch, mask, stats, step, weights[mask], self.base_loss_weight
+            )
             total = head.pointwise_loss(hidden, labels, fused, with_entropy="entropy" in needed)
             base, reg_total, terms = fused.finish()
             return LossOutput(total, base, reg_total, stats, terms, num_tokens)

@@ -114,14 +114,9 @@ class TinyTransformer(nn.Module):
     """
 
     def __init__(
-        self,
-        vocab_size: int,
-        d_model: int = 256,
-        n_layers: int = 4,
-        n_heads: int = 4,
-        d_ff: int | None = None,
+        self, vocab_size: int, d_model: int, n_layers: int, n_heads: int, d_ff: int | None = None,
         rope_base: float = 10000.0,
-    ) -> None:
+    ) -> None:  # fmt: skip
         super().__init__()
         d_ff = d_ff or 64 * math.ceil(8 * d_model / 3 / 64)
         self.head_dim, self.rope_base = d_model // n_heads, rope_base

@@ -6,6 +6,7 @@ Layers: `spec` (configuration) → `registry` (names) → `term` (one resolved t
 """
 
 from lit_losses.regularizers import builtins
+from lit_losses.regularizers.fused import FusedTerms
 from lit_losses.regularizers.legacy import legacy_term, sequence_logprobs
 from lit_losses.regularizers.registry import NEEDS, REGISTRY, Need, RegistryEntry, register_regularizer
 from lit_losses.regularizers.runner import RegularizerSet
@@ -15,6 +16,7 @@ from lit_losses.schedule import Schedule
 
 __all__ = [
     "NEEDS",
+    "FusedTerms",
     "REGISTRY",
     "Need",
     "RegistryEntry",

@@ -8,10 +8,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_losses.aggregation import LABELS_KEY, AggMode, GlobalStats, token_weights
+from lit_losses.aggregation import LABELS_KEY, GlobalStats, token_weights
 from lit_losses.heads import HeadOutput
 from lit_losses.loss.context import LossContext
-from lit_losses.regularizers.term import RegularizerError, Term, TermMisuse, TermResult
+from lit_losses.regularizers.runner import RegularizerSet
+from lit_losses.regularizers.term import RegularizerError, TermMisuse, TermResult
 
 
 class FusedTerms:
@@ -20,13 +21,12 @@ class FusedTerms:
     Called as ``fused(start, end, logprobs, lse, entropy)`` on the valid tokens ``[start, end)``, it
     returns ``base_loss_weight · base + Σ_i w_i · r_i`` restricted to them, with the same per-token
     aggregation weights as the general path; `finish` returns ``(base, regularizer_total, terms)``
-    once the head has seen every chunk. Built by `RegularizerSet.fused` (when `fusable`).
+    once the head has seen every chunk. For a `RegularizerSet` whose terms are `fusable`.
     """
 
     def __init__(
         self,
-        terms: Mapping[str, Term],
-        default_agg: AggMode,
+        regularizers: RegularizerSet,
         batch: Mapping[str, Any],
         mask: Tensor,
         stats: GlobalStats,
@@ -34,7 +34,8 @@ class FusedTerms:
         base_weights: Tensor,
         base_loss_weight: float,
     ) -> None:
-        self.terms, self.active = terms, [t for t in terms.values() if t.enabled]
+        terms, default_agg = regularizers.terms, regularizers.default_agg
+        self.terms, self.active = terms, regularizers.active()
         self.batch, self.stats, self.step = batch, stats, step
         self.base_weights, self.base_loss_weight = base_weights, base_loss_weight
         segment_ids = batch.get("segment_ids")

@@ -9,11 +9,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from lit_losses.aggregation import LABELS_KEY, AggMode, GlobalStats, aggregate, batch_mask, reweight_mean
+from lit_losses.aggregation import LABELS_KEY, AggMode, aggregate, batch_mask, reweight_mean
 from lit_losses.errors import ConfigError
 from lit_losses.loss.context import LossContext
 from lit_losses.regularizers.executors import TermExecutors
-from lit_losses.regularizers.fused import FusedTerms
 from lit_losses.regularizers.spec import RegularizerSpec, check_weight
 from lit_losses.regularizers.term import RegularizerError, Term, TermMisuse, TermResult, build_term
 
@@ -121,7 +120,7 @@ class RegularizerSet:
 
     # ---- the fused path ----------------------------------------------------------------------
     def fusable(self) -> bool:
-        """Whether every enabled term can run chunk by chunk inside the fused head (`fused`).
+        """Whether every enabled term can run chunk by chunk inside the fused head (`FusedTerms`).
 
         True when each is pointwise, synchronous on the main thread, differentiable, aggregated over
         ``labels`` with ``on_error: raise``, needs no hidden states, and gradient norms are off.
@@ -140,20 +139,6 @@ class RegularizerSet:
                 and "hidden" not in t.needs
                 for t in active
             )
-        )
-
-    def fused(
-        self,
-        batch: Mapping[str, Any],
-        mask: Tensor,
-        stats: GlobalStats,
-        step: int,
-        base_weights: Tensor,
-        base_loss_weight: float,
-    ) -> FusedTerms:
-        """The chunk loss of `FusedLMHead.pointwise_loss` for this micro-batch (requires `fusable`)."""
-        return FusedTerms(
-            self.terms, self.default_agg, batch, mask, stats, step, base_weights, base_loss_weight
         )
 
     # ---- the general path ----------------------------------------------------------------------
