@@ -16,8 +16,8 @@ from lit_losses.schedule import Schedule
 
 __all__ = [
     "NEEDS",
-    "FusedTerms",
     "REGISTRY",
+    "FusedTerms",
     "Need",
     "RegistryEntry",
     "RegularizerError",
