@@ -18,8 +18,7 @@ from lit_losses.aggregation import (
     window_ends,
 )
 from lit_losses.choices import check_choice
-from lit_losses.heads import FusedLMHead
-from lit_losses.heads.fused_head import Backend
+from lit_losses.heads import Backend, FusedLMHead
 from lit_losses.hparams import plain_data
 from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.objective import Objective, batch_tensor

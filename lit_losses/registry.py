@@ -3,6 +3,7 @@ handlers, controller operations)."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 from collections.abc import Callable, Iterator
@@ -104,6 +105,29 @@ class Registry(Generic[T]):
             if self._identity(entry) is obj:
                 return entry
         return None
+
+    def unregister(self, name: str) -> T:
+        """Remove and return the entry ``name`` (e.g. a test's temporary registration)."""
+        if name not in self._entries:
+            raise KeyError(f"no {self.kind} named {name!r} is registered")
+        return self._entries.pop(name)
+
+    @contextlib.contextmanager
+    def scoped(self) -> Iterator[Registry[T]]:
+        """Within the block, registrations are temporary: the entries are restored on exit (tests)."""
+        saved = dict(self._entries)
+        try:
+            yield self
+        finally:
+            self._entries = saved
+
+    def items(self) -> list[tuple[str, T]]:
+        """``(name, entry)`` pairs, sorted by name."""
+        return [(name, self._entries[name]) for name in self.names()]
+
+    def values(self) -> list[T]:
+        """The entries, sorted by name."""
+        return [self._entries[name] for name in self.names()]
 
     def names(self) -> list[str]:
         """Registered names, sorted."""

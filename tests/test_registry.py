@@ -64,3 +64,15 @@ def test_reregistering_the_same_definition_replaces_another_raises():
 def test_closest():
     assert closest("cosin", ["cosine", "linear"]) == "; did you mean 'cosine'?"
     assert closest("xyz", ["cosine"]) == ""
+
+
+def test_unregister_scoped_items_values():
+    registry = Registry("widget")
+    registry.register("a", 1)
+    with registry.scoped():
+        registry.register("b", 2)
+        assert registry.items() == [("a", 1), ("b", 2)] and registry.values() == [1, 2]
+    assert registry.names() == ["a"]
+    assert registry.unregister("a") == 1 and len(registry) == 0
+    with pytest.raises(KeyError, match="no widget named 'a'"):
+        registry.unregister("a")

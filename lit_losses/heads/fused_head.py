@@ -1,44 +1,46 @@
-"""`FusedLMHead`: one interface over the output-head backends, and the dispatch between them."""
+"""`FusedLMHead`: one interface over the output-head backends; `select_backend` picks the backend."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor, nn
 
-from lit_losses.heads.chunked import (
-    ChunkedLogProbs,
-    ChunkedPointwiseLoss,
-    ChunkedWeightedCE,
+from lit_losses.heads import chunked, liger, naive, torch_lce
+from lit_losses.heads.backend import (
+    HEAD_BACKENDS,
+    BackendOutputs,
     ChunkLoss,
-    default_chunk_size,
+    select_backend,
+    valid_tokens,
+    weight_vector,
 )
-from lit_losses.heads.liger import liger_available, liger_uniform_ce_sum
-from lit_losses.heads.naive import naive_head
 from lit_losses.heads.output import HeadOutput, check_head_inputs, normalize_outputs
-from lit_losses.heads.torch_lce import torch_lce_logprobs
 
+#: The head backends a configuration can name (``auto`` picks among the registered ones).
 Backend = Literal["auto", "chunked", "naive", "torch", "liger"]
-BACKENDS: tuple[str, ...] = ("auto", "chunked", "naive", "torch", "liger")
-#: Per-token outputs each backend can give.
-BACKEND_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "chunked": ("logprobs", "lse", "entropy"),
-    "naive": ("logprobs", "lse", "entropy"),
-    "torch": ("logprobs",),
-    "liger": (),  # plain cross-entropy with one weight for every token only (see heads/liger.py)
-}
+BACKENDS: tuple[str, ...] = get_args(Backend)
+#: Per-token outputs each registered backend can give (a live view of `HEAD_BACKENDS`).
+BACKEND_OUTPUTS = BackendOutputs()
+
+_BUILTIN = (chunked.CHUNKED, naive.NAIVE, torch_lce.TORCH, liger.LIGER)
+if set(BACKENDS) != {"auto", *(b.name for b in _BUILTIN)}:  # pragma: no cover - a maintenance error
+    raise RuntimeError(f"Backend lists {BACKENDS}; the built-in backends are {[b.name for b in _BUILTIN]}")
 
 
 class FusedLMHead:
     """The output head ``z = h Wᵀ + b`` fused with what the loss needs, logits never materialized.
 
     ``head(hidden [..., D], targets [...], outputs)`` returns a `HeadOutput` whose requested fields
-    (``logprobs``, ``lse``, ``entropy``) are shaped like ``targets``, with exact gradients with respect
-    to ``hidden``, ``weight`` and ``bias``. Ignored positions (``targets == ignore_index``) are 0 and get
-    no gradient; they are dropped before any matmul. ``head.weighted_ce(hidden, targets, w)`` is the
-    plain cross-entropy fast path ``Σ_t w_t · (−log p_t[y_t])`` whose gradients are computed in forward.
+    (``logprobs = log p[y]``, ``lse = log Σ_v e^{z_v}``, ``entropy = −Σ_v p_v log p_v``, ``p = softmax(z)``)
+    are shaped like ``targets``, with exact gradients with respect to ``hidden``, ``weight`` and ``bias``.
+    Ignored positions (``targets == ignore_index``) are 0 and get no gradient; they are dropped before any
+    matmul (except by the ``naive`` reference). ``head.weighted_ce(hidden, targets, w)`` is the plain
+    cross-entropy fast path ``Σ_t w_t · (−log p_t[y_t])`` whose gradients are computed in forward, and
+    ``head.pointwise_loss`` the same for sums of per-token functions of ``(logprobs, lse, entropy)``.
+    Which backend computes a call is decided by `select_backend` from the registered `HeadBackend` s.
 
     The head holds references, not copies: pass ``model.get_output_embeddings().weight`` (or a tied
     embedding matrix) and gradients accumulate into that parameter.
@@ -48,14 +50,40 @@ class FusedLMHead:
         bias: optional ``[V]`` bias.
         backend: ``chunked`` (pure PyTorch, CPU/CUDA, recompute in backward), ``naive`` (materializes
             logits; the reference), ``torch`` (`F.linear_cross_entropy`, logprobs only), ``liger``
-            (CUDA, plain CE with uniform token weight only), or ``auto`` (chunked, and liger for the
-            uniform plain-CE fast path when on CUDA with liger installed).
+            (CUDA, plain CE with uniform token weight only), ``auto`` (chunked, and liger for the
+            uniform plain-CE fast path when on CUDA with liger installed), or another name registered in
+            `HEAD_BACKENDS`.
         chunk_size: tokens per chunk (default: about 64 MiB of fp32 logits per chunk; on CPU about
             128 MiB and at most 1024 tokens, see `default_chunk_size`).
         ignore_index: target value of positions without a label.
         accum_dtype: dtype in which logits and gradients accumulate (inputs of higher precision keep
             theirs).
         check_finite: raise when hidden states contain NaN/Inf (costs one reduction over ``hidden``).
+
+    Raises:
+        ValueError: unknown ``backend`` or ``chunk_size < 1``.
+
+    Example:
+        >>> import torch
+        >>> from lit_losses.heads import FusedLMHead
+        >>> g = torch.Generator().manual_seed(0)
+        >>> weight = torch.randn(11, 4, generator=g, dtype=torch.float64, requires_grad=True)  # V=11, D=4
+        >>> hidden = torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+        >>> targets = torch.tensor([[1, 5, -100], [0, 10, 3]])
+        >>> head = FusedLMHead(weight, chunk_size=2)
+        >>> out = head(hidden, targets, ("logprobs", "entropy"))
+        >>> out.logprobs.shape, out.lse is None, out.logprobs.detach()[0, 2].item()
+        (torch.Size([2, 3]), True, 0.0)
+        >>> logp = torch.log_softmax(hidden @ weight.T, -1)
+        >>> ref = logp.gather(-1, targets.clamp_min(0)[..., None])[..., 0].masked_fill(targets < 0, 0)
+        >>> torch.allclose(out.logprobs, ref)
+        True
+        >>> loss = head.weighted_ce(hidden, targets, 0.2)  # 0.2 · Σ_t −log p_t[y_t], gradients in forward
+        >>> torch.allclose(loss, -0.2 * ref.sum())
+        True
+        >>> loss.backward()
+        >>> hidden.grad.shape, bool(hidden.grad[0, 2].eq(0).all())
+        (torch.Size([2, 3, 4]), True)
     """
 
     def __init__(
@@ -68,8 +96,9 @@ class FusedLMHead:
         accum_dtype: torch.dtype = torch.float32,
         check_finite: bool = True,
     ) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown head backend {backend!r}; choose among {BACKENDS}")
+        if backend not in BACKENDS and backend not in HEAD_BACKENDS:
+            choices = BACKENDS + tuple(name for name in HEAD_BACKENDS if name not in BACKENDS)
+            raise ValueError(f"unknown head backend {backend!r}; choose among {choices}")
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.weight, self.bias = weight, bias
@@ -78,87 +107,75 @@ class FusedLMHead:
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kwargs) -> FusedLMHead:
-        """A head over an ``nn.Linear`` such as ``model.get_output_embeddings()``."""
+        """A head over (references to) the weight and bias of ``linear``, e.g.
+        ``model.get_output_embeddings()``; ``kwargs`` are the other constructor arguments."""
         return cls(linear.weight, linear.bias, **kwargs)
 
     @property
     def vocab_size(self) -> int:
+        """``V``, the number of rows of the weight."""
         return self.weight.shape[0]
 
     def resolve_backend(self, outputs: Sequence[str]) -> str:
-        """The backend that computes ``outputs`` (for ``auto``: chunked)."""
-        backend = "chunked" if self.backend == "auto" else self.backend
-        missing = [o for o in outputs if o not in BACKEND_OUTPUTS[backend]]
-        if missing:
-            able = [b for b, outs in BACKEND_OUTPUTS.items() if all(o in outs for o in outputs)]
-            raise ValueError(
-                f"head backend {backend!r} cannot give {missing}; use one of {able} (e.g. backend='chunked')"
-            )
-        return backend
+        """The name of the backend that computes the per-token ``outputs`` (for ``auto``: chunked).
 
-    def _chunk(self, n_tokens: int) -> int:
-        return self.chunk_size or default_chunk_size(n_tokens, self.vocab_size, device=self.weight.device)
+        Raises:
+            ValueError: that backend cannot give ``outputs`` (the message names those that can).
+        """
+        return select_backend(self.backend, "per_token", outputs=outputs).backend.name
 
     def __call__(
         self, hidden: Tensor, targets: Tensor, outputs: str | Sequence[str] = ("logprobs",)
     ) -> HeadOutput:
+        """Per-token ``outputs`` of the output distribution at every position.
+
+        Args:
+            hidden: ``[..., D]`` hidden states.
+            targets: ``[...]`` token ids (``ignore_index`` where none).
+            outputs: one or more of ``"logprobs"``, ``"lse"``, ``"entropy"``.
+
+        Returns:
+            A `HeadOutput`: the requested fields shaped like ``targets`` (0 and no gradient at ignored
+            positions), the others ``None``.
+
+        Raises:
+            ValueError: bad inputs (shapes, target range, non-finite hidden states), unknown outputs, or
+                outputs the backend cannot give.
+        """
         outputs = normalize_outputs(outputs)
         check_head_inputs(hidden, targets, self.weight, self.bias, self.ignore_index, self.check_finite)
-        backend = self.resolve_backend(outputs)
-        if backend == "naive":
-            return naive_head(
-                hidden, self.weight, self.bias, targets, outputs, self.ignore_index, self.accum_dtype
-            )
-        valid = targets != self.ignore_index
-        h = hidden[valid]
-        y = targets[valid].long()
-        if backend == "torch":
-            results = {"logprobs": torch_lce_logprobs(h, self.weight, self.bias, y, self.chunk_size)}
-        else:
-            logprobs, lse, entropy = ChunkedLogProbs.apply(
-                h, self.weight, self.bias, y, "entropy" in outputs, self._chunk(h.shape[0]), self.accum_dtype
-            )
-            results = {"logprobs": logprobs, "lse": lse, "entropy": entropy}
-        out = HeadOutput()
-        for name in outputs:
-            value = results[name]
-            setattr(out, name, value.new_zeros(targets.shape).masked_scatter(valid, value))
-        return out
+        route = select_backend(self.backend, "per_token", outputs=outputs)
+        return route.backend.per_token(self, hidden, targets, outputs)
 
     def weighted_ce(self, hidden: Tensor, targets: Tensor, token_weights: Tensor | float) -> Tensor:
         """Plain-CE fast path: ``Σ_t w_t · (−log p_t[y_t])`` over valid positions, gradients fused.
+
+        Backends without a fused plain-CE path (``naive``, ``torch``) compute it from their per-token
+        ``logprobs``.
 
         Args:
             hidden: ``[..., D]`` hidden states.
             targets: ``[...]`` token ids (``ignore_index`` where none).
             token_weights: per-position weights shaped like ``targets`` (values at ignored positions
                 are unused), or one float for every token.
+
+        Returns:
+            The scalar loss.
+
+        Raises:
+            ValueError: bad inputs, or per-token weights for a backend that takes one weight only
+                (``liger``).
         """
         check_head_inputs(hidden, targets, self.weight, self.bias, self.ignore_index, self.check_finite)
-        valid = targets != self.ignore_index
-        h, y = hidden[valid], targets[valid].long()
+        valid, h, y = valid_tokens(hidden, targets, self.ignore_index)
         uniform = not isinstance(token_weights, Tensor)
-        backend = self.backend
-        if backend == "auto":
-            backend = "liger" if uniform and hidden.is_cuda and liger_available() else "chunked"
-        if backend == "liger":
-            if not uniform:
-                raise ValueError(
-                    "backend 'liger' supports one weight for every token only; use backend='chunked' "
-                    "for per-token weights"
-                )
-            return liger_uniform_ce_sum(h, self.weight, self.bias, y, float(token_weights))
-        if uniform:
-            w = torch.full((h.shape[0],), float(token_weights), dtype=torch.float64, device=h.device)
-        else:
-            w = token_weights[valid]
-        if backend in ("naive", "torch"):
-            logprobs = self(hidden, targets, "logprobs").logprobs[valid]
-            return -(w.to(logprobs.dtype) * logprobs).sum()
-        loss, _ = ChunkedWeightedCE.apply(
-            h, self.weight, self.bias, y, w, self._chunk(h.shape[0]), self.accum_dtype
-        )
-        return loss
+        route = select_backend(self.backend, "weighted_ce", uniform=uniform, on_cuda=hidden.is_cuda)
+        w = token_weights if uniform else token_weights[valid]
+        if route.fused:
+            return route.backend.fused_ce(self, h, y, w)
+        w = weight_vector(w, h.shape[0], h.device)
+        logprobs = self(hidden, targets, "logprobs").logprobs[valid]
+        return -(w.to(logprobs.dtype) * logprobs).sum()
 
     def pointwise_loss(
         self, hidden: Tensor, targets: Tensor, chunk_loss: ChunkLoss, with_entropy: bool = False
@@ -169,21 +186,31 @@ class FusedLMHead:
         ``[start, end)`` (row-major order of ``targets != ignore_index``) from their 1-D values
         (``entropy`` is ``None`` unless ``with_entropy``). Each token's loss must depend on that token's
         values only. The ``chunked`` backend computes every gradient during forward (three matmuls, as
-        the plain-CE fast path; also used for ``auto`` and ``liger``); ``naive`` and ``torch`` call
-        ``chunk_loss`` once on all tokens.
+        the plain-CE fast path; also used for ``auto`` and ``liger``); ``naive`` calls ``chunk_loss`` once
+        on all tokens; ``torch`` cannot (it gives no ``lse``: `ValueError`).
+
+        Args:
+            hidden: ``[..., D]`` hidden states.
+            targets: ``[...]`` token ids (``ignore_index`` where none).
+            chunk_loss: the loss of a range of valid tokens from their per-token values.
+            with_entropy: compute the entropy and pass it to ``chunk_loss``.
+
+        Returns:
+            The scalar loss ``Σ chunk_loss(…)``.
+
+        Raises:
+            ValueError: bad inputs, or a backend that cannot give the values.
         """
         check_head_inputs(hidden, targets, self.weight, self.bias, self.ignore_index, self.check_finite)
-        valid = targets != self.ignore_index
-        h, y = hidden[valid], targets[valid].long()
-        if self.backend in ("naive", "torch"):
-            outputs = ("logprobs", "lse", "entropy") if with_entropy else ("logprobs", "lse")
-            out = self(hidden, targets, outputs)
-            ent = out.entropy[valid] if with_entropy else None
-            return chunk_loss(0, int(h.shape[0]), out.logprobs[valid], out.lse[valid], ent)
-        return ChunkedPointwiseLoss.apply(
-            h, self.weight, self.bias, y, chunk_loss, with_entropy, self._chunk(h.shape[0]), self.accum_dtype
-        )
+        valid, h, y = valid_tokens(hidden, targets, self.ignore_index)
+        outputs = ("logprobs", "lse", "entropy") if with_entropy else ("logprobs", "lse")
+        route = select_backend(self.backend, "pointwise", outputs=outputs)
+        if route.fused:
+            return route.backend.fused_pointwise(self, h, y, chunk_loss, with_entropy)
+        out = self(hidden, targets, outputs)
+        ent = out.entropy[valid] if with_entropy else None
+        return chunk_loss(0, int(h.shape[0]), out.logprobs[valid], out.lse[valid], ent)
 
     def forward_logits(self, hidden: Tensor) -> Tensor:
-        """Full logits ``h Wᵀ + b`` for inference (materializes ``[..., V]``)."""
+        """Full logits ``h Wᵀ + b`` ``[..., V]`` of hidden states ``[..., D]`` (materialized; inference)."""
         return torch.nn.functional.linear(hidden, self.weight, self.bias)

@@ -3,8 +3,9 @@
 Liger computes the gradients inside forward. Its ``reduction="none"`` mode scales them by a single
 upstream value (Liger-Kernel issue #968, fixed only in recent releases by PR #1298), so this backend
 is used only where that is exact: the plain cross-entropy ``Σ_t w·(−ℓ_t)`` with one weight ``w``
-for every token (``token-mean`` / ``token-sum``), computed with ``reduction="sum"``. Per-token
-outputs and per-token weights go to the ``chunked`` backend.
+for every token (``token-mean`` / ``token-sum``), computed with ``reduction="sum"``. With
+``backend="auto"`` per-token outputs and per-token weights go to the ``chunked`` backend; with
+``backend="liger"`` they are refused (`ValueError`) and pointwise losses are computed by ``chunked``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_losses.heads.backend import HeadBackend, HeadConfig, register_backend
+
 
 def liger_available() -> bool:
-    """True when CUDA is available and `liger_kernel` imports."""
+    """True when CUDA is available and `liger_kernel` imports (the optional extra ``[liger]``)."""
     if not torch.cuda.is_available():
         return False
     try:
@@ -41,10 +44,46 @@ def _liger_function() -> Any:
 def liger_uniform_ce_sum(
     hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, token_weight: float
 ) -> Tensor:
-    """``token_weight · Σ_t CE_t`` over valid ``targets`` (all valid), gradients fused by Liger."""
+    """``token_weight · Σ_t CE_t`` with Liger's fused linear cross-entropy (``reduction="sum"``).
+
+    Args:
+        hidden: ``[n, D]`` hidden states (CUDA).
+        weight: ``[V, D]`` output projection.
+        bias: optional ``[V]`` bias.
+        targets: ``[n]`` token ids, all valid.
+        token_weight: the one weight of every token.
+
+    Returns:
+        The scalar loss; Liger computes its gradients in forward.
+
+    Raises:
+        RuntimeError: ``hidden`` is not on CUDA, or `liger_kernel` is not installed.
+    """
     if hidden.device.type != "cuda":
         raise RuntimeError(f"backend 'liger' needs CUDA tensors, got hidden on {hidden.device}")
     fn = _liger_function()
     out = fn(hidden, weight, targets, bias=bias, reduction="sum")
     loss = out[0] if isinstance(out, tuple) else out
     return loss * token_weight
+
+
+def liger_weighted_ce(head: HeadConfig, h: Tensor, y: Tensor, token_weights: Tensor | float) -> Tensor:
+    """The plain cross-entropy of valid tokens ``h [n, D]``, ``y [n]`` with one weight for every token
+    (`liger_uniform_ce_sum`; per-token weights are refused earlier, by `select_backend`)."""
+    return liger_uniform_ce_sum(h, head.weight, head.bias, y, float(token_weights))
+
+
+#: The ``liger`` backend: the plain-CE fast path with one weight for every token, on CUDA. ``auto`` takes it
+#: there when `liger_kernel` is installed; it gives no per-token outputs, and pointwise losses asked of it
+#: go to the ``chunked`` backend.
+LIGER = register_backend(
+    HeadBackend(
+        name="liger",
+        fused_ce=liger_weighted_ce,
+        fused_ce_weights="uniform",
+        cuda_only=True,
+        auto_ce=True,
+        available=liger_available,
+        description="Liger-Kernel fused linear CE (CUDA, [liger] extra), one weight for every token only",
+    )
+)

@@ -1,10 +1,11 @@
-"""The reference backend: materializes ``[N, V]`` logits and lets autograd differentiate."""
+"""The ``naive`` backend, the reference: materializes ``[N, V]`` logits and lets autograd differentiate."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from lit_losses.heads.backend import HeadBackend, HeadConfig, register_backend
 from lit_losses.heads.output import HeadOutput
 
 
@@ -17,7 +18,24 @@ def naive_head(
     ignore_index: int = -100,
     accum_dtype: torch.dtype = torch.float32,
 ) -> HeadOutput:
-    """Per-token log-probabilities / log-sum-exp / entropy from full logits (memory ``O(N·V)``)."""
+    """Per-token log-probabilities / log-sum-exp / entropy from full logits (memory ``O(N·V)``).
+
+    With ``z = h Wᵀ + b`` in ``promote(hidden.dtype, accum_dtype)``: ``logprobs = log_softmax(z)[y]``,
+    ``lse = logsumexp(z)``, ``entropy = −Σ_v p_v log p_v``; autograd differentiates them.
+
+    Args:
+        hidden: ``[..., D]`` hidden states.
+        weight: ``[V, D]`` output projection.
+        bias: optional ``[V]`` bias.
+        targets: ``[...]`` token ids (``ignore_index`` where none).
+        outputs: the fields to compute.
+        ignore_index: target value of positions without a label.
+        accum_dtype: the least precise dtype the logits are computed in.
+
+    Returns:
+        A `HeadOutput` whose requested fields are shaped like ``targets``, 0 (no gradient) at ignored
+        positions.
+    """
     valid = targets != ignore_index
     dtype = torch.promote_types(hidden.dtype, accum_dtype)
     logits = torch.nn.functional.linear(hidden, weight, bias).to(dtype)
@@ -34,3 +52,22 @@ def naive_head(
         entropy = -(logp.exp() * logp).sum(-1)
         out.entropy = torch.where(valid, entropy, zero)
     return out
+
+
+def naive_per_token(
+    head: HeadConfig, hidden: Tensor, targets: Tensor, outputs: tuple[str, ...]
+) -> HeadOutput:
+    """`naive_head` with the head's weight, bias, ``ignore_index`` and ``accum_dtype`` (all positions,
+    ignored ones included, go through the matmul)."""
+    return naive_head(hidden, head.weight, head.bias, targets, outputs, head.ignore_index, head.accum_dtype)
+
+
+#: The ``naive`` backend (no fused losses: they are computed from its per-token outputs).
+NAIVE = register_backend(
+    HeadBackend(
+        name="naive",
+        outputs=("logprobs", "lse", "entropy"),
+        per_token=naive_per_token,
+        description="the reference: full logits, autograd",
+    )
+)

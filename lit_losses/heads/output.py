@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+#: The per-token outputs a head can give.
 HEAD_OUTPUTS = ("logprobs", "lse", "entropy")
 
 
@@ -22,6 +23,18 @@ class HeadOutput:
         logprobs: ``log p[target] = z[target] − lse``.
         lse: ``log Σ_v exp(z_v)``.
         entropy: ``H = −Σ_v p_v log p_v = lse − Σ_v p_v z_v``.
+
+    Example:
+        >>> import torch
+        >>> from lit_losses.heads import FusedLMHead, HeadOutput
+        >>> weight = torch.zeros(4, 2)  # V = 4 equal logits: p = 1/4 for every token
+        >>> out = FusedLMHead(weight)(torch.ones(3, 2), torch.tensor([0, -100, 3]), ("logprobs", "entropy"))
+        >>> isinstance(out, HeadOutput), out.lse is None
+        (True, True)
+        >>> torch.allclose(out.logprobs, torch.tensor([-1.0, 0.0, -1.0]) * torch.log(torch.tensor(4.0)))
+        True
+        >>> out.entropy.tolist() == [out.entropy[0].item(), 0.0, out.entropy[0].item()]
+        True
     """
 
     logprobs: Tensor | None = None
@@ -30,7 +43,17 @@ class HeadOutput:
 
 
 def normalize_outputs(outputs: str | Sequence[str]) -> tuple[str, ...]:
-    """Validate the requested head outputs; a single name is accepted."""
+    """Validate the requested head outputs; a single name is accepted.
+
+    Args:
+        outputs: one name or a sequence of names among `HEAD_OUTPUTS`.
+
+    Returns:
+        The names as a tuple.
+
+    Raises:
+        ValueError: an unknown name, or none at all.
+    """
     requested = (outputs,) if isinstance(outputs, str) else tuple(outputs)
     unknown = [o for o in requested if o not in HEAD_OUTPUTS]
     if unknown or not requested:
@@ -46,7 +69,20 @@ def check_head_inputs(
     ignore_index: int,
     check_finite: bool,
 ) -> None:
-    """Raise a clear error for inputs that would otherwise fail deep inside a kernel (or silently)."""
+    """Raise a clear error for inputs that would otherwise fail deep inside a kernel (or silently).
+
+    Args:
+        hidden: ``[..., D]`` hidden states.
+        targets: ``[...]`` int64/int32 token ids in ``[0, V)`` or ``ignore_index``.
+        weight: ``[V, D]`` output projection.
+        bias: ``[V]`` or ``None``.
+        ignore_index: target value of positions without a label.
+        check_finite: also require finite hidden states (one reduction over ``hidden``).
+
+    Raises:
+        ValueError: mismatched shapes, a bad target dtype or value, or non-finite hidden states; the
+            message names the offending shapes or value.
+    """
     if hidden.shape[-1] != weight.shape[-1]:
         raise ValueError(
             f"hidden width {hidden.shape[-1]} (hidden.shape={tuple(hidden.shape)}) does not match the output "

@@ -9,6 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lit_losses.heads.backend import HeadBackend, HeadConfig, register_backend, scatter_valid, valid_tokens
+from lit_losses.heads.output import HeadOutput
+
 
 def torch_available() -> bool:
     """True when this PyTorch has `F.linear_cross_entropy` (2.10+)."""
@@ -18,7 +21,21 @@ def torch_available() -> bool:
 def torch_lce_logprobs(
     hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int | None
 ) -> Tensor:
-    """Per-token log-probabilities of valid ``targets`` (all valid) with torch's chunked implementation."""
+    """Per-token log-probabilities ``−CE_t = log p_t[y_t]`` with torch's chunked implementation.
+
+    Args:
+        hidden: ``[n, D]`` hidden states.
+        weight: ``[V, D]`` output projection.
+        bias: optional ``[V]`` bias.
+        targets: ``[n]`` token ids, all valid.
+        chunk_size: torch's ``batch_chunk_size`` (``None``: torch's default).
+
+    Returns:
+        ``[n]`` log-probabilities, differentiable with respect to ``hidden``, ``weight`` and ``bias``.
+
+    Raises:
+        RuntimeError: this PyTorch has no `F.linear_cross_entropy` (before 2.10).
+    """
     if not torch_available():
         raise RuntimeError(
             f"backend 'torch' needs torch.nn.functional.linear_cross_entropy (torch>=2.10); this is "
@@ -27,3 +44,26 @@ def torch_lce_logprobs(
     options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=chunk_size)
     ce = F.linear_cross_entropy(hidden, weight, targets, linear_bias=bias, reduction="none", options=options)
     return -ce
+
+
+def torch_per_token(
+    head: HeadConfig, hidden: Tensor, targets: Tensor, outputs: tuple[str, ...]
+) -> HeadOutput:
+    """`torch_lce_logprobs` on the valid positions (the head's ``chunk_size`` as torch's chunk size),
+    scattered back to the shape of ``targets`` (0 at ignored positions)."""
+    valid, h, y = valid_tokens(hidden, targets, head.ignore_index)
+    return scatter_valid(
+        {"logprobs": torch_lce_logprobs(h, head.weight, head.bias, y, head.chunk_size)}, outputs, valid
+    )
+
+
+#: The ``torch`` backend (log-probabilities only; no fused losses).
+TORCH = register_backend(
+    HeadBackend(
+        name="torch",
+        outputs=("logprobs",),
+        per_token=torch_per_token,
+        available=torch_available,
+        description="torch.nn.functional.linear_cross_entropy (torch>=2.10), logprobs only",
+    )
+)

@@ -4,7 +4,7 @@ from lit_losses.controller import METRIC_HANDLERS, OPERATION_HANDLERS
 
 
 @pytest.fixture
-def isolated_registries(monkeypatch):
+def isolated_registries():
     """Handlers registered by a test are gone after it (the registries are process-wide)."""
-    for registry in (METRIC_HANDLERS, OPERATION_HANDLERS):
-        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+    with METRIC_HANDLERS.scoped(), OPERATION_HANDLERS.scoped():
+        yield

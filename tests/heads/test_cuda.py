@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lit_losses.heads import FusedLMHead, fused_head
+from lit_losses.heads import FusedLMHead, liger
 from lit_losses.heads.liger import liger_available, liger_uniform_ce_sum
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -80,7 +80,7 @@ def test_auto_takes_liger_for_uniform_plain_ce_and_chunked_otherwise(monkeypatch
         calls.append(1)
         return liger_uniform_ce_sum(*args, **kwargs)
 
-    monkeypatch.setattr(fused_head, "liger_uniform_ce_sum", counting)
+    monkeypatch.setattr(liger, "liger_uniform_ce_sum", counting)
     hidden, weight, _, targets = problem()
     head = FusedLMHead(weight, backend="auto")
     uniform = head.weighted_ce(hidden, targets, 0.5)

@@ -1,0 +1,237 @@
+"""The per-chunk kernels of the ``chunked`` backend (used by the autograd Functions of
+`lit_losses.heads.functions`): logits of one chunk, fused softmax passes, and the projections of a
+chunk's logit gradient onto hidden, weight and bias.
+
+Notation for one token: ``z = W h + b`` (logits), ``lse = log Σ_v e^{z_v}``, ``p = softmax(z)``,
+``ℓ = z_y − lse`` (log-probability of the target ``y``), ``H = lse − Σ_v p_v z_v = −Σ_v p_v log p_v``
+(entropy, computed in the second form: a sum of non-negative terms).
+Given upstream gradients ``(g_ℓ, g_lse, g_H)`` the logit gradient is
+
+    ∂/∂z_v = g_ℓ (δ_vy − p_v) + g_lse p_v − g_H p_v (z_v − lse + H)
+           = p_v [g_lse − g_ℓ − g_H (log p_v + H)] + g_ℓ δ_vy,
+
+and ``∂/∂h = (∂/∂z) W``, ``∂/∂W = (∂/∂z)ᵀ h``, ``∂/∂b = Σ_t ∂/∂z``.
+
+Without the entropy term ``∂/∂z = c ⊙ p + g_ℓ ⊙ e_y`` with ``c = g_lse − g_ℓ``, so on CPU the per-token
+coefficients are folded into the small operands instead of a pass over ``[chunk, V]``:
+``∂/∂h = c ⊙ (p W) + g_ℓ ⊙ W_y`` and ``∂/∂W = pᵀ (c ⊙ h) + Σ_t g_ℓ,t e_{y_t} h_tᵀ``. The only element-wise
+work per logit is then one fused, in-place ``log_softmax`` in forward (``ℓ`` is read off it and
+``lse = z_y − ℓ``) and one fused ``softmax`` in backward (the fast paths: ``log_softmax`` and ``exp``);
+``[chunk, V]`` work tensors are allocated once per pass (`_Scratch`).
+
+Inputs of lower precision (bf16/fp16) accumulate in ``accum_dtype`` (fp32 by default); float64
+inputs stay float64 (which is what `torch.autograd.gradcheck` needs).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from lit_losses.heads.backend import ChunkLoss
+
+#: Target size of one chunk of fp32 logits; the chunk's token count is derived from it and V.
+DEFAULT_CHUNK_BYTES = 64 * 2**20
+
+#: On CPU, a chunk of about this many bytes: the weight-gradient matmul ``[V, chunk] @ [chunk, D]``
+#: needs a long enough inner dimension (measured, 2 cores: 256-512-token chunks are 10-20 % faster
+#: than 128 at V = 128256 and 65536).
+CPU_CHUNK_BYTES = 128 * 2**20
+
+#: On CPU, at most this many tokens per chunk (measured on the tiny LM, V = 4096: 4096-token chunks
+#: are ~20 % slower than 1024).
+CPU_MAX_CHUNK_TOKENS = 1024
+
+
+def default_chunk_size(
+    n_tokens: int, vocab_size: int, bytes_per_elem: int = 4, device: torch.device | str = "cpu"
+) -> int:
+    """Tokens per chunk so that a chunk of logits takes about `DEFAULT_CHUNK_BYTES` (`CPU_CHUNK_BYTES`
+    and at most `CPU_MAX_CHUNK_TOKENS` tokens on CPU).
+
+    Args:
+        n_tokens: tokens to process (a chunk never exceeds them).
+        vocab_size: ``V``, the width of a row of logits.
+        bytes_per_elem: bytes of one logit in the accumulation dtype.
+        device: where the logits live.
+
+    Returns:
+        ``max(16, min(n_tokens, bytes // (V · bytes_per_elem)))`` (and at most 1024 on CPU).
+
+    Example:
+        >>> from lit_losses.heads.chunked_ops import default_chunk_size
+        >>> default_chunk_size(2048, 128256), default_chunk_size(2048, 128256, device="cuda")
+        (261, 130)
+    """
+    on_cpu = torch.device(device).type == "cpu"
+    rows = (CPU_CHUNK_BYTES if on_cpu else DEFAULT_CHUNK_BYTES) // max(1, vocab_size * bytes_per_elem)
+    if on_cpu:
+        rows = min(rows, CPU_MAX_CHUNK_TOKENS)
+    return int(max(16, min(max(n_tokens, 1), rows)))
+
+
+class _Scratch:
+    """``[chunk, V]`` work tensors of one pass over the chunks, allocated at the first (largest) chunk
+    and reused: a fresh allocation of that size costs page faults at every chunk (measured on CPU:
+    ~40 ms per 128 MiB chunk, 10-15 % of the per-token head)."""
+
+    def __init__(self, vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.vocab_size, self.dtype, self.device = vocab_size, dtype, device
+        self._tensors: dict[str, Tensor] = {}
+
+    def take(self, name: str, rows: int) -> Tensor:
+        """The first ``rows`` rows of work tensor ``name`` (contiguous)."""
+        t = self._tensors.get(name)
+        if t is None or t.shape[0] < rows:
+            t = self._tensors[name] = torch.empty(rows, self.vocab_size, dtype=self.dtype, device=self.device)
+        return t[:rows]
+
+    def logits(self, h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """``h Wᵀ + b`` in the accumulation dtype, written into work tensor ``"logits"``."""
+        out = self.take("logits", h.shape[0])
+        if h.dtype != out.dtype:
+            return out.copy_(torch.nn.functional.linear(h, weight, bias))
+        if bias is None:
+            return torch.mm(h, weight.t(), out=out)
+        return torch.addmm(bias, h, weight.t(), out=out)
+
+
+def _matmul_into(out: Tensor, a: Tensor, b: Tensor, accumulate: bool) -> None:
+    """``out (+)= a @ b`` computed in the operands' dtype and accumulated in ``out.dtype``."""
+    if a.dtype == out.dtype and b.dtype == out.dtype:
+        if accumulate:
+            out.addmm_(a, b)
+        else:
+            torch.mm(a, b, out=out)
+    elif accumulate:
+        out.add_(torch.mm(a, b))
+    else:
+        out.copy_(torch.mm(a, b))
+
+
+def _accum_dtype(x: Tensor, accum_dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(x.dtype, accum_dtype)
+
+
+Grads = tuple[Tensor | None, Tensor | None, Tensor | None]
+"""``(∂/∂hidden of the chunk, ∂/∂weight, ∂/∂bias)``, ``None`` where not needed."""
+
+
+def _gradient_buffers(
+    hidden: Tensor, weight: Tensor, acc: torch.dtype, need_h: bool, need_w: bool, need_b: bool
+) -> Grads:
+    """``(∂/∂hidden, ∂/∂weight, ∂/∂bias)`` buffers, ``None`` where not needed: ``∂/∂hidden`` is written
+    chunk by chunk (empty), the others accumulate over chunks in ``acc`` (zeros)."""
+    grad_h = torch.empty_like(hidden) if need_h else None
+    grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+    grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
+    return grad_h, grad_w, grad_b
+
+
+def _backprop_chunk(
+    dz: Tensor, targets: Tensor, g_target: Tensor, h: Tensor, weight: Tensor, grads: Grads
+) -> None:
+    """Project one chunk's logit gradient ``dz + g_target ⊙ e_y`` (formed over ``dz``) onto ``grads``."""
+    grad_h, grad_w, grad_b = grads
+    dz[torch.arange(dz.shape[0], device=dz.device), targets] += g_target
+    dz_in = dz if dz.dtype == h.dtype else dz.to(h.dtype)
+    if grad_h is not None:
+        torch.mm(dz_in, weight, out=grad_h)
+    if grad_w is not None:
+        _matmul_into(grad_w, dz_in.t(), h, accumulate=True)
+    if grad_b is not None:
+        grad_b += dz.sum(0)
+
+
+def _softmax_(z: Tensor, log: bool = False) -> Tensor:
+    """``softmax`` (or ``log softmax``) of the rows of ``z``: one fused pass per row, written over ``z``
+    on CPU."""
+    fn = torch.log_softmax if log else torch.softmax
+    return fn(z, 1, out=z) if z.device.type == "cpu" else fn(z, 1)
+
+
+def _target_log_probs_(z: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(ℓ, lse, log p)`` of one chunk of logits ``z``, which is overwritten by ``log p`` on CPU.
+
+    ``ℓ`` is read off the fused ``log_softmax`` and ``lse = z_y − ℓ``.
+    """
+    rows = torch.arange(z.shape[0], device=z.device)
+    z_target = z[rows, targets]
+    log_p = _softmax_(z, log=True)
+    logprobs = log_p[rows, targets]
+    return logprobs, z_target - logprobs, log_p
+
+
+def _probs_and_entropy(log_p: Tensor, out: Tensor) -> tuple[Tensor, Tensor]:
+    """``(p, H)`` of one chunk: ``p = exp(log p)`` written into ``out`` and ``H = −Σ_v p_v log p_v``
+    (a sum of non-negative terms)."""
+    p = torch.exp(log_p, out=out)
+    return p, -torch.linalg.vecdot(p, log_p, dim=1)
+
+
+def _entropy_logit_grad_(log_p: Tensor, p: Tensor, coef: Tensor, g_ent: Tensor, entropy: Tensor) -> Tensor:
+    """``∂/∂z`` without its target term: ``p ⊙ [coef − g_H (log p + H)]``, written over ``log_p`` in two
+    passes (``addcmul`` then ``mul``)."""
+    shift = (coef - g_ent * entropy)[:, None]
+    return torch.addcmul(shift, log_p, -g_ent[:, None], out=log_p).mul_(p)
+
+
+def _backprop_probs(
+    p: Tensor, coef: Tensor, targets: Tensor, g_target: Tensor, h: Tensor, weight: Tensor, grads: Grads
+) -> None:
+    """Project ``∂/∂z = coef ⊙ p + g_target ⊙ e_y`` of one chunk; ``p`` may be overwritten.
+
+    On CPU with operands in one dtype the coefficients are folded into the ``O(chunk · D)`` operands
+    (this module's docstring); elsewhere ``∂/∂z`` is formed in place of ``p`` (deterministic on CUDA, and
+    low-precision inputs keep fp32 logit gradients).
+    """
+    if p.device.type != "cpu" or not (p.dtype == h.dtype == weight.dtype):
+        _backprop_chunk(p.mul_(coef[:, None]), targets, g_target, h, weight, grads)
+        return
+    grad_h, grad_w, grad_b = grads
+    if grad_h is not None:
+        torch.mm(p, weight, out=grad_h)
+        grad_h.mul_(coef[:, None]).add_(weight[targets] * g_target[:, None])
+    if grad_w is not None:
+        grad_w.addmm_(p.t(), h * coef[:, None])
+        grad_w.index_add_(0, targets, h * g_target[:, None])
+    if grad_b is not None:
+        grad_b.addmv_(p.t(), coef)
+        grad_b.index_add_(0, targets, g_target)
+
+
+def _save_gradients(
+    ctx: Any, grad_h: Tensor, grad_w: Tensor, grad_b: Tensor | None, weight: Tensor, bias: Tensor | None
+) -> None:
+    """Keep the gradients a fast path computed in forward (backward only rescales them)."""
+    ctx.save_for_backward(grad_h, grad_w, grad_b)
+    ctx.weight_dtype = weight.dtype
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _scaled_gradients(ctx: Any, g_loss: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The saved ``(∂/∂hidden, ∂/∂weight, ∂/∂bias)`` times the upstream scalar, in the inputs' dtypes."""
+    grad_h, grad_w, grad_b = ctx.saved_tensors
+    need_h, need_w, need_b = ctx.needs_input_grad[:3]
+    gh = grad_h * g_loss.to(grad_h.dtype) if need_h else None
+    gw = (grad_w * g_loss).to(ctx.weight_dtype) if need_w else None
+    gb = (grad_b * g_loss).to(ctx.bias_dtype) if need_b and grad_b is not None else None
+    return gh, gw, gb
+
+
+def _chunk_loss_grads(
+    chunk_loss: ChunkLoss, start: int, end: int, values: tuple[Tensor, ...], acc: torch.dtype
+) -> tuple[Tensor, list[Tensor]]:
+    """``chunk_loss`` of one chunk's per-token values (detached) and its gradient with respect to each
+    (zeros where the loss does not depend on one)."""
+    leaves = [v.detach().requires_grad_(True) for v in values]
+    with torch.enable_grad():
+        loss = chunk_loss(start, end, *leaves, *([None] * (3 - len(leaves))))
+        grads = [None] * len(leaves)
+        if loss.requires_grad:
+            grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    grads = [torch.zeros_like(v) if g is None else g.to(acc) for g, v in zip(grads, leaves, strict=True)]
+    return loss.detach().to(acc), grads

@@ -1,0 +1,227 @@
+"""The autograd Functions of the ``chunked`` backend: exact per-token head outputs and two fused losses,
+computed chunk by chunk without materializing ``[N, V]`` logits (kernels and notation:
+`lit_losses.heads.chunked_ops`).
+
+`ChunkedLogProbs` keeps only ``O(N)`` state (``H``) besides its inputs, and its backward recomputes the
+logits chunk by chunk, folding each token's upstream gradient into ``∂/∂z`` before the weight-gradient
+matmul: four ``N·D·V`` matmuls in all, the fewest an exact per-token head can do without storing
+``[N, V]`` (``∂/∂W`` contracts ``p`` over tokens with the upstream gradient, known only in backward).
+
+`ChunkedWeightedCE` is the plain cross-entropy fast path: when the loss is ``Σ_t w_t (−ℓ_t)`` with
+weights known in forward (global denominators), the gradients are computed during forward and
+backward only rescales them: three matmuls, no recompute. `ChunkedPointwiseLoss` does the same for any
+sum of per-token functions of ``(ℓ, lse, H)``.
+
+Arguments common to the three ``apply`` calls: ``hidden`` ``[n, D]`` (hidden states of valid tokens),
+``weight`` ``[V, D]``, ``bias`` ``[V]`` or ``None``, ``targets`` ``[n]`` (int64 token ids, all valid),
+``chunk_size`` (tokens per chunk) and ``accum_dtype`` (logits and gradients are computed in
+``promote(hidden.dtype, accum_dtype)``). Each class's ``Args`` list only its own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from lit_losses.heads.chunked_ops import (
+    _accum_dtype,
+    _backprop_chunk,
+    _backprop_probs,
+    _chunk_loss_grads,
+    _entropy_logit_grad_,
+    _gradient_buffers,
+    _probs_and_entropy,
+    _save_gradients,
+    _scaled_gradients,
+    _Scratch,
+    _softmax_,
+    _target_log_probs_,
+)
+
+if TYPE_CHECKING:
+    from lit_losses.heads.backend import ChunkLoss
+
+
+class ChunkedLogProbs(torch.autograd.Function):
+    """``(hidden [n, D], weight [V, D], bias [V] | None, targets [n]) → (logprobs, lse, entropy) [n]``.
+
+    Every target must be valid (the caller compacts away ignored positions). ``entropy`` is an empty
+    tensor unless ``with_entropy``. Forward computes the logits chunk by chunk and keeps ``H``; backward
+    recomputes them and projects ``∂/∂z`` (`lit_losses.heads.chunked_ops`) onto hidden, weight and bias.
+
+    ``apply(hidden, weight, bias, targets, with_entropy, chunk_size, accum_dtype)``:
+
+    Args:
+        with_entropy: compute the entropy (and its gradient).
+
+    Returns:
+        ``(logprobs, lse, entropy)``, each ``[n]`` in the accumulation dtype (``entropy`` empty unless
+        ``with_entropy``).
+    """
+
+    @staticmethod
+    def forward(
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        targets: Tensor,
+        with_entropy: bool,
+        chunk_size: int,
+        accum_dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        acc = _accum_dtype(hidden, accum_dtype)
+        n = hidden.shape[0]
+        logprobs = hidden.new_empty(n, dtype=acc)
+        lse = hidden.new_empty(n, dtype=acc)
+        entropy = hidden.new_empty(n if with_entropy else 0, dtype=acc)
+        scratch = _Scratch(weight.shape[0], acc, hidden.device)
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            z = scratch.logits(hidden[s:e], weight, bias)
+            logprobs[s:e], lse[s:e], log_p = _target_log_probs_(z, targets[s:e])
+            if with_entropy:
+                _, entropy[s:e] = _probs_and_entropy(log_p, scratch.take("probs", e - s))
+        return logprobs, lse, entropy
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        hidden, weight, bias, targets, with_entropy, chunk_size, accum_dtype = inputs
+        ctx.save_for_backward(hidden, weight, bias, targets, output[2])
+        ctx.with_entropy, ctx.chunk_size, ctx.accum_dtype = with_entropy, chunk_size, accum_dtype
+        if not with_entropy:
+            ctx.mark_non_differentiable(output[2])
+
+    @staticmethod
+    def backward(ctx: Any, g_lp: Tensor | None, g_lse: Tensor | None, g_ent: Tensor | None):
+        hidden, weight, bias, targets, entropy = ctx.saved_tensors
+        acc = _accum_dtype(hidden, ctx.accum_dtype)
+        n, chunk = hidden.shape[0], ctx.chunk_size
+        zeros = hidden.new_zeros(n, dtype=acc)
+        g_lp = zeros if g_lp is None else g_lp.to(acc)
+        g_lse = zeros if g_lse is None else g_lse.to(acc)
+        use_entropy = ctx.with_entropy and g_ent is not None
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, need_h, need_w, need_b)
+        scratch = _Scratch(weight.shape[0], acc, hidden.device)
+        for s in range(0, n, chunk):
+            e = min(s + chunk, n)
+            h, y, gh = hidden[s:e], targets[s:e], None if grad_h is None else grad_h[s:e]
+            z = scratch.logits(h, weight, bias)
+            coef = g_lse[s:e] - g_lp[s:e]
+            if not use_entropy:
+                _backprop_probs(_softmax_(z), coef, y, g_lp[s:e], h, weight, (gh, grad_w, grad_b))
+                continue
+            log_p = _softmax_(z, log=True)
+            p = torch.exp(log_p, out=scratch.take("probs", e - s))
+            dz = _entropy_logit_grad_(log_p, p, coef, g_ent[s:e].to(acc), entropy[s:e])
+            _backprop_chunk(dz, y, g_lp[s:e], h, weight, (gh, grad_w, grad_b))
+        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
+        grad_b = None if grad_b is None else grad_b.to(bias.dtype)
+        return grad_h, grad_w, grad_b, None, None, None, None
+
+
+class ChunkedWeightedCE(torch.autograd.Function):
+    """Fast path: ``loss = Σ_t w_t · (−ℓ_t)`` with gradients computed in forward (three matmuls).
+
+    Returns ``(loss, logprobs)``; ``logprobs`` is detached (for logging only). Backward only scales
+    the gradients stored in forward by the upstream scalar.
+
+    ``apply(hidden, weight, bias, targets, token_weights, chunk_size, accum_dtype)``:
+
+    Args:
+        token_weights: ``[n]`` weights ``w_t`` (no gradient).
+
+    Returns:
+        ``(loss, logprobs)``: the scalar ``Σ_t w_t · (−ℓ_t)`` and the detached ``[n]`` log-probabilities.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
+        token_weights: Tensor, chunk_size: int, accum_dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        acc = _accum_dtype(hidden, accum_dtype)
+        n = hidden.shape[0]
+        w_tok = token_weights.to(acc)
+        logprobs = hidden.new_empty(n, dtype=acc)
+        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, True, True, bias is not None)
+        scratch = _Scratch(weight.shape[0], acc, hidden.device)
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            h, y, w_c = hidden[s:e], targets[s:e], w_tok[s:e]
+            z = scratch.logits(h, weight, bias)
+            logprobs[s:e], _, log_p = _target_log_probs_(z, y)
+            # d(−w ℓ)/dz = w (p − e_y)
+            _backprop_probs(log_p.exp_(), w_c, y, -w_c, h, weight, (grad_h[s:e], grad_w, grad_b))
+        _save_gradients(ctx, grad_h, grad_w, grad_b, weight, bias)
+        ctx.mark_non_differentiable(logprobs)
+        return -(w_tok * logprobs).sum(), logprobs
+
+    @staticmethod
+    def backward(ctx: Any, g_loss: Tensor, _g_logprobs: Tensor | None):
+        gh, gw, gb = _scaled_gradients(ctx, g_loss)
+        return gh, gw, gb, None, None, None, None
+
+
+class ChunkedPointwiseLoss(torch.autograd.Function):
+    """Fast path for losses that are sums of per-token functions of ``(ℓ_t, lse_t, H_t)``.
+
+    ``loss = Σ_chunks chunk_loss(s, e, ℓ[s:e], lse[s:e], H[s:e])``. Each chunk's per-token upstream
+    gradients ``(g_ℓ, g_lse, g_H)`` are obtained by autograd on the chunk's ``O(chunk)`` values during
+    forward, folded into ``∂/∂z`` (`lit_losses.heads.chunked_ops`) and projected at once: three matmuls, no
+    recompute. Valid only when a token's loss depends on that token's values alone (pointwise terms).
+
+    ``apply(hidden, weight, bias, targets, chunk_loss, with_entropy, chunk_size, accum_dtype)``:
+
+    Args:
+        chunk_loss: ``(start, end, logprobs, lse, entropy) -> loss`` of tokens ``[start, end)``.
+        with_entropy: compute ``H`` and pass it (else ``None``) to ``chunk_loss``.
+
+    Returns:
+        The scalar loss in the accumulation dtype.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        targets: Tensor,
+        chunk_loss: ChunkLoss,
+        with_entropy: bool,
+        chunk_size: int,
+        accum_dtype: torch.dtype,
+    ) -> Tensor:
+        acc = _accum_dtype(hidden, accum_dtype)
+        n = hidden.shape[0]
+        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, True, True, bias is not None)
+        total = hidden.new_zeros((), dtype=acc)
+        scratch = _Scratch(weight.shape[0], acc, hidden.device)
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            h, y, gh = hidden[s:e], targets[s:e], grad_h[s:e]
+            z = scratch.logits(h, weight, bias)
+            lp_c, lse_c, log_p = _target_log_probs_(z, y)
+            if with_entropy:
+                p, ent_c = _probs_and_entropy(log_p, scratch.take("probs", e - s))
+                loss_c, (g_lp, g_lse, g_ent) = _chunk_loss_grads(chunk_loss, s, e, (lp_c, lse_c, ent_c), acc)
+            else:
+                p = log_p.exp_()
+                loss_c, (g_lp, g_lse) = _chunk_loss_grads(chunk_loss, s, e, (lp_c, lse_c), acc)
+            coef = g_lse - g_lp
+            if with_entropy and bool(g_ent.ne(0).any()):
+                dz = _entropy_logit_grad_(log_p, p, coef, g_ent, ent_c)
+                _backprop_chunk(dz, y, g_lp, h, weight, (gh, grad_w, grad_b))
+            else:
+                _backprop_probs(p, coef, y, g_lp, h, weight, (gh, grad_w, grad_b))
+            total += loss_c
+        _save_gradients(ctx, grad_h, grad_w, grad_b, weight, bias)
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, g_loss: Tensor):
+        gh, gw, gb = _scaled_gradients(ctx, g_loss)
+        return gh, gw, gb, None, None, None, None, None

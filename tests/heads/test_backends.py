@@ -1,0 +1,250 @@
+"""Every registered head backend against a float64 reference written here (plain ``F.linear`` +
+``log_softmax``): per-token outputs, ``weighted_ce`` and ``pointwise_loss``, values and gradients.
+
+The cases are generated from `HEAD_BACKENDS`, so a newly registered backend is tested by this file without
+editing it. A backend that is not available here (``torch`` before 2.10, ``liger`` without CUDA and
+Liger-Kernel) is skipped; a ``cuda_only`` backend runs on CUDA.
+"""
+
+from typing import get_args
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lit_losses.heads import BACKEND_OUTPUTS, BACKENDS, HEAD_BACKENDS, Backend, FusedLMHead, HeadBackend
+from lit_losses.heads.backend import select_backend
+from lit_losses.heads.naive import naive_per_token
+
+IGNORE = -100
+DTYPES = [torch.float64, torch.float32]
+BIAS = [True, False]
+
+
+def tolerance(dtype):
+    return dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+
+
+def usable(name):
+    """The backend ``name`` and the device it runs on; skips when it cannot run here."""
+    backend = HEAD_BACKENDS[name]
+    if backend.cuda_only and not torch.cuda.is_available():
+        pytest.skip(f"head backend {name!r} needs CUDA")
+    if not backend.available():
+        pytest.skip(f"head backend {name!r} is not available here")
+    return backend, ("cuda" if backend.cuda_only else "cpu")
+
+
+def problem(dtype, bias, device="cpu", shape=(3, 13), d=16, v=101, seed=0):
+    """Leaves ``(hidden [*shape, D], weight [V, D], bias [V] | None)`` in ``dtype`` with ignored positions."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(*shape, d, generator=g, dtype=torch.float64)
+    weight = torch.randn(v, d, generator=g, dtype=torch.float64) * 0.5
+    b = torch.randn(v, generator=g, dtype=torch.float64) * 0.1 if bias else None
+    targets = torch.randint(0, v, shape, generator=g)
+    targets.view(-1)[::5] = IGNORE
+    leaves = [None if x is None else x.to(device, dtype).requires_grad_() for x in (hidden, weight, b)]
+    return (*leaves, targets.to(device))
+
+
+def float64_leaves(leaves):
+    """The same values as float64 leaves of their own (the reference's inputs)."""
+    return [None if x is None else x.detach().double().requires_grad_() for x in leaves]
+
+
+def reference(hidden, weight, bias, targets):
+    """Per-token ``logprobs``, ``lse``, ``entropy`` from full logits (0 at ignored positions)."""
+    logits = F.linear(hidden, weight, bias)
+    logp = F.log_softmax(logits, dim=-1)
+    valid = targets != IGNORE
+    values = {
+        "logprobs": logp.gather(-1, targets.clamp_min(0)[..., None])[..., 0],
+        "lse": logits[..., 0] - logp[..., 0],
+        "entropy": -(logp.exp() * logp).sum(-1),
+    }
+    return {name: torch.where(valid, value, 0.0) for name, value in values.items()}
+
+
+def grads(loss, leaves):
+    present = [x for x in leaves if x is not None]
+    return torch.autograd.grad(loss, present)
+
+
+def assert_matches(loss, leaves, ref_loss, ref_leaves, dtype):
+    """``loss`` and its gradients w.r.t. ``leaves`` against the float64 reference; the gradients."""
+    tol = tolerance(dtype)
+    torch.testing.assert_close(loss.double(), ref_loss, **tol)
+    got_grads = grads(loss, leaves)
+    for got, ref in zip(got_grads, grads(ref_loss, ref_leaves), strict=True):
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), ref, **tol)
+    return got_grads
+
+
+def upstream(targets, names, seed=1):
+    """A random float64 weight per position for each output (the upstream gradient)."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        name: torch.randn(targets.shape, generator=g, dtype=torch.float64).to(targets.device)
+        for name in names
+    }
+
+
+def output_cases():
+    """``(backend, outputs)``: each output a registered backend declares alone, and all of them together."""
+    cases = []
+    for name in HEAD_BACKENDS.names():
+        declared = HEAD_BACKENDS[name].outputs
+        cases += [pytest.param(name, (o,), id=f"{name}-{o}") for o in declared]
+        if len(declared) > 1:
+            cases.append(pytest.param(name, declared, id=f"{name}-all"))
+    return cases
+
+
+# ---- per-token outputs -------------------------------------------------------------------------
+def check_per_token(name, outputs, dtype, bias):
+    _, device = usable(name)
+    *leaves, targets = problem(dtype, bias, device)
+    ref_leaves = float64_leaves(leaves)
+    out = FusedLMHead(leaves[1], leaves[2], backend=name, chunk_size=8)(leaves[0], targets, outputs)
+    ref = reference(*ref_leaves, targets)
+    g = upstream(targets, outputs)
+    ignored = targets == IGNORE
+    for field in ("logprobs", "lse", "entropy"):
+        value = getattr(out, field)
+        if field not in outputs:
+            assert value is None
+            continue
+        assert value.shape == targets.shape
+        assert bool((value[ignored] == 0).all())
+        torch.testing.assert_close(value.double(), ref[field], **tolerance(dtype))
+    loss = sum((getattr(out, k) * g[k].to(dtype)).sum() for k in outputs)
+    ref_loss = sum((ref[k] * g[k]).sum() for k in outputs)
+    grad_hidden = assert_matches(loss, leaves, ref_loss, ref_leaves, dtype)[0]
+    assert bool((grad_hidden[ignored] == 0).all())  # ignored positions get no gradient
+
+
+@pytest.mark.parametrize("bias", BIAS, ids=["bias", "no_bias"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("name", "outputs"), output_cases())
+def test_per_token_outputs_match_the_reference(name, outputs, dtype, bias):
+    check_per_token(name, outputs, dtype, bias)
+
+
+@pytest.mark.parametrize("name", HEAD_BACKENDS.names())
+def test_undeclared_outputs_are_refused(name):
+    missing = [o for o in ("logprobs", "lse", "entropy") if o not in HEAD_BACKENDS[name].outputs]
+    if not missing:
+        pytest.skip(f"{name!r} gives every output")
+    *leaves, targets = problem(torch.float32, False)
+    head = FusedLMHead(leaves[1], backend=name)
+    with pytest.raises(ValueError, match=rf"{name!r} cannot give"):
+        head(leaves[0], targets, missing)
+    assert BACKEND_OUTPUTS[name] == HEAD_BACKENDS[name].outputs
+
+
+# ---- plain cross-entropy -----------------------------------------------------------------------
+def check_weighted_ce(name, uniform, dtype, bias):
+    backend, device = usable(name)
+    *leaves, targets = problem(dtype, bias, device)
+    ref_leaves = float64_leaves(leaves)
+    head = FusedLMHead(leaves[1], leaves[2], backend=name, chunk_size=8)
+    w = 0.37 if uniform else torch.rand(targets.shape, generator=torch.Generator().manual_seed(2)).double()
+    w_backend = w if uniform else w.to(device, dtype)
+    if backend.fused_ce is not None and not backend.takes_weights(uniform):
+        with pytest.raises(ValueError, match="one weight for every token"):
+            head.weighted_ce(leaves[0], targets, w_backend)
+        return
+    loss = head.weighted_ce(leaves[0], targets, w_backend) * 1.7
+    ref_w = w if uniform else w.to(device)
+    ref_loss = -(ref_w * reference(*ref_leaves, targets)["logprobs"]).sum() * 1.7
+    assert_matches(loss, leaves, ref_loss, ref_leaves, dtype)
+
+
+@pytest.mark.parametrize("bias", BIAS, ids=["bias", "no_bias"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("uniform", [True, False], ids=["uniform", "per_token"])
+@pytest.mark.parametrize("name", HEAD_BACKENDS.names())
+def test_weighted_ce_matches_the_reference(name, uniform, dtype, bias):
+    check_weighted_ce(name, uniform, dtype, bias)
+
+
+# ---- pointwise losses --------------------------------------------------------------------------
+def chunk_loss(s, e, lp, lse, ent):
+    loss = (lp * 2 + 0.1 * lse**2).sum()
+    return loss if ent is None else loss + 0.3 * ent.sum()
+
+
+def check_pointwise(name, with_entropy, dtype, bias):
+    backend, device = usable(name)
+    *leaves, targets = problem(dtype, bias, device)
+    ref_leaves = float64_leaves(leaves)
+    head = FusedLMHead(leaves[1], leaves[2], backend=name, chunk_size=8)
+    needed = ("logprobs", "lse", "entropy") if with_entropy else ("logprobs", "lse")
+    # a backend computes it fused, from its per-token outputs, or (no per-token mode) delegates to chunked
+    if backend.fused_pointwise is None and backend.outputs and not backend.gives(needed):
+        with pytest.raises(ValueError, match="cannot give"):
+            head.pointwise_loss(leaves[0], targets, chunk_loss, with_entropy=with_entropy)
+        return
+    loss = head.pointwise_loss(leaves[0], targets, chunk_loss, with_entropy=with_entropy)
+    ref = reference(*ref_leaves, targets)
+    valid = targets != IGNORE
+    ent = ref["entropy"][valid] if with_entropy else None
+    ref_loss = chunk_loss(0, int(valid.sum()), ref["logprobs"][valid], ref["lse"][valid], ent)
+    assert_matches(loss, leaves, ref_loss, ref_leaves, dtype)
+
+
+@pytest.mark.parametrize("bias", BIAS, ids=["bias", "no_bias"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_entropy", [False, True], ids=["lp_lse", "lp_lse_entropy"])
+@pytest.mark.parametrize("name", HEAD_BACKENDS.names())
+def test_pointwise_loss_matches_the_reference(name, with_entropy, dtype, bias):
+    check_pointwise(name, with_entropy, dtype, bias)
+
+
+# ---- the registry and the choice of backend ---------------------------------------------------
+def test_backend_names_are_the_literal_and_all_registered():
+    assert get_args(Backend) == BACKENDS
+    assert BACKENDS[0] == "auto"
+    assert set(BACKENDS[1:]) <= set(HEAD_BACKENDS.names())
+    assert set(BACKEND_OUTPUTS) == set(HEAD_BACKENDS.names())
+
+
+def test_auto_is_chunked_on_cpu():
+    assert select_backend("auto", "per_token", outputs=("logprobs", "entropy")).backend.name == "chunked"
+    for uniform in (True, False):
+        route = select_backend("auto", "weighted_ce", uniform=uniform, on_cuda=False)
+        assert (route.backend.name, route.fused) == ("chunked", True)
+    route = select_backend("auto", "pointwise", outputs=("logprobs", "lse"))
+    assert (route.backend.name, route.fused) == ("chunked", True)
+
+
+@pytest.fixture
+def scratch_registry():
+    """`HEAD_BACKENDS` with what a test registers removed afterwards."""
+    with HEAD_BACKENDS.scoped() as registry:
+        yield registry
+
+
+def test_a_newly_registered_backend_is_usable_by_name(scratch_registry):
+    """What the parametrized tests above run for every registered backend, on one registered here."""
+    scratch_registry.register(
+        "reference_copy",
+        HeadBackend(name="reference_copy", outputs=("logprobs", "lse"), per_token=naive_per_token),
+    )
+    assert BACKEND_OUTPUTS["reference_copy"] == ("logprobs", "lse")
+    check_per_token("reference_copy", ("logprobs", "lse"), torch.float64, True)
+    check_weighted_ce("reference_copy", False, torch.float64, True)
+    check_pointwise("reference_copy", False, torch.float64, False)
+    check_pointwise("reference_copy", True, torch.float64, False)  # no entropy: refused
+
+
+def test_backend_descriptions_are_checked():
+    with pytest.raises(ValueError, match="unknown outputs"):
+        HeadBackend(name="x", outputs=("logits",), per_token=naive_per_token)
+    with pytest.raises(ValueError, match="per_token exactly when"):
+        HeadBackend(name="x", outputs=("logprobs",))
+    with pytest.raises(ValueError, match="auto_ce needs"):
+        HeadBackend(name="x", outputs=("logprobs",), per_token=naive_per_token, auto_ce=True)
+    with pytest.raises(TypeError, match="must be a HeadBackend"):
+        HEAD_BACKENDS.register("x", naive_per_token)
