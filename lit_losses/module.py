@@ -73,7 +73,7 @@ class RegularizedLM(L.LightningModule):
         head_backend: Backend = "auto",
         head_chunk_size: int | None = None,
         loss_agg: AggMode = "token-mean",
-        optimizer: OptimizerConfig | None = None,
+        optimizer: OptimizerConfig = OptimizerConfig(),  # noqa: B008 (read-only default)
         ignore_index: int = -100,
         check_finite: bool = True,
         regularizers: list[RegularizerSpec] | None = None,
