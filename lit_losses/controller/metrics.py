@@ -225,7 +225,7 @@ class RegularizerState(MetricHandler):
 
 
 METRIC_HANDLERS: Registry[type[MetricHandler]] = Registry(
-    "metric handler", adapt=subclass_of(MetricHandler, "metric handler")
+    "metric class", adapt=subclass_of(MetricHandler, "metric handler")
 )
 """Metric handler classes by name (the YAML ``class`` of a ``controller-metrics`` entry)."""
 

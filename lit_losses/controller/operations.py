@@ -256,7 +256,7 @@ class LRControl(OperationHandler):
 
 
 OPERATION_HANDLERS: Registry[type[OperationHandler]] = Registry(
-    "operation handler", adapt=subclass_of(OperationHandler, "operation handler")
+    "operation class", adapt=subclass_of(OperationHandler, "operation handler")
 )
 """Operation handler classes by name (the YAML ``class`` of an ``operations`` entry)."""
 

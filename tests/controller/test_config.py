@@ -67,7 +67,7 @@ def test_every_problem_is_reported_at_once_with_its_yaml_path():
     for expected in (
         "extra: unknown key",
         "controller_metrics[1].arguments: ",
-        "controller_metrics[2].class: unknown metric handler 'NoSuchMetric'",
+        "controller_metrics[2].class: unknown metric class 'NoSuchMetric'",
         "operations[0].arguments: RegularizerControl needs arguments.regularizer",
         "controllers[0] (a).rule: syntax error",
         "controllers[1] (b).triggers: unknown trigger 'on_batch_end'",
@@ -89,11 +89,11 @@ def test_a_misspelled_class_gets_a_suggestion_among_the_other_problems():
     message = str(info.value)
     assert "2 problem(s)" in message
     assert (
-        "controller-metrics[0].class: unknown metric handler 'TrainingStat'; did you mean 'TrainingState'?"
+        "controller-metrics[0].class: unknown metric class 'TrainingStat'; did you mean 'TrainingState'?"
         in message
     )
     assert (
-        "operations[0].class: unknown operation handler 'LogControll'; did you mean 'LogControl'?" in message
+        "operations[0].class: unknown operation class 'LogControll'; did you mean 'LogControl'?" in message
     )
 
 
@@ -108,10 +108,10 @@ def test_a_class_by_import_path():
     ("cls", "expected"),
     [
         ("collections.OrderedDict", "must be a MetricHandler subclass"),
-        ("lit_losses.controller.metrics.NoSuchHandler", "cannot import metric handler"),
-        ("no_such_package.Handler", "cannot import metric handler"),
-        (None, "must be a registered metric handler name or an import path"),
-        (["Loss"], "must be a registered metric handler name or an import path"),
+        ("lit_losses.controller.metrics.NoSuchHandler", "cannot import metric class"),
+        ("no_such_package.Handler", "cannot import metric class"),
+        (None, "must be a registered metric class name or an import path"),
+        (["Loss"], "must be a registered metric class name or an import path"),
     ],
 )
 def test_a_bad_class_is_a_problem_of_its_entry(cls, expected):
