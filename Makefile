@@ -19,12 +19,17 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@
 
+# the tests also cover the [hf] extra (transformers, peft)
+$(VENV)/.installed-hf: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e ".[dev,hf]"
+	touch $@
+
 install: $(VENV)/.installed
 
 fit: install
 	$(BIN)/lit-losses fit --config $(CONFIG)
 
-test: install
+test: $(VENV)/.installed-hf
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: install

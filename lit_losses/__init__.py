@@ -2,7 +2,8 @@
 
 The public API, by concept (everything else is importable from its subpackage):
 
-- models: `RegularizedLM` (subclass it), `TinyLM` (built-in), `OptimizerConfig`, `Schedule`
+- models: `RegularizedLM` (subclass it), `TinyLM` (built-in), `HFCausalLM` (Hugging Face models),
+  `OptimizerConfig`, `Schedule`
 - the loss of a step: `LossContext`, `LossOutput`, `Objective`
 - fused output head: `FusedLMHead`, `HeadOutput`
 - global-denominator aggregation: `GlobalStatsLoader`, `GlobalStats`, `AggMode`, `aggregate`
@@ -20,7 +21,7 @@ from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.loss import LossContext, LossOutput
 from lit_losses.loss.objective import Objective
-from lit_losses.models import TinyLM
+from lit_losses.models import HFCausalLM, TinyLM
 from lit_losses.module import RegularizedLM
 from lit_losses.optim import OptimizerConfig
 from lit_losses.registry import Registry
@@ -35,6 +36,7 @@ __all__ = [
     "FusedLMHead",
     "GlobalStats",
     "GlobalStatsLoader",
+    "HFCausalLM",
     "HeadOutput",
     "LossContext",
     "LossOutput",

@@ -13,14 +13,17 @@ from __future__ import annotations
 import ast
 import re
 import sys
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, Literal, NoReturn
 
+import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_losses.data.text import TextDataModule
 from lit_losses.errors import ConfigError
 from lit_losses.module import RegularizedLM
 from lit_losses.registry import closest
+from lit_losses.resume import check_changes, option_changes
 
 _KEY = re.compile(r'Parser key "([^"]+)"')
 _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]")
@@ -77,8 +80,16 @@ class LitLossesParser(LightningArgumentParser):
         sys.exit(2)
 
 
+ResumeChanges = Literal["apply", "error"]
+"""With ``--ckpt_path``, what options that differ from the checkpoint's do (architecture ones: an error)."""
+
+_NOT_DATA = ("num_workers", "cache_dir")
+"""Data options that do not change which micro-batches a run trains on."""
+
+
 class LitLossesCLI(LightningCLI):
-    """LightningCLI with the data→model vocabulary link and one-line configuration errors."""
+    """LightningCLI with the data→model vocabulary link, one-line configuration errors, and ``--ckpt_path``
+    that never replaces this run's model options silently (`check_resume_options`)."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults(
@@ -88,6 +99,53 @@ class LitLossesCLI(LightningCLI):
             }
         )
         parser.link_arguments("data.init_args.vocab_size", "model.init_args.vocab_size")
+        parser.add_argument(
+            "--resume_changes",
+            type=ResumeChanges,
+            default="apply",
+            help="With --ckpt_path, options that differ from the checkpoint's: 'apply' them (a warning "
+            "lists each) or stop with an 'error' listing them; architecture changes are always an error.",
+        )
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        self.given_config = self.config.clone()
+        """The options as given, before LightningCLI replaces the model's with a checkpoint's."""
+
+    def before_instantiate_classes(self) -> None:
+        check_resume_options(self)
+
+
+def check_resume_options(cli: LitLossesCLI) -> None:
+    """With ``--ckpt_path``: compare this run's model and data options with the checkpoint's, refuse
+    architecture changes (and any change with ``--resume_changes=error``), warn about data changes (the
+    model warns about its own when it loads the checkpoint), and keep this run's model options, which
+    LightningCLI would otherwise replace by the checkpoint's hyper-parameters.
+
+    Raises:
+        ConfigError: one line naming each refused option.
+    """
+    sub = cli.config.get("subcommand")
+    config, given = (cli.config[sub], cli.given_config[sub]) if sub else (cli.config, cli.given_config)
+    ckpt_path = config.get("ckpt_path")
+    if not ckpt_path or not Path(ckpt_path).is_file():
+        return
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    where = f"--ckpt_path {ckpt_path}"
+    model, data = given["model"].as_dict(), given["data"].as_dict() if given.get("data") else {}
+    changes = option_changes(
+        checkpoint.get("hyper_parameters") or {},
+        {"_class_path": model["class_path"], **(model.get("init_args") or {})},
+    )
+    saved_data = checkpoint.get("datamodule_hyper_parameters") or {}
+    data_changes = [
+        c
+        for c in option_changes(saved_data, {**(data.get("init_args") or {})}, prefix="data.init_args")
+        if c.path.rpartition(".")[2] not in _NOT_DATA
+    ]
+    check_changes(changes + data_changes, where, config.get("resume_changes", "apply") == "apply", warn=False)
+    check_changes(data_changes, where)
+    config["model"] = given["model"]
 
 
 def _fail_on_config_error(err: BaseException) -> None:

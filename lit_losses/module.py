@@ -18,13 +18,16 @@ from lit_losses.aggregation import (
     window_ends,
 )
 from lit_losses.choices import check_choice
-from lit_losses.heads import Backend, FusedLMHead
+from lit_losses.heads import Backend, FusedLMHead, head_for
 from lit_losses.hparams import plain_data
 from lit_losses.loss.context import LossContext, LossOutput, Stage
+from lit_losses.loss.custom import CustomLossMixin
 from lit_losses.loss.objective import Objective, batch_tensor
 from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
 from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
+from lit_losses.parallel import ModelParallelMixin
 from lit_losses.regularizers import RegularizerSet, RegularizerSpec, TermResult
+from lit_losses.resume import restore_checkpoint_state
 
 LOCAL_NORMALIZATION_WARNING = (
     "training batches carry no global statistics: each micro-batch is normalized by its own counts, which "
@@ -35,7 +38,7 @@ LOCAL_NORMALIZATION_WARNING = (
 _WARNINGS = WarningCache()
 
 
-class RegularizedLM(L.LightningModule):
+class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     """Base LightningModule for language models trained with custom losses.
 
     **Subclass contract.** Implement ``forward_hidden(batch) -> Tensor [B, T, D]`` (the body's hidden
@@ -106,10 +109,10 @@ class RegularizedLM(L.LightningModule):
         raise NotImplementedError(f"{type(self).__name__} must implement output_projection()")
 
     def output_head(self) -> FusedLMHead:
-        """The fused head over `output_projection` (references, not copies)."""
+        """The fused head over `output_projection` (references; vocabulary-parallel when sharded)."""
         weight, bias = self.output_projection()
-        return FusedLMHead(weight, bias, self.head_backend, self.head_chunk_size, self.ignore_index,
-                           check_finite=self.check_finite)  # fmt: skip
+        return head_for(weight, bias, self.head_backend, chunk_size=self.head_chunk_size,
+                        ignore_index=self.ignore_index, check_finite=self.check_finite)  # fmt: skip
 
     def forward_logits(self, batch: dict[str, Tensor]) -> Tensor:
         """Full logits ``[B, T, V]`` (inference)."""
@@ -179,9 +182,9 @@ class RegularizedLM(L.LightningModule):
             checkpoint["hyper_parameters"] = plain_data(checkpoint["hyper_parameters"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Restore the regularizers' weights and enabled flags in force at the checkpoint."""
-        if "lit_losses_regularizers" in checkpoint:
-            self.regularizer_set.load_state_dict(checkpoint["lit_losses_regularizers"])
+        """Check this run's options against the checkpoint's and restore the regularizers' run-time
+        weights and flags (`restore_checkpoint_state`: changed options win, with a warning)."""
+        restore_checkpoint_state(self, checkpoint)
 
     def teardown(self, stage: str) -> None:
         self.regularizer_set.close()

@@ -1,5 +1,6 @@
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,106 @@ def test_two_process_ddp_run_of_the_cli(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "max_steps=6" in proc.stderr + proc.stdout
     assert list(root.rglob("*.ckpt"))
+
+
+# ---- --ckpt_path with options that differ from the checkpoint's -----------------------------------------
+REGULARIZERS = str(REPO / "configs" / "regularizers.yaml")
+
+
+@pytest.fixture(scope="module")
+def regularized_checkpoint(tmp_path_factory):
+    """A checkpoint of the main job (shrunk) with configs/regularizers.yaml (z_loss and entropy)."""
+    tmp_path = tmp_path_factory.mktemp("regularized")
+    _, root = run_cli(["--config", REGULARIZERS, "--trainer.max_steps=3"], tmp_path)
+    (ckpt,) = root.rglob("*.ckpt")
+    return ckpt
+
+
+def resume(ckpt, tmp_path, *args):
+    return run_cli([f"--ckpt_path={ckpt}", "--trainer.max_steps=4", *args], tmp_path)[0]
+
+
+def test_ckpt_path_applies_a_removed_regularizer_with_a_warning(regularized_checkpoint, tmp_path):
+    with pytest.warns(UserWarning, match="differ from the checkpoint's; this run's apply") as caught:
+        cli = resume(regularized_checkpoint, tmp_path)  # without configs/regularizers.yaml
+    message = next(str(w.message) for w in caught if "this run's apply" in str(w.message))
+    assert "model.init_args.regularizers[z_loss]: removed" in message
+    assert "model.init_args.regularizers[entropy]: removed" in message
+    assert len(cli.model.regularizer_set) == 0 and cli.trainer.global_step == 4  # not the checkpoint's two
+
+
+def test_ckpt_path_applies_a_changed_weight_and_an_added_regularizer(regularized_checkpoint, tmp_path):
+    extra = tmp_path / "more.yaml"
+    extra.write_text(
+        "model:\n  init_args:\n    regularizers:\n      - {name: z_loss, weight: 0.5}\n"
+        "      - {name: confidence_penalty, weight: 0.01}\n"
+    )
+    with pytest.warns(UserWarning, match="this run's apply") as caught:
+        cli = resume(regularized_checkpoint, tmp_path, "--config", str(extra))
+    message = next(str(w.message) for w in caught if "this run's apply" in str(w.message))
+    assert "regularizers[z_loss].weight: 0.0001 in the checkpoint, 0.5 now" in message
+    assert (
+        "regularizers[confidence_penalty]: added" in message and "regularizers[entropy]: removed" in message
+    )
+    terms = cli.model.regularizer_set
+    assert sorted(terms.terms) == ["confidence_penalty", "z_loss"]
+    assert (
+        terms.state_dict()["z_loss"]["weight"] == 0.5
+    )  # this run's weight, not the checkpoint's run-time one
+
+
+def test_ckpt_path_with_the_same_options_is_silent_and_restores_run_time_weights(
+    regularized_checkpoint, tmp_path
+):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli = resume(regularized_checkpoint, tmp_path, "--config", REGULARIZERS)
+    assert not [w for w in caught if "differ from the checkpoint" in str(w.message)]
+    assert sorted(cli.model.regularizer_set.terms) == ["entropy", "z_loss"]
+
+
+def test_ckpt_path_applies_a_changed_learning_rate_to_the_optimizer_state(regularized_checkpoint, tmp_path):
+    with pytest.warns(UserWarning, match=r"optimizer.lr: 0.002 in the checkpoint, 0.001 now"):
+        cli = resume(
+            regularized_checkpoint, tmp_path, "--config", REGULARIZERS, "--model.init_args.optimizer.lr=0.001"
+        )
+    (group, *_) = cli.trainer.optimizers[0].param_groups
+    assert group["initial_lr"] == pytest.approx(0.001)
+    assert cli.trainer.lr_scheduler_configs[0].scheduler.base_lrs[0] == pytest.approx(0.001)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--resume_changes=error"], "model.init_args.regularizers[z_loss]: removed"),
+        (
+            ["--config", REGULARIZERS, "--model.init_args.n_layers=2"],
+            "model.init_args.n_layers: 1 in the checkpoint, 2 now",
+        ),
+        (
+            [
+                "--config",
+                REGULARIZERS,
+                "--model.class_path=lit_losses.TinyLM",
+                "--model.init_args.d_model=96",
+            ],
+            "d_model: 192",
+        ),
+        (
+            ["--config", REGULARIZERS, "--data.init_args.seq_len=128", "--resume_changes=error"],
+            "data.init_args.seq_len: 256",
+        ),
+    ],
+    ids=[
+        "changed-regularizers-with-error-policy",
+        "architecture",
+        "architecture-d_model",
+        "data-with-error-policy",
+    ],
+)
+def test_ckpt_path_refuses_with_one_line(regularized_checkpoint, tmp_path, capsys, args, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        resume(regularized_checkpoint, tmp_path, *args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("lit-losses: error: --ckpt_path ") and expected in err[-1], err[-1]

@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from lit_losses.aggregation.position import LoaderPosition, LoaderStats, iterate_from
 from lit_losses.aggregation.stats import (
     LABELS_KEY,
-    GlobalStats,
     count_masks,
     counts_to_tensor,
     sum_counts,
@@ -32,8 +32,18 @@ class GlobalStatsLoader(DataLoader):
     for the trailing window of an epoch), counts the valid tokens and sequences of every mask key in each
     micro-batch, sums them over the window and all-reduces the sums over the data-parallel group: **one
     collective per optimizer step**, before the first micro-batch's loss is computed. Each micro-batch
-    (a dict) is then yielded with ``batch["global_stats"] = GlobalStats(masks=global counts,
-    loss_scale=A × D, local=its own counts, position, window)``.
+    (a dict) is then yielded with ``batch["global_stats"] = LoaderStats(masks=global counts,
+    loss_scale=A × D, local=its own counts, position, window, index, ends_window)``.
+
+    Windows follow Lightning's batch index: window ``k`` of a pass holds the micro-batches with index
+    ``[k·A, min((k+1)·A, length))``, ``length`` being Lightning's number of batches per epoch; each
+    micro-batch's `LoaderStats` carry its index, and `check_window` raises if Lightning's ``batch_idx``
+    or its window ends disagree.
+
+    **Resumable**: ``state_dict`` / ``load_state_dict`` save and restore the position in the pass
+    (`LoaderPosition`), which Lightning does with every checkpoint; a run resumed mid-epoch continues
+    with the next micro-batch (the skipped ones are not loaded: the sampler skips their indices), and
+    its windows line up with the uninterrupted run's.
 
     It is a plain ``DataLoader`` otherwise: Lightning may re-create it to inject its
     ``DistributedSampler`` (the init arguments are kept), workers (``num_workers > 0``) produce the
@@ -81,6 +91,10 @@ class GlobalStatsLoader(DataLoader):
         self.ignore_index = ignore_index
         self.process_group = process_group
         self.max_batches: int | None = None
+        self.position = LoaderPosition()
+        """Where the current pass is (what `state_dict` saves)."""
+        self._resume: LoaderPosition | None = None
+        self._pending_skip = 0
         self.lookahead_seconds = 0.0
         """Time spent counting and all-reducing (for benchmarks)."""
 
@@ -105,9 +119,33 @@ class GlobalStatsLoader(DataLoader):
         self.max_batches = int(max_batches) if finite else None
 
     def __iter__(self) -> Iterator[Any]:
-        return self._with_stats(super().__iter__())
+        return self._pass()
 
-    def _with_stats(self, batches: Iterator[Any]) -> Iterator[Any]:
+    # ---- resumable position (Lightning saves `state_dict` in checkpoints and restores it) ---------
+    def state_dict(self) -> dict[str, Any]:
+        """The position in the current pass (`LoaderPosition`): Lightning saves it in checkpoints."""
+        return self.position.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume the next pass where the checkpointed one was (Lightning calls it before iterating)."""
+        self._resume = LoaderPosition.from_state(state_dict)
+
+    def skip(self, num_batches: int) -> None:
+        """Drop the next ``num_batches`` micro-batches of the current pass (e.g. after a loss spike).
+
+        Lightning's count of the epoch does not change, so the pass ends early: at the last whole
+        accumulation window that the remaining data fills (the trailing micro-batches of a partial
+        window are dropped too), and Lightning then ends the epoch.
+        """
+        if num_batches < 0:
+            raise ValueError(f"GlobalStatsLoader.skip: num_batches must be >= 0, got {num_batches}")
+        self._pending_skip += num_batches
+
+    # ---- one pass ----------------------------------------------------------------------------
+    def _pass(self) -> Iterator[Any]:
+        """Windows aligned with Lightning's batch index: window ``k`` holds the micro-batches with index
+        ``[k·A, min((k+1)·A, length))``. The data iterator is created at the first ``next``, after
+        Lightning has set the sampler's epoch."""
         window_size = self.accumulate_grad_batches
         if window_size is None:
             raise ConfigError(
@@ -115,17 +153,27 @@ class GlobalStatsLoader(DataLoader):
                 "RegularizedLM (which configures the loader when training starts)"
             )
         keys = self.mask_keys or (LABELS_KEY,)
-        remaining = self.max_batches
-        while remaining is None or remaining > 0:
-            take = window_size if remaining is None else min(window_size, remaining)
-            window = list(islice(batches, take))
-            if not window:
-                return
-            if remaining is not None:
-                remaining -= len(window)
-            yield from self._attach(window, window_size, keys)
+        epoch, length = getattr(self.sampler, "epoch", None), self.max_batches
+        resume, self._resume, self._pending_skip = self._resume, None, 0
+        start = resume.resume_point(epoch, length, window_size) if resume else 0
+        skipped = resume.skipped if resume and start else 0
+        self.position = LoaderPosition(epoch, start, skipped, length, window_size)
+        batches = iterate_from(self, start + skipped)
+        while length is None or self.position.index < length:
+            if self._pending_skip:
+                dropped = sum(1 for _ in islice(batches, self._pending_skip))
+                self.position.skipped, self._pending_skip = self.position.skipped + dropped, 0
+            index = self.position.index
+            size = window_size - index % window_size
+            if length is not None:
+                size = min(size, length - index)
+            window = list(islice(batches, size))
+            if not window or (length is not None and len(window) < size):
+                break  # the data ended before Lightning's count: no partial window (see `skip`)
+            yield from self._attach(window, window_size, keys, index)
+        self.position.done = True
 
-    def _attach(self, window: list[Any], window_size: int, keys: Sequence[str]) -> Iterator[Any]:
+    def _attach(self, window: list[Any], window_size: int, keys: Sequence[str], index: int) -> Iterator[Any]:
         start = time.perf_counter()
         for i, batch in enumerate(window):
             if not isinstance(batch, dict):
@@ -138,13 +186,16 @@ class GlobalStatsLoader(DataLoader):
         masks = tensor_to_counts(totals, keys)
         self.lookahead_seconds += time.perf_counter() - start
         for i, batch in enumerate(window):
-            stats = GlobalStats(
+            stats = LoaderStats(
                 masks=masks,
                 loss_scale=float(window_size * world_size),
                 local=local[i],
-                position=i,
+                position=(index + i) % window_size,
                 window=len(window),
+                index=index + i,
+                ends_window=i == len(window) - 1,
             )
+            self.position.index = index + i + 1  # counted before Lightning sees it: saved as consumed
             yield {**batch, GLOBAL_STATS_KEY: stats}
 
     def _all_reduce(self, counts: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -155,3 +206,13 @@ class GlobalStatsLoader(DataLoader):
             counts = counts.cuda()
         dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
         return counts.cpu(), dist.get_world_size(group)
+
+
+def data_parallel_group(trainer: Any) -> Any:
+    """The group whose ranks' counts make a step's global counts: the ``data_parallel`` dimension of the
+    device mesh under Lightning's ``ModelParallelStrategy`` (its tensor-parallel ranks hold the same
+    micro-batches), else ``None`` (the whole world)."""
+    mesh = getattr(getattr(trainer, "lightning_module", None), "device_mesh", None)
+    if mesh is None or "data_parallel" not in (mesh.mesh_dim_names or ()):
+        return None
+    return mesh["data_parallel"].get_group()

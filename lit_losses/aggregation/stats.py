@@ -13,17 +13,67 @@ LABELS_KEY = "labels"
 """The default mask key: ``labels != ignore_index``."""
 
 
-def sequence_ids(mask: Tensor, segment_ids: Tensor | None = None) -> Tensor:
+def segments_from_positions(position_ids: Tensor) -> Tensor:
+    """Segment ids ``[B, T]`` from ``position_ids`` alone: a new segment wherever a position is not the
+    previous one plus 1 (Hugging Face's packed format, ``DataCollatorWithFlattening``: positions restart
+    at 0 for each document and there are no ``segment_ids``; the rule transformers' own packed-sequence
+    detection uses).
+
+    Example:
+        >>> import torch
+        >>> segments_from_positions(torch.tensor([[0, 1, 2, 0, 1, 0], [5, 6, 7, 8, 9, 10]])).tolist()
+        [[0, 0, 0, 1, 1, 2], [0, 0, 0, 0, 0, 0]]
+    """
+    first = position_ids[..., :1] - 1
+    return (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+
+
+def batch_segment_ids(batch: Mapping[str, Any]) -> Tensor | None:
+    """The segments of a batch's packed rows: ``batch["segment_ids"]``, else derived from
+    ``batch["position_ids"]`` (`segments_from_positions`), else ``None`` (one sequence per row).
+
+    Example:
+        >>> import torch
+        >>> batch_segment_ids({"position_ids": torch.tensor([[0, 1, 0, 1, 2]])}).tolist()
+        [[0, 0, 1, 1, 1]]
+        >>> batch_segment_ids({"labels": torch.tensor([[1, 2]])}) is None
+        True
+    """
+    if batch.get("segment_ids") is not None:
+        return batch["segment_ids"]
+    position_ids = batch.get("position_ids")
+    if not isinstance(position_ids, Tensor) or position_ids.dim() < 1:
+        return None
+    return segments_from_positions(position_ids)
+
+
+def sequence_ids(
+    mask: Tensor, segment_ids: Tensor | None = None, position_ids: Tensor | None = None
+) -> Tensor:
     """A dense id per position of its sequence: a (row, segment) pair in packed rows, else the row.
 
+    Segments are ``segment_ids``; without them, runs of consecutive ``position_ids``
+    (`segments_from_positions`: Hugging Face's packed rows); with neither, each row is one sequence.
+
     Returns a ``long`` tensor shaped like ``mask`` with ids in ``[0, number of sequences)``.
+
+    Example:
+        >>> import torch
+        >>> mask = torch.ones(2, 4, dtype=torch.bool)
+        >>> sequence_ids(mask).tolist()
+        [[0, 0, 0, 0], [1, 1, 1, 1]]
+        >>> sequence_ids(mask, position_ids=torch.tensor([[0, 1, 0, 1], [0, 1, 2, 3]])).tolist()
+        [[0, 0, 1, 1], [2, 2, 2, 2]]
     """
     rows = torch.arange(mask.shape[0], device=mask.device)[:, None].expand_as(mask)
+    name = "segment_ids"
+    if segment_ids is None and position_ids is not None:
+        segment_ids, name = segments_from_positions(position_ids), "position_ids"
     if segment_ids is None:
         return rows.long()
     if segment_ids.shape != mask.shape:
         raise ValueError(
-            f"segment_ids shape {tuple(segment_ids.shape)} differs from the mask shape {tuple(mask.shape)}"
+            f"{name} shape {tuple(segment_ids.shape)} differs from the mask shape {tuple(mask.shape)}"
         )
     seg = segment_ids.long() - segment_ids.min()
     key = rows.long() * (int(seg.max()) + 1) + seg
@@ -68,8 +118,9 @@ class MaskStats:
 def count_masks(
     batch: Mapping[str, Any], mask_keys: Iterable[str] = (LABELS_KEY,), ignore_index: int = -100
 ) -> dict[str, MaskStats]:
-    """Counts of one micro-batch for every mask key (sequences follow ``batch["segment_ids"]``)."""
-    segment_ids = batch.get("segment_ids")
+    """Counts of one micro-batch for every mask key (sequences follow `batch_segment_ids`:
+    ``batch["segment_ids"]``, else restarts of ``batch["position_ids"]``)."""
+    segment_ids = batch_segment_ids(batch)
     return {
         key: MaskStats(*count_units(batch_mask(batch, key, ignore_index), segment_ids)) for key in mask_keys
     }

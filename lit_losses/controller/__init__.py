@@ -1,12 +1,14 @@
-"""Training controller: YAML rules on metrics, fired on Lightning hooks, performing operations."""
+"""Training controller: YAML rules on metrics, fired on Lightning events, performing operations."""
 
 from lit_losses.controller.callback import TrainingController
 from lit_losses.controller.config import ControllerConfig, parse_config
+from lit_losses.controller.events import ALL_EVENTS, HF_EVENTS, Trigger
+from lit_losses.controller.fms import TrainerControl, TrainerStateView
+from lit_losses.controller.history import HistoryBasedMetric
+from lit_losses.controller.log_control import LogControl
 from lit_losses.controller.metrics import (
-    ALL_EVENTS,
     METRIC_HANDLERS,
     EvalMetrics,
-    HistoryBasedMetric,
     Loss,
     MetricHandler,
     PerProcessState,
@@ -16,36 +18,47 @@ from lit_losses.controller.metrics import (
 )
 from lit_losses.controller.operations import (
     OPERATION_HANDLERS,
+    HFControls,
     LightningOperations,
-    LogControl,
     LRControl,
+    Operation,
     OperationHandler,
     RegularizerControl,
     register_operation_handlers,
 )
-from lit_losses.controller.rules import RULE_FUNCTIONS, RuleError, RuleEvaluator, check_rule
+from lit_losses.controller.recovery import RecoveryError, SpikeRecovery
+from lit_losses.controller.rules import RULE_FUNCTIONS, RuleError, RuleEvaluator, RuleFailure, check_rule
 
 __all__ = [
     "ALL_EVENTS",
+    "HF_EVENTS",
     "METRIC_HANDLERS",
     "OPERATION_HANDLERS",
     "RULE_FUNCTIONS",
     "ControllerConfig",
     "EvalMetrics",
+    "HFControls",
     "HistoryBasedMetric",
     "LRControl",
     "LightningOperations",
     "LogControl",
     "Loss",
     "MetricHandler",
+    "Operation",
     "OperationHandler",
     "PerProcessState",
+    "RecoveryError",
     "RegularizerControl",
     "RegularizerState",
     "RuleError",
     "RuleEvaluator",
+    "RuleFailure",
+    "SpikeRecovery",
+    "TrainerControl",
+    "TrainerStateView",
     "TrainingController",
     "TrainingState",
+    "Trigger",
     "check_rule",
     "parse_config",
     "register_metric_handlers",

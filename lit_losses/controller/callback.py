@@ -1,4 +1,4 @@
-"""`TrainingController`: a Lightning Callback that evaluates YAML rules on hooks and performs operations."""
+"""`TrainingController`: a Lightning Callback that evaluates YAML rules on events and performs operations."""
 
 from __future__ import annotations
 
@@ -8,38 +8,47 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 
-from lit_losses.controller.config import Controller, parse_config
-from lit_losses.controller.metrics import ALL_EVENTS
-from lit_losses.controller.operations import RegularizerControl
+from lit_losses.aggregation.window import window_ends
+from lit_losses.controller.config import UnregisteredClassError, load_source, parse_config
+from lit_losses.controller.events import ALL_EVENTS
+from lit_losses.controller.loop import end_epoch
+from lit_losses.controller.metrics import epoch_progress, is_final, register_metric_handlers
+from lit_losses.controller.operations import register_operation_handlers
+from lit_losses.controller.perform import Firing, eval_metrics, handle
 from lit_losses.controller.rules import RuleEvaluator
 
 log = logging.getLogger("lit_losses.controller")
 
 
 class TrainingController(L.Callback):
-    """Rules on metrics, fired on Lightning hooks, performing operations; safe, DDP-consistent, resumable.
+    """Rules on metrics, fired on Lightning events, performing operations; safe, DDP-consistent, resumable.
 
-    The config (a YAML path, an inline YAML string or a dict) has three lists::
+    The config (a YAML path, an inline YAML string or a dict) has three lists (fms-hf-tuning's schema;
+    its configs run unchanged)::
 
         controller-metrics:   # {name, class, arguments}: values that rules read (alias controller_metrics)
-        operations:           # {name, class, arguments}: actions (methods should_*); `lightning` is built in
-        controllers:          # {name, triggers, rule, operations, patience}
+        operations:           # {name, class, arguments}: actions (should_*); + `lightning`, `hfcontrols`
+        controllers:          # {name, triggers, rule, operations, patience, config, on_error}
 
-    **Each hook** listed in some ``triggers``: metric handlers that support the hook recompute their
-    value (stamped with the global ``step``; a value stays usable on later hooks), each controller's
-    rule is evaluated with simpleeval (rules whose metrics are not available yet skip, logged once),
-    the decisions of all controllers of the hook are combined across ranks in **one** reduction (a rule
-    that holds on any rank holds everywhere, so every rank takes the same branch and no collective is
-    left waiting), patience counters advance, and the operations run (on every rank when they need
-    to, such as checkpointing; otherwise on rank 0).
+    **Each event** (a Lightning hook, ``on_optimizer_step_start``/``on_optimizer_step_end`` once per
+    optimizer step, or a Hugging Face name such as ``on_log``): metric handlers that compute on it
+    recompute their value (a dict gets the global ``step``; a value stays usable on later events), each
+    controller triggered by it evaluates its rule with simpleeval (rules whose metrics are not available
+    yet skip), the outcomes of all of the event's controllers are combined across ranks in **one**
+    reduction (a rule that holds on any rank holds everywhere, so every rank takes the same branch),
+    patience counts, and the operations run (on every rank when they need to, such as checkpointing;
+    otherwise on rank 0); what they ask of the trainer (`TrainerControl` flags, ``should_stop``) is then
+    done on every rank. A rule that raises or whose value is not a boolean stops the run with an error
+    naming the controller, the rule and the metric values (``on_error: warn``: a warning, every time).
 
     **Validation** happens in ``__init__`` (syntax, names, classes, actions, triggers, patience: all
     problems in one `ConfigError` naming each YAML path) and at ``setup`` (against the module, e.g. a
-    `RegularizerControl`'s regularizer name), before the first training step.
+    `RegularizerControl`'s regularizer name), before the first training step. A config naming handler
+    classes not registered yet waits for `register_metric_handlers` / `register_operation_handlers`
+    (called on this object, as fms-hf-tuning does) until ``setup``.
 
-    **State** (patience counters, metric windows and latest values) is saved in checkpoints.
+    **State** (patience counts, metric windows and values, operations' state) is saved in checkpoints.
 
     Args:
         config: YAML path, inline YAML, or dict.
@@ -51,7 +60,7 @@ class TrainingController(L.Callback):
         >>> from lit_losses.controller import TrainingController
         >>> controller = TrainingController({
         ...     "controller-metrics": [{"name": "state", "class": "TrainingState"}],
-        ...     "controllers": [{"name": "stop-at-100", "triggers": ["on_train_batch_end"],
+        ...     "controllers": [{"name": "stop-at-100", "triggers": ["on_optimizer_step_end"],
         ...                      "rule": 'state["global_step"] >= 100',
         ...                      "operations": ["lightning.should_training_stop"]}],
         ... })
@@ -63,123 +72,128 @@ class TrainingController(L.Callback):
 
     def __init__(self, config: str | Path | dict[str, Any]) -> None:
         super().__init__()
-        self.config = parse_config(config)
+        self._source = load_source(config)
         self.evaluator = RuleEvaluator()
-        self.values: dict[str, dict[str, Any]] = {}
-        """The latest value of each metric, by metric name (each with its ``step``)."""
-        self.counters = {c.name: 0 for c in self.config.controllers}
+        self.values: dict[str, Any] = {}
+        """The latest value of each metric, by metric name (a dict carries its ``step``)."""
         self.fired: list[dict[str, Any]] = []
         """``{"controller", "step", "event", "operations"}`` of every firing (this process)."""
-
+        self.log_history: list[dict[str, Any]] = []
+        """What fms-hf-tuning handlers read as ``state.log_history`` (kept only when one is configured)."""
+        self.counters: dict[str, int] = {}
+        self.config = None
         self._skipped_once: set[str] = set()
-        self._events = {t for c in self.config.controllers for t in c.triggers}
+        self._running: set[str] = set()
+        self._end_epoch = False
+        self._pending: UnregisteredClassError | None = None
+        self._try_parse()
+
+    def _try_parse(self) -> None:
+        try:
+            self.config = parse_config(self._source)
+        except UnregisteredClassError as exc:  # fms-hf-tuning registers handlers after creating the callback
+            self._pending = exc
+            return
+        self._pending = None
+        self.counters = {c.name: self.counters.get(c.name, 0) for c in self.config.controllers}
+        self._by_event = {e: [c for c in self.config.controllers if e in c.triggers] for e in ALL_EVENTS}
+        self._events = {e for e in ALL_EVENTS if self._by_event[e]}
+        self._events |= {e for h in self.config.metrics.values() for e in h.events}
+        self._keeps_history = any(not h.lightning_style() for h in self.config.metrics.values())
+
+    def register_metric_handlers(self, *handlers: list[type] | type, **named: type) -> None:
+        """Register metric handler classes (`register_metric_handlers`) and use them in this config."""
+        register_metric_handlers(*handlers, **named)
+        if self.config is None:
+            self._try_parse()
+
+    def register_operation_handlers(self, *handlers: list[type] | type, **named: type) -> None:
+        """Register operation handler classes (`register_operation_handlers`) and use them here."""
+        register_operation_handlers(*handlers, **named)
+        if self.config is None:
+            self._try_parse()
 
     @property
     def state_key(self) -> str:
         """The key of this callback's state in checkpoints (depends on the controller names)."""
-        return self._generate_state_key(controllers=sorted(self.counters))
+        names = [c.get("name") for c in self._source.get("controllers") or [] if isinstance(c, Mapping)]
+        return self._generate_state_key(controllers=sorted(str(n) for n in names))
 
     # ---- Lightning hooks ---------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Check the operations against the module (e.g. regularizer names), before any step.
 
         Raises:
-            ConfigError: an operation that cannot work on ``pl_module``.
+            ConfigError: a handler class still not registered, or an operation that cannot work on
+                ``pl_module``.
         """
+        if self._pending is not None:
+            raise self._pending
         for handler in self.config.operations.values():
-            if isinstance(handler, RegularizerControl):
-                handler.check_module(pl_module)
+            handler.setup(trainer, pl_module)
+
+    def on_fit_start(self, trainer, pl_module):
+        self._on_event("on_fit_start", trainer, pl_module)
 
     def on_train_start(self, trainer, pl_module):
+        for handler in self.config.operations.values():
+            handler.start(trainer, pl_module, self)
         self._on_event("on_train_start", trainer, pl_module)
 
     def on_train_epoch_start(self, trainer, pl_module):
         self._on_event("on_train_epoch_start", trainer, pl_module)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx % trainer.accumulate_grad_batches == 0:
+            self._on_event("on_optimizer_step_start", trainer, pl_module)
         self._on_event("on_train_batch_start", trainer, pl_module)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self._on_event("on_before_optimizer_step", trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self._on_event("on_train_batch_end", trainer, pl_module)
+        if window_ends(trainer, batch_idx):
+            self._on_event("on_optimizer_step_end", trainer, pl_module)
+            if self._end_epoch:  # asked for at this step or earlier in its window
+                self._end_epoch = False
+                end_epoch(trainer)
 
     def on_train_epoch_end(self, trainer, pl_module):
+        self._end_epoch = False
         self._on_event("on_train_epoch_end", trainer, pl_module)
 
     def on_validation_start(self, trainer, pl_module):
         self._on_event("on_validation_start", trainer, pl_module)
 
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self._on_event("on_validation_batch_end", trainer, pl_module)
+
     def on_validation_epoch_end(self, trainer, pl_module):
         self._on_event("on_validation_epoch_end", trainer, pl_module)
 
     def on_validation_end(self, trainer, pl_module):
-        self._on_event("on_validation_end", trainer, pl_module)
+        self._on_event("on_validation_end", trainer, pl_module, metrics=eval_metrics(trainer))
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        folder = getattr(trainer.checkpoint_callback, "dirpath", None) or trainer.default_root_dir
+        final = is_final(trainer, epoch_progress(trainer))
+        self._on_event("on_save_checkpoint", trainer, pl_module, path=folder, hf_path=folder, is_final=final)
 
     def on_train_end(self, trainer, pl_module):
         self._on_event("on_train_end", trainer, pl_module)
 
     # ---- one event ---------------------------------------------------------------------------
-    def _on_event(self, event: str, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if event not in self._events or trainer.sanity_checking:
+    def _on_event(self, event: str, trainer: L.Trainer, pl_module: L.LightningModule, **extras: Any) -> None:
+        if self.config is None or event not in self._events or trainer.sanity_checking:
             return
-        step = trainer.global_step
-        for name, handler in self.config.metrics.items():
-            if event in handler.events:
-                value = handler.compute(event, trainer, pl_module)
-                if value is not None:
-                    self.values[name] = {**value, "step": step}
-        controllers = [c for c in self.config.controllers if event in c.triggers]
-        local = [self._evaluate(c) for c in controllers]
-        for controller, holds in zip(controllers, self._any_rank(trainer, pl_module, local), strict=True):
-            if self._patience_reached(controller, holds):
-                self._perform(controller, event, trainer, pl_module)
-
-    def _evaluate(self, controller: Controller) -> bool:
-        missing = controller.names - self.values.keys()
-        if missing:
-            self._once(
-                controller.name,
-                f"controller {controller.name!r}: metrics {sorted(missing)} not available yet; rule skipped",
-            )
-            return False
+        if event in self._running:  # an operation that runs its own event again (a save on save)
+            return
+        self._running.add(event)
         try:
-            return bool(self.evaluator.evaluate(controller.rule, self.values))
-        except Exception as exc:  # e.g. a key not logged yet: skip, say so once
-            self._once(
-                controller.name, f"controller {controller.name!r}: rule skipped ({type(exc).__name__}: {exc})"
-            )
-            return False
-
-    @staticmethod
-    def _any_rank(trainer: L.Trainer, pl_module: L.LightningModule, local: list[bool]) -> list[bool]:
-        if trainer.world_size == 1 or not local:
-            return local
-        votes = torch.tensor([float(v) for v in local], device=pl_module.device)
-        votes = trainer.strategy.reduce(votes, reduce_op="sum")
-        return [bool(v > 0) for v in votes.tolist()]
-
-    def _patience_reached(self, controller: Controller, holds: bool) -> bool:
-        patience = controller.patience
-        if holds:
-            self.counters[controller.name] += 1
-        elif patience.mode == "reset_on_failure":
-            self.counters[controller.name] = 0
-        if self.counters[controller.name] >= patience.patience_threshold:
-            self.counters[controller.name] = 0
-            return True
-        return False
-
-    def _perform(
-        self, controller: Controller, event: str, trainer: L.Trainer, pl_module: L.LightningModule
-    ) -> None:
-        context = {"controller": controller.name, "metrics": self.values, "event": event}
-        for target, action in controller.operations:
-            handler = self.config.operations[target]
-            if action in handler.every_rank or trainer.is_global_zero:
-                getattr(handler, action)(trainer, pl_module, context)
-        record = {"controller": controller.name, "step": trainer.global_step, "event": event}
-        self.fired.append({**record, "operations": [f"{t}.{a}" for t, a in controller.operations]})
-        if trainer.is_global_zero:
-            log.info("controller %r fired at step %d on %s", controller.name, trainer.global_step, event)
+            handle(Firing(self, event, trainer, pl_module, extras, epoch_progress(trainer)))
+        finally:
+            self._running.discard(event)
 
     def _once(self, key: str, message: str) -> None:
         if key not in self._skipped_once:
@@ -188,20 +202,24 @@ class TrainingController(L.Callback):
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Patience counters, latest metric values and metric handler states, for checkpoints."""
+        """Patience counters, latest metric values, metric and operation handler states."""
+        config = self.config
         return {
             "counters": dict(self.counters),
-            "values": {k: dict(v) for k, v in self.values.items()},
-            "metrics": {name: h.state_dict() for name, h in self.config.metrics.items()},
+            "values": {k: dict(v) if isinstance(v, Mapping) else v for k, v in self.values.items()},
+            "metrics": {name: h.state_dict() for name, h in config.metrics.items()} if config else {},
+            "operations": {name: h.state_dict() for name, h in config.operations.items()} if config else {},
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore `state_dict`'s output; controllers and metrics no longer configured are ignored."""
+        """Restore `state_dict`'s output; controllers and handlers no longer configured are ignored."""
         self.counters.update({k: v for k, v in state_dict.get("counters", {}).items() if k in self.counters})
-        self.values.update(state_dict.get("values", {}))
-        for name, state in state_dict.get("metrics", {}).items():
-            if name in self.config.metrics:
-                self.config.metrics[name].load_state_dict(state)
+        self.values = dict(state_dict.get("values", {}))
+        for kind in ("metrics", "operations"):
+            handlers = getattr(self.config, kind, {})
+            for name, state in state_dict.get(kind, {}).items():
+                if name in handlers:
+                    handlers[name].load_state_dict(state)
 
 
 __all__ = ["ALL_EVENTS", "TrainingController"]

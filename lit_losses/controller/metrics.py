@@ -1,48 +1,57 @@
-"""Metric handlers: what rules can read. Each value is a dict that carries the ``step`` it was computed at."""
+"""Metric handlers: what rules can read. A dict value carries the ``step`` it was computed at."""
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from typing import Any, Literal, get_args
+from collections.abc import Sequence
+from typing import Any
 
 import lightning as L
 
+from lit_losses.controller.events import ALL_EVENTS
+from lit_losses.controller.fms import takes_lightning_arguments
 from lit_losses.controller.registration import register_classes, subclass_of
 from lit_losses.errors import ConfigError
 from lit_losses.registry import Registry
-
-Trigger = Literal[
-    "on_train_start",
-    "on_train_epoch_start",
-    "on_train_batch_start",
-    "on_train_batch_end",
-    "on_train_epoch_end",
-    "on_validation_start",
-    "on_validation_epoch_end",
-    "on_validation_end",
-    "on_train_end",
-]
-"""A Lightning hook usable as a controller trigger (and as an event metric handlers compute on)."""
-
-ALL_EVENTS: tuple[Trigger, ...] = get_args(Trigger)
-"""Every `Trigger`, in the order Lightning calls the hooks."""
 
 
 def _number(value: Any) -> float:
     return float(value.item() if hasattr(value, "item") else value)
 
 
+def epoch_progress(trainer: L.Trainer) -> float:
+    """The fractional epoch, as Hugging Face counts it: ``e + b / n`` during epoch ``e`` after ``b`` of its
+    ``n`` micro-batches, so 1.0 at the end of the first epoch (Lightning's ``current_epoch`` is still 0
+    there)."""
+    epochs = trainer.fit_loop.epoch_progress.current
+    if epochs.started <= epochs.processed:  # between epochs
+        return float(epochs.processed)
+    total = trainer.num_training_batches
+    done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+    if not total or total == float("inf"):
+        return float(epochs.processed)
+    return epochs.processed + min(done, total) / total
+
+
 class MetricHandler:
     """A named source of values for rules.
 
-    Subclasses set `events` (the hooks they can compute on), check their arguments in `validate`
-    and return a dict from `compute`; the controller adds ``step`` (the global step of the
-    computation). ``None`` means "not available yet": rules that use it skip. Register a subclass
-    with `register_metric_handlers` to use it as ``class`` in the YAML (or give its import path).
+    Subclasses set `events` (the events they compute on: they compute on each of them, whatever the
+    controllers' triggers, so that a window of past values is unaffected by when rules run), check
+    their arguments in `validate` and return the values from `compute` (a dict gets the ``step`` of
+    the computation added). ``None`` means "not available yet": rules that use it skip. Register a
+    subclass with `register_metric_handlers` to use it as ``class`` in the YAML (or give its import
+    path).
+
+    fms-hf-tuning handlers work unchanged: ``__init__(self, **kwargs)`` passing ``events=[...]``
+    (Hugging Face names) to this constructor, ``validate() -> bool`` (``False`` refuses the config)
+    and ``compute(state=None, **kwargs) -> Any`` (called with a `TrainerStateView` and the event's
+    keyword arguments: ``event_name``, ``args`` (the trainer), ``control``, ``metrics`` on
+    ``on_evaluate``, ``path``/``is_final`` on ``on_save``).
 
     Args:
         name: the name rules use for the values (``name`` in the YAML).
+        events: overrides the class's `events` (Lightning or Hugging Face names).
         **arguments: the entry's ``arguments`` mapping, checked by `validate`.
 
     Example:
@@ -54,29 +63,50 @@ class MetricHandler:
         {'value': 3}
     """
 
-    events: tuple[Trigger, ...] = ALL_EVENTS
-    """The hooks on which `compute` may be called."""
+    events: Sequence[str] = ALL_EVENTS
+    """The events on which `compute` is called (Hugging Face names are accepted)."""
 
-    def __init__(self, name: str, **arguments: Any) -> None:
+    def __init__(self, name: str, events: Sequence[str] | None = None, **arguments: Any) -> None:
         self.name, self.arguments = name, arguments
+        self.kwargs = arguments  # fms-hf-tuning's name
+        if events is not None:
+            self.events = tuple(events)
+        self.event_names: dict[str, str] = {}
+        """Each event this handler computes on and the name it declared it with (set by the config)."""
 
-    def validate(self) -> None:
+    def get_name(self) -> str:
+        """The handler's name (fms-hf-tuning's accessor)."""
+        return self.name
+
+    def lightning_style(self) -> bool:
+        """Whether `compute` takes ``(event, trainer, pl_module)`` (else fms-hf-tuning's keywords)."""
+        return takes_lightning_arguments(self.compute)
+
+    def get_events(self) -> list[str]:
+        """The events it declared (fms-hf-tuning's accessor)."""
+        return list(self.events)
+
+    def validate(self) -> bool | None:
         """Check the arguments, once, when the config is parsed.
+
+        Returns:
+            ``False`` to refuse them (as fms-hf-tuning handlers do); anything else accepts them.
 
         Raises:
             ConfigError: bad arguments (the message is prefixed with the entry's YAML path).
         """
+        return None
 
-    def compute(self, event: str, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any] | None:
+    def compute(self, event: str, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:
         """The current values, or ``None`` when they are not available yet.
 
         Args:
-            event: the hook being run (one of `events`).
+            event: the event being run (one of `events`).
             trainer: the running trainer.
             pl_module: the module being trained.
 
         Returns:
-            A dict of values (the controller adds ``step``), or ``None``.
+            The values (usually a dict; the controller adds ``step`` to a dict), or ``None``.
         """
         raise NotImplementedError
 
@@ -94,73 +124,72 @@ class MetricHandler:
 
 
 class Loss(MetricHandler):
-    """The latest logged training loss: ``{"loss": value}``.
+    """The latest logged training loss: ``{"loss": value, "epoch": fractional epoch}``.
 
-    Arguments (YAML): ``key``, the logged metric to read (default ``train/loss_total``).
-    Not available until the metric was logged.
+    Arguments (YAML): ``key``, the logged metric to read (default ``train/loss_total``, logged once per
+    optimizer step). Computed after each optimizer step and at the end of each epoch; not available
+    until the metric was logged.
     """
 
-    events = ("on_train_batch_end", "on_train_epoch_end", "on_validation_end")
+    events = ("on_optimizer_step_end", "on_train_epoch_end")
 
     def validate(self) -> None:
         self._unknown_arguments(("key",))
 
     def compute(self, event, trainer, pl_module):
-        key = self.arguments.get("key", "train/loss_total")
-        value = trainer.callback_metrics.get(key)
-        return None if value is None else {"loss": _number(value)}
+        value = trainer.callback_metrics.get(self.arguments.get("key", "train/loss_total"))
+        return None if value is None else {"loss": _number(value), "epoch": epoch_progress(trainer)}
+
+
+EVAL_SOURCES: dict[str, str | None] = {
+    "on_validation_end": "on_validation_end",
+    "on_validation_epoch_end": "on_validation_epoch_end",
+    "on_evaluate": "on_validation_end",
+    "on_predict": None,
+}
+"""``EvalMetrics``' ``source_event`` choices and the event each stands for (``None``: none in ``fit``)."""
 
 
 class EvalMetrics(MetricHandler):
-    """Validation metrics: every logged ``val/…`` value, keyed without the prefix (``{"loss": …}``).
+    """Validation metrics: each logged ``val/<x>`` as ``x`` and, as Hugging Face names them, ``eval_<x>``
+    (``{"loss": …, "eval_loss": …}``).
 
-    Arguments (YAML): ``prefix`` (default ``val/``). Not available before the first validation.
+    Arguments (YAML): ``prefix`` (default ``val/``) and ``source_event``, when to read them:
+    ``on_validation_end`` (default; alias ``on_evaluate``) or ``on_validation_epoch_end``. Not available
+    before the first validation.
     """
 
-    events = ("on_validation_end", "on_validation_epoch_end", "on_train_epoch_end", "on_train_batch_end")
+    events = ("on_validation_end",)
 
     def validate(self) -> None:
-        self._unknown_arguments(("prefix",))
+        self._unknown_arguments(("prefix", "source_event"))
+        source = self.arguments.get("source_event", "on_evaluate")
+        if source not in EVAL_SOURCES:
+            raise ConfigError(
+                f"source_event {source!r} is invalid for EvalMetrics; choose among {list(EVAL_SOURCES)}"
+            )
+        if EVAL_SOURCES[source] is None:
+            raise ConfigError(f"source_event {source!r}: Lightning does not predict during fit")
+        self.events = (EVAL_SOURCES[source],)
 
     def compute(self, event, trainer, pl_module):
         prefix = self.arguments.get("prefix", "val/")
-        values = {
-            k[len(prefix) :]: _number(v) for k, v in trainer.callback_metrics.items() if k.startswith(prefix)
-        }
+        values: dict[str, float] = {}
+        for key, value in trainer.callback_metrics.items():
+            if key.startswith(prefix) and getattr(value, "numel", lambda: 1)() == 1:
+                name = key[len(prefix) :]
+                values[name] = values[f"eval_{name}"] = _number(value)
         return values or None
 
 
-class HistoryBasedMetric(MetricHandler):
-    """The last ``window`` values of logged metric ``key``: ``{"window": [...], "full": bool}``.
-
-    Arguments (YAML): ``key`` (required, a logged metric name) and ``window`` (an integer >= 1,
-    default 5). One value is appended per computation on which ``key`` is logged; the window is saved
-    in checkpoints.
-    """
-
-    def validate(self) -> None:
-        self._unknown_arguments(("key", "window"))
-        if "key" not in self.arguments:
-            raise ConfigError("HistoryBasedMetric needs arguments.key (a logged metric name)")
-        window = self.arguments.get("window", 5)
-        if not isinstance(window, int) or window < 1:
-            raise ConfigError(f"arguments.window must be an integer >= 1, got {window!r}")
-        self.values: deque[float] = deque(maxlen=window)
-
-    def compute(self, event, trainer, pl_module):
-        value = trainer.callback_metrics.get(self.arguments["key"])
-        if value is not None:
-            self.values.append(_number(value))
-        if not self.values:
-            return None
-        return {"window": list(self.values), "full": len(self.values) == self.values.maxlen}
-
-    def state_dict(self):
-        return {"values": list(self.values)}
-
-    def load_state_dict(self, state):
-        self.values.clear()
-        self.values.extend(state.get("values", []))
+def is_final(trainer: L.Trainer, epoch: float) -> bool:
+    """Whether training ends after this step (``max_steps``, ``max_epochs`` or a requested stop)."""
+    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    return bool(
+        trainer.should_stop
+        or (max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps)
+        or (max_epochs is not None and max_epochs >= 0 and epoch >= max_epochs)
+    )
 
 
 class TrainerFields(MetricHandler):
@@ -179,15 +208,31 @@ class TrainerFields(MetricHandler):
 
 
 class TrainingState(TrainerFields):
-    """``{"epoch", "global_step", "max_steps", "max_epochs", "should_stop"}`` of the trainer."""
+    """The trainer's state, with Hugging Face's ``TrainerState`` names where they exist:
+
+    ``epoch`` (fractional: 1.0 at the end of the first epoch, as fms-hf-tuning rules expect),
+    ``current_epoch`` (Lightning's, an integer), ``global_step`` (optimizer steps), ``max_steps``,
+    ``max_epochs`` (= ``num_train_epochs``), ``should_stop``, ``is_final`` (training ends after this step),
+    ``is_world_process_zero``, ``is_local_process_zero``.
+    """
 
     fields = (
-        ("epoch", "current_epoch"),
+        ("current_epoch", "current_epoch"),
         ("global_step", "global_step"),
         ("max_steps", "max_steps"),
         ("max_epochs", "max_epochs"),
+        ("num_train_epochs", "max_epochs"),
         ("should_stop", "should_stop"),
+        ("is_world_process_zero", "is_global_zero"),
     )
+
+    def compute(self, event, trainer, pl_module):
+        epoch = epoch_progress(trainer)
+        values = super().compute(event, trainer, pl_module)
+        values.update(
+            epoch=epoch, is_final=is_final(trainer, epoch), is_local_process_zero=trainer.local_rank == 0
+        )
+        return values
 
 
 class PerProcessState(TrainerFields):
@@ -260,6 +305,4 @@ def register_metric_handlers(
     register_classes(METRIC_HANDLERS, handlers, named)
 
 
-register_metric_handlers(
-    Loss, EvalMetrics, HistoryBasedMetric, TrainingState, PerProcessState, RegularizerState
-)
+register_metric_handlers(Loss, EvalMetrics, TrainingState, PerProcessState, RegularizerState)

@@ -1,34 +1,46 @@
-"""Operation handlers: what controllers do. Actions are methods named ``should_*``."""
+"""Operation handlers: what controllers do. Actions are methods named ``should_<something>``."""
 
 from __future__ import annotations
 
 import logging
 import re
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 import lightning as L
 
+from lit_losses.controller.loop import log_now, save_now, scale_learning_rate, validate_inside_fit
 from lit_losses.controller.registration import register_classes, subclass_of
-from lit_losses.controller.rules import RuleEvaluator, check_rule
 from lit_losses.errors import ConfigError
 from lit_losses.registry import Registry
 
 log = logging.getLogger("lit_losses.controller")
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
-"""A `LogControl` level (case-insensitive in the YAML)."""
+"""A logging level (case-insensitive in the YAML)."""
 
 LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 
+_ACTION = re.compile(r"should_.+")
+
 
 class OperationHandler:
-    """A named set of actions (methods ``should_<action>(trainer, pl_module, context)``).
+    """A named set of actions: methods ``should_<action>(trainer, pl_module, context)``.
 
-    ``context`` holds the controller name (``"controller"``), the hook (``"event"``) and the metric
-    values (``"metrics"``) of the firing rule; actions may add entries to it. `every_rank` lists the
-    actions that must run on every rank (collectives such as checkpointing); the others run on rank 0
-    only. Register a subclass with `register_operation_handlers` to use it as ``class`` in the YAML.
+    ``context`` holds the controller name (``"controller"``), the event (``"event"``), the metric values
+    (``"metrics"``), the controller itself (``"callback"``) and a `TrainerControl` (``"control"``) whose
+    flags the controller obeys on every rank once the event's controllers have run; actions may add
+    entries to it. `every_rank` lists the actions that must run on every rank (collectives such as
+    checkpointing, changes to the model or optimizer); the others run on rank 0 only. Register a
+    subclass with `register_operation_handlers` to use it as ``class`` in the YAML.
+
+    fms-hf-tuning operations work unchanged (``Operation`` is this class): actions written as
+    ``should_x(self, control, **kwargs)`` get the `TrainerControl` and the keyword arguments of
+    fms-hf-tuning (``event_name``, ``control_name``, ``args``: the trainer, ``state``: a
+    `TrainerStateView`, and every metric value by name).
+
+    Hooks for handlers that keep state across steps: `setup` (before training; check the module),
+    `start` (training starts), `after_step` (after every optimizer step's controllers), `state_dict`.
 
     Args:
         name: the name controllers use (``<name>.<action>`` in their ``operations``).
@@ -37,14 +49,24 @@ class OperationHandler:
 
     every_rank: tuple[str, ...] = ()
     """Actions that run on every rank; the others run on rank 0 only."""
+    action_triggers: Mapping[str, tuple[str, ...]] = {}
+    """Actions that may only run on some events: action -> the allowed triggers."""
 
     def __init__(self, name: str, **arguments: Any) -> None:
         self.name, self.arguments = name, arguments
+        self.kwargs = arguments  # fms-hf-tuning's name
 
-    @classmethod
-    def actions(cls) -> tuple[str, ...]:
-        """The action names (methods ``should_*``), sorted."""
-        return tuple(sorted(a for a in dir(cls) if a.startswith("should_") and callable(getattr(cls, a))))
+    def actions(self) -> tuple[str, ...]:
+        """The action names (methods ``should_<something>``), sorted."""
+        return tuple(sorted(a for a in dir(self) if _ACTION.fullmatch(a) and callable(getattr(self, a))))
+
+    def get_name(self) -> str:
+        """The operation's name (fms-hf-tuning's accessor)."""
+        return self.name
+
+    def get_actions(self) -> tuple[str, ...]:
+        """fms-hf-tuning's name of `actions`."""
+        return self.actions()
 
     def validate(self, metric_names: tuple[str, ...]) -> None:
         """Check the arguments, once, when the config is parsed.
@@ -55,6 +77,22 @@ class OperationHandler:
         Raises:
             ConfigError: bad arguments (the message is prefixed with the entry's YAML path).
         """
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Check the operation against the module before training (raise `ConfigError`)."""
+
+    def start(self, trainer: L.Trainer, pl_module: L.LightningModule, controller: Any) -> None:
+        """Training starts (the data, the optimizers and a resumed checkpoint's state are in place)."""
+
+    def after_step(self, trainer: L.Trainer, pl_module: L.LightningModule, controller: Any) -> None:
+        """An optimizer step ended and the controllers triggered by it have run."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to save in checkpoints; empty by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
 
     def _unknown_arguments(self, allowed: tuple[str, ...]) -> None:
         unknown = sorted(set(self.arguments) - set(allowed))
@@ -83,101 +121,52 @@ class LightningOperations(OperationHandler):
         trainer.should_stop = True
 
     def should_save_checkpoint(self, trainer, pl_module, context) -> None:
-        dirpath = Path(
-            self.arguments.get("dirpath") or Path(trainer.default_root_dir) / "controller-checkpoints"
-        )
-        path = dirpath / f"controller-{context['controller']}-step{trainer.global_step}.ckpt"
-        trainer.save_checkpoint(path)
-        context["checkpoint_path"] = str(path)
+        if context["event"] == "on_save_checkpoint":
+            return  # already saving one
+        context["checkpoint_path"] = save_now(trainer, self.arguments.get("dirpath"), context["controller"])
 
     def should_validate(self, trainer, pl_module, context) -> None:
-        if not trainer.training or trainer.validating or trainer.sanity_checking:
-            return
-        if not _has_validation_data(trainer):
-            raise RuntimeError(
-                f"controller {context['controller']!r}: should_validate without validation data"
-            )
-        _validate_inside_fit(trainer)
+        validate_inside_fit(trainer, context["controller"])
 
     def should_log(self, trainer, pl_module, context) -> None:
-        metrics = {
-            k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1
-        }
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+        log_now(trainer)
 
 
-# ---- Lightning internals ------------------------------------------------------------------------
-# Lightning has no public API to run the validation loop in the middle of `fit` (checked against
-# lightning 2.6.6): `Trainer.validate` starts a run of its own, and when validation happens is fixed by
-# `val_check_interval` / `check_val_every_n_epoch` at the start of fit. So `should_validate` does what
-# `_TrainingEpochLoop.on_advance_end` does around a scheduled validation, private attributes included.
-# Re-check these two helpers (and tests/controller/test_operations.py) when upgrading Lightning.
+class HFControls(OperationHandler):
+    """Hugging Face's ``TrainerControl`` flags, as fms-hf-tuning's ``hfcontrols`` (always available under
+    that name): each action sets its flag and the controller does what it asks, on every rank, once the
+    event's controllers have run.
 
-
-def _has_validation_data(trainer: L.Trainer) -> bool:
-    """Whether fit was given validation data (loaded lazily, so `val_dataloaders` may still be None)."""
-    val_loop = trainer.fit_loop.epoch_loop.val_loop
-    return bool(trainer.val_dataloaders) or val_loop._data_source.is_defined()
-
-
-def _validate_inside_fit(trainer: L.Trainer) -> None:
-    """Run the validation loop now, as Lightning does for ``val_check_interval < 1``.
-
-    The logger connector's ``_first_loop_iter`` tells whether logged values are step- or epoch-level;
-    the validation loop resets it, so it is saved and restored (else the training metrics logged after
-    the validation would be taken as epoch-level).
+    - ``should_training_stop``: stop after this step.
+    - ``should_epoch_stop``: end the epoch after this optimizer step (requested mid-window, at the end
+      of the window).
+    - ``should_save``: save a checkpoint (as ``lightning.should_save_checkpoint``).
+    - ``should_evaluate``: run the validation loop now (as ``lightning.should_validate``).
+    - ``should_log``: send the current metrics to the loggers.
     """
-    trainer.validating = True  # so that the trainer's active loop is the validation loop
-    first_loop_iter = trainer._logger_connector._first_loop_iter
-    trainer.fit_loop.epoch_loop.val_loop.run()
-    trainer.training = True
-    trainer._logger_connector._first_loop_iter = first_loop_iter
 
-
-_PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
-
-
-class LogControl(OperationHandler):
-    """``should_log``: a message at ``level`` (a `LogLevel`, default ``INFO``) with ``{expr}`` placeholders.
-
-    Placeholders are rule expressions over the metrics (validated like rules), e.g.
-    ``"loss {train_loss['loss']:.3f} at step {state['global_step']}"`` (a format spec may follow ``:``).
-    A placeholder that cannot be evaluated yet renders as ``<expression: ErrorName>``. The message is
-    logged on the ``lit_losses.controller`` logger and stored as ``context["message"]``.
-    """
+    every_rank = ("should_training_stop", "should_epoch_stop", "should_save", "should_evaluate", "should_log")
 
     def validate(self, metric_names):
-        self._unknown_arguments(("message", "level"))
-        level = str(self.arguments.get("level", "INFO")).upper()
-        if level not in LOG_LEVELS:
-            raise ConfigError(f"arguments.level {level!r} is not a logging level")
-        message = self.arguments.get("message")
-        if not isinstance(message, str):
-            raise ConfigError("LogControl needs arguments.message (a string)")
-        for expression in _PLACEHOLDER.findall(message):
-            check_rule(_split_format(expression)[0], metric_names)
-        self._evaluator = RuleEvaluator()
+        self._unknown_arguments(())
+
+    def _flag(self, context: dict, flag: str) -> None:
+        setattr(context["control"], flag, True)
+
+    def should_training_stop(self, trainer, pl_module, context) -> None:
+        self._flag(context, "should_training_stop")
+
+    def should_epoch_stop(self, trainer, pl_module, context) -> None:
+        self._flag(context, "should_epoch_stop")
+
+    def should_save(self, trainer, pl_module, context) -> None:
+        self._flag(context, "should_save")
+
+    def should_evaluate(self, trainer, pl_module, context) -> None:
+        self._flag(context, "should_evaluate")
 
     def should_log(self, trainer, pl_module, context) -> None:
-        def render(match: re.Match) -> str:
-            expression, spec = _split_format(match.group(1))
-            try:
-                return format(self._evaluator.evaluate(expression, context["metrics"]), spec)
-            except Exception as exc:  # a metric not available yet: say so in the message
-                return f"<{expression}: {type(exc).__name__}>"
-
-        message = _PLACEHOLDER.sub(render, self.arguments["message"])
-        level = getattr(logging, str(self.arguments.get("level", "INFO")).upper())
-        log.log(level, "[controller %s] %s", context["controller"], message)
-        context["message"] = message
-
-
-def _split_format(expression: str) -> tuple[str, str]:
-    head, sep, spec = expression.rpartition(":")
-    if sep and re.fullmatch(r"[<>=^+\- #0-9,._a-zA-Z%]*", spec) and head.count("[") == head.count("]"):
-        return head, spec
-    return expression, ""
+        self._flag(context, "should_log")
 
 
 class RegularizerControl(OperationHandler):
@@ -197,7 +186,7 @@ class RegularizerControl(OperationHandler):
         if not isinstance(self.arguments.get("regularizer"), str):
             raise ConfigError("RegularizerControl needs arguments.regularizer (a regularizer name)")
 
-    def check_module(self, pl_module: L.LightningModule) -> None:
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Check that ``pl_module`` has the regularizer.
 
         Raises:
@@ -246,14 +235,11 @@ class LRControl(OperationHandler):
             raise ConfigError(f"LRControl needs arguments.factor > 0, got {factor!r}")
 
     def should_scale_lr(self, trainer, pl_module, context) -> None:
-        factor = float(self.arguments["factor"])
-        for optimizer in trainer.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] *= factor
-        for config in trainer.lr_scheduler_configs:
-            if hasattr(config.scheduler, "base_lrs"):
-                config.scheduler.base_lrs = [lr * factor for lr in config.scheduler.base_lrs]
+        scale_learning_rate(trainer, float(self.arguments["factor"]))
 
+
+Operation = OperationHandler
+"""fms-hf-tuning's name of `OperationHandler`."""
 
 OPERATION_HANDLERS: Registry[type[OperationHandler]] = Registry(
     "operation class", adapt=subclass_of(OperationHandler, "operation handler")
@@ -280,4 +266,4 @@ def register_operation_handlers(
     register_classes(OPERATION_HANDLERS, handlers, named)
 
 
-register_operation_handlers(LightningOperations, LogControl, RegularizerControl, LRControl)
+register_operation_handlers(LightningOperations, HFControls, RegularizerControl, LRControl)

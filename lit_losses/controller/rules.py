@@ -41,8 +41,13 @@ RULE_FUNCTIONS: dict[str, Any] = {
     "mean": lambda values: sum(values) / len(values) if len(values) else float("nan"),
     "all": all,
     "any": any,
+    "str": str,
+    "math_trunc": math.trunc,
+    "math_floor": math.floor,
+    "math_ceil": math.ceil,
+    "math_sqrt": math.sqrt,
 }
-"""Functions available in rules."""
+"""Functions available in rules (fms-hf-tuning's ``math_*`` included)."""
 
 MAX_RULE_CHARS = 1000
 MAX_NODES = 200
@@ -94,6 +99,11 @@ class RuleError(ValueError):
     """A rule that cannot be accepted; the message says why."""
 
 
+class RuleFailure(RuntimeError):
+    """A rule failed while training (it raised, or its value is not a boolean); the message names the
+    controller, the rule, the step, the event and the values of the metrics it reads."""
+
+
 def check_rule(rule: str, names: Iterable[str]) -> ast.Expression:
     """Parse and validate ``rule`` without running it.
 
@@ -131,7 +141,19 @@ def check_rule(rule: str, names: Iterable[str]) -> ast.Expression:
         raise RuleError(f"rule has {len(nodes)} syntax nodes (at most {MAX_NODES})")
     for node in nodes:
         _check_node(node, scope)
+    if (isinstance(tree.body, _NOT_BOOLEAN) and not _is_not(tree.body)) or (
+        isinstance(tree.body, ast.Constant) and not isinstance(tree.body.value, bool)
+    ):
+        raise RuleError(f"a rule must be a condition, but {ast.unparse(tree.body)!r} is not a boolean")
     return tree
+
+
+_NOT_BOOLEAN = (ast.BinOp, ast.List, ast.Tuple, ast.UnaryOp)
+"""Top-level expressions whose value is never a boolean (``not`` aside, checked apart)."""
+
+
+def _is_not(node: ast.AST) -> bool:
+    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)
 
 
 def _check_node(node: ast.AST, scope: set[str]) -> None:

@@ -128,25 +128,43 @@ class MicroBatchDataset(torch.utils.data.Dataset):
         return collate_rows(self.pieces, [self.rows[r] for r in self.batches[index]], self.pad_id)
 
 
-class EpochShuffleSampler(torch.utils.data.Sampler[int]):
-    """A permutation of ``range(length)`` that depends only on ``seed`` and the epoch.
+class EpochShuffleSampler(torch.utils.data.DistributedSampler):
+    """A permutation of ``range(length)`` that depends only on ``seed`` and the epoch, sharded over ranks.
 
     Unlike ``shuffle=True`` (seeded from the global RNG), the order of an epoch is the same in a
-    resumed run as in an uninterrupted one. Lightning calls ``set_epoch``, and under DDP wraps this
-    sampler so that each rank gets its shard.
+    resumed run as in an uninterrupted one. It is a ``DistributedSampler``: Lightning calls its
+    ``set_epoch`` every epoch and, under DDP, keeps it instead of wrapping it (a wrapped sampler would
+    never see ``set_epoch`` and repeat epoch 0's order). Rank ``r`` of ``num_replicas`` takes positions
+    ``r, r + num_replicas, …`` of the permutation, padded as ``DistributedSampler`` pads (with its first
+    indices) so that every rank gets ``ceil(length / num_replicas)`` indices.
+
+    Args:
+        length: number of items to permute.
+        seed: seed of every epoch's permutation.
+        num_replicas: number of data-parallel ranks.
+        rank: this process's rank.
+
+    Example:
+        >>> sampler = EpochShuffleSampler(5, seed=1)
+        >>> sorted(sampler), len(sampler)
+        ([0, 1, 2, 3, 4], 5)
+        >>> halves = [list(EpochShuffleSampler(5, seed=1, num_replicas=2, rank=r)) for r in (0, 1)]
+        >>> [len(h) for h in halves], sorted(set(halves[0] + halves[1])) == sorted(sampler)
+        ([3, 3], True)
     """
 
-    def __init__(self, length: int, seed: int = 0) -> None:
-        self.length, self.seed, self.epoch = length, seed, 0
+    def __init__(self, length: int, seed: int = 0, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(range(length), num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self.length = length
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.length
+    def permutation(self) -> list[int]:
+        """This epoch's order of all ``length`` items (before sharding)."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(self.length, generator=generator).tolist()
 
     def __iter__(self):
-        # A generator: the order is drawn at the first ``next``, after Lightning's ``set_epoch``
-        # (on resume, Lightning creates the iterator before it sets the epoch).
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        yield from torch.randperm(self.length, generator=generator).tolist()
+        # A generator: the order is drawn at the first ``next``, after Lightning's ``set_epoch``.
+        order = self.permutation()
+        while len(order) < self.total_size:
+            order += order[: self.total_size - len(order)]
+        yield from order[self.rank : self.total_size : self.num_replicas]

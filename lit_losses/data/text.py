@@ -182,11 +182,20 @@ class TextDataModule(L.LightningDataModule):
         self.val_set = build(val_docs) if val_docs else None
 
     def train_dataloader(self) -> GlobalStatsLoader:
-        """Micro-batches carrying the global counts of their optimizer step (`GlobalStatsLoader`)."""
+        """Micro-batches carrying the global counts of their optimizer step (`GlobalStatsLoader`).
+
+        The loader is resumable (Lightning saves its position in checkpoints and restores it, so that a
+        run resumed mid-epoch trains on exactly the micro-batches the uninterrupted run would); the
+        sampler shards this epoch's seeded permutation over the trainer's data-parallel ranks.
+        """
+        # the data-parallel ranks: the world under DDP, the data-parallel mesh dimension under
+        # ModelParallelStrategy (tensor-parallel peers must see the same micro-batches)
+        shards = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
+        world, rank = (shards["num_replicas"], shards["rank"]) if shards else (1, 0)
         return GlobalStatsLoader(
             self.train_set,
             batch_size=None,
-            sampler=EpochShuffleSampler(len(self.train_set), self.seed),
+            sampler=EpochShuffleSampler(len(self.train_set), self.seed, num_replicas=world, rank=rank),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )

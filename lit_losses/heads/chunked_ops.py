@@ -203,23 +203,78 @@ def _backprop_probs(
         grad_b.index_add_(0, targets, g_target)
 
 
-def _save_gradients(
-    ctx: Any, grad_h: Tensor, grad_w: Tensor, grad_b: Tensor | None, weight: Tensor, bias: Tensor | None
-) -> None:
-    """Keep the gradients a fast path computed in forward (backward only rescales them)."""
-    ctx.save_for_backward(grad_h, grad_w, grad_b)
+def _save_gradients(ctx: Any, grads: Grads, weight: Tensor, bias: Tensor | None, *inputs: Any) -> None:
+    """Keep the gradients a fast path computed in forward (backward only rescales them), and ``inputs``
+    for the differentiable recompute of a double backward (`differentiable_grads`)."""
+    ctx.save_for_backward(*grads, *inputs)
     ctx.weight_dtype = weight.dtype
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
-def _scaled_gradients(ctx: Any, g_loss: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+def _scaled_gradients(ctx: Any, g_loss: Tensor) -> Grads:
     """The saved ``(∂/∂hidden, ∂/∂weight, ∂/∂bias)`` times the upstream scalar, in the inputs' dtypes."""
-    grad_h, grad_w, grad_b = ctx.saved_tensors
+    grad_h, grad_w, grad_b = ctx.saved_tensors[:3]
     need_h, need_w, need_b = ctx.needs_input_grad[:3]
     gh = grad_h * g_loss.to(grad_h.dtype) if need_h else None
     gw = (grad_w * g_loss).to(ctx.weight_dtype) if need_w else None
     gb = (grad_b * g_loss).to(ctx.bias_dtype) if need_b and grad_b is not None else None
     return gh, gw, gb
+
+
+def differentiable_grads(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    g_lp: Tensor | None,
+    g_lse: Tensor | None,
+    g_ent: Tensor | None,
+    chunk_size: int,
+    accum_dtype: torch.dtype,
+    needs: tuple[bool, bool, bool],
+) -> Grads:
+    """``(∂/∂hidden, ∂/∂weight, ∂/∂bias)`` of ``Σ_t g_ℓ,t ℓ_t + g_lse,t lse_t + g_H,t H_t`` computed chunk by
+    chunk with differentiable operations only (the module docstring's ``∂/∂z``), ``None`` where ``needs``
+    is False.
+
+    This is the backward of a double backward (``create_graph=True``): autograd records it, so the
+    gradients are differentiable again, exactly, with respect to the inputs and the upstream gradients.
+    The graph keeps each chunk's logits until it is freed (the price of a second derivative).
+    """
+    acc = _accum_dtype(hidden, accum_dtype)
+    n, V = hidden.shape[0], weight.shape[0]
+    w = weight.to(acc)
+    b = None if bias is None else bias.to(acc)
+    zeros = hidden.new_zeros(n, dtype=acc)
+    g_lp = zeros if g_lp is None else g_lp.to(acc)
+    g_lse = zeros if g_lse is None else g_lse.to(acc)
+    parts: list[Tensor] = []
+    grad_w = weight.new_zeros(weight.shape, dtype=acc) if needs[1] else None
+    grad_b = weight.new_zeros(V, dtype=acc) if needs[2] and bias is not None else None
+    for s in range(0, n, chunk_size):
+        e = min(s + chunk_size, n)
+        h = hidden[s:e].to(acc)
+        log_p = torch.log_softmax(torch.nn.functional.linear(h, w, b), dim=1)
+        p = log_p.exp()
+        dz = p * (g_lse[s:e] - g_lp[s:e])[:, None]
+        if g_ent is not None:
+            entropy = -(p * log_p).sum(1, keepdim=True)
+            dz = dz - g_ent[s:e, None].to(acc) * p * (log_p + entropy)
+        rows = torch.arange(e - s, device=dz.device)
+        dz = dz.index_put((rows, targets[s:e]), g_lp[s:e], accumulate=True)
+        if needs[0]:
+            parts.append(dz @ w)
+        if grad_w is not None:
+            grad_w = grad_w + dz.t() @ h
+        if grad_b is not None:
+            grad_b = grad_b + dz.sum(0)
+    grad_h = None
+    if needs[0]:
+        grad_h = torch.cat(parts) if parts else hidden.new_zeros(hidden.shape, dtype=acc)
+        grad_h = grad_h.to(hidden.dtype)
+    grad_w = None if grad_w is None else grad_w.to(weight.dtype)
+    grad_b = None if grad_b is None else grad_b.to(bias.dtype)
+    return grad_h, grad_w, grad_b
 
 
 def _chunk_loss_grads(

@@ -12,6 +12,11 @@ weights known in forward (global denominators), the gradients are computed durin
 backward only rescales them: three matmuls, no recompute. `ChunkedPointwiseLoss` does the same for any
 sum of per-token functions of ``(ℓ, lse, H)``.
 
+Under ``create_graph=True`` (double backward) `ChunkedLogProbs` and `ChunkedWeightedCE` recompute their
+gradients chunk by chunk with differentiable operations (`differentiable_grads`), exact to every order;
+`ChunkedPointwiseLoss` refuses (`lit_losses.heads.higher_order`). A gradient buffer is allocated only
+for the inputs that need one (a frozen output weight costs neither its ``V × D`` buffer nor its matmul).
+
 Arguments common to the three ``apply`` calls: ``hidden`` ``[n, D]`` (hidden states of valid tokens),
 ``weight`` ``[V, D]``, ``bias`` ``[V]`` or ``None``, ``targets`` ``[n]`` (int64 token ids, all valid),
 ``chunk_size`` (tokens per chunk) and ``accum_dtype`` (logits and gradients are computed in
@@ -38,7 +43,10 @@ from lit_losses.heads.chunked_ops import (
     _Scratch,
     _softmax_,
     _target_log_probs_,
+    differentiable_grads,
 )
+from lit_losses.heads.higher_order import refuse_double_backward
+from lit_losses.heads.precision import autocast_off
 
 if TYPE_CHECKING:
     from lit_losses.heads.backend import ChunkLoss
@@ -96,14 +104,27 @@ class ChunkedLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g_lp: Tensor | None, g_lse: Tensor | None, g_ent: Tensor | None):
         hidden, weight, bias, targets, entropy = ctx.saved_tensors
+        needs = ctx.needs_input_grad[:3]
+        with autocast_off(hidden.device):
+            if torch.is_grad_enabled():  # create_graph=True: a differentiable recompute (exact 2nd order)
+                g_ent = g_ent if ctx.with_entropy else None
+                grads = differentiable_grads(hidden, weight, bias, targets, g_lp, g_lse, g_ent,
+                                             ctx.chunk_size, ctx.accum_dtype, needs)  # fmt: skip
+            else:
+                grads = ChunkedLogProbs._backward(
+                    ctx, hidden, weight, bias, targets, entropy, g_lp, g_lse, g_ent
+                )
+        return *grads, None, None, None, None
+
+    @staticmethod
+    def _backward(ctx: Any, hidden, weight, bias, targets, entropy, g_lp, g_lse, g_ent):
         acc = _accum_dtype(hidden, ctx.accum_dtype)
         n, chunk = hidden.shape[0], ctx.chunk_size
         zeros = hidden.new_zeros(n, dtype=acc)
         g_lp = zeros if g_lp is None else g_lp.to(acc)
         g_lse = zeros if g_lse is None else g_lse.to(acc)
         use_entropy = ctx.with_entropy and g_ent is not None
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, need_h, need_w, need_b)
+        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
         scratch = _Scratch(weight.shape[0], acc, hidden.device)
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
@@ -119,7 +140,7 @@ class ChunkedLogProbs(torch.autograd.Function):
             _backprop_chunk(dz, y, g_lp[s:e], h, weight, (gh, grad_w, grad_b))
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None
+        return grad_h, grad_w, grad_b
 
 
 class ChunkedWeightedCE(torch.autograd.Function):
@@ -146,7 +167,7 @@ class ChunkedWeightedCE(torch.autograd.Function):
         n = hidden.shape[0]
         w_tok = token_weights.to(acc)
         logprobs = hidden.new_empty(n, dtype=acc)
-        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, True, True, bias is not None)
+        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
         scratch = _Scratch(weight.shape[0], acc, hidden.device)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
@@ -154,15 +175,23 @@ class ChunkedWeightedCE(torch.autograd.Function):
             z = scratch.logits(h, weight, bias)
             logprobs[s:e], _, log_p = _target_log_probs_(z, y)
             # d(−w ℓ)/dz = w (p − e_y)
-            _backprop_probs(log_p.exp_(), w_c, y, -w_c, h, weight, (grad_h[s:e], grad_w, grad_b))
-        _save_gradients(ctx, grad_h, grad_w, grad_b, weight, bias)
+            gh = None if grad_h is None else grad_h[s:e]
+            _backprop_probs(log_p.exp_(), w_c, y, -w_c, h, weight, (gh, grad_w, grad_b))
+        _save_gradients(ctx, (grad_h, grad_w, grad_b), weight, bias, hidden, weight, bias, targets, w_tok)
+        ctx.chunk_size, ctx.accum_dtype = chunk_size, accum_dtype
         ctx.mark_non_differentiable(logprobs)
         return -(w_tok * logprobs).sum(), logprobs
 
     @staticmethod
     def backward(ctx: Any, g_loss: Tensor, _g_logprobs: Tensor | None):
-        gh, gw, gb = _scaled_gradients(ctx, g_loss)
-        return gh, gw, gb, None, None, None, None
+        if not torch.is_grad_enabled():
+            return *_scaled_gradients(ctx, g_loss), None, None, None, None
+        hidden, weight, bias, targets, w_tok = ctx.saved_tensors[3:]  # create_graph=True: recompute
+        with autocast_off(hidden.device):
+            g_lp, needs = -w_tok * g_loss, ctx.needs_input_grad[:3]
+            grads = differentiable_grads(hidden, weight, bias, targets, g_lp, None, None, ctx.chunk_size,
+                                         ctx.accum_dtype, needs)  # fmt: skip
+        return *grads, None, None, None, None
 
 
 class ChunkedPointwiseLoss(torch.autograd.Function):
@@ -197,12 +226,12 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
     ) -> Tensor:
         acc = _accum_dtype(hidden, accum_dtype)
         n = hidden.shape[0]
-        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, True, True, bias is not None)
+        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
         total = hidden.new_zeros((), dtype=acc)
         scratch = _Scratch(weight.shape[0], acc, hidden.device)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
-            h, y, gh = hidden[s:e], targets[s:e], grad_h[s:e]
+            h, y, gh = hidden[s:e], targets[s:e], None if grad_h is None else grad_h[s:e]
             z = scratch.logits(h, weight, bias)
             lp_c, lse_c, log_p = _target_log_probs_(z, y)
             if with_entropy:
@@ -218,10 +247,15 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
             else:
                 _backprop_probs(p, coef, y, g_lp, h, weight, (gh, grad_w, grad_b))
             total += loss_c
-        _save_gradients(ctx, grad_h, grad_w, grad_b, weight, bias)
+        _save_gradients(ctx, (grad_h, grad_w, grad_b), weight, bias)
         return total
 
     @staticmethod
     def backward(ctx: Any, g_loss: Tensor):
+        refuse_double_backward(
+            "FusedLMHead.pointwise_loss (chunked: the chunk loss ran in forward, its second derivatives are "
+            "not kept)",
+            "compute the loss from the per-token outputs of head(hidden, targets, outputs) instead",
+        )
         gh, gw, gb = _scaled_gradients(ctx, g_loss)
         return gh, gw, gb, None, None, None, None, None

@@ -18,6 +18,7 @@ from lit_losses.heads.backend import (
     weight_vector,
 )
 from lit_losses.heads.output import HeadOutput, check_head_inputs, normalize_outputs
+from lit_losses.heads.precision import in_compute_dtype
 
 #: The head backends a configuration can name (``auto`` picks among the registered ones).
 Backend = Literal["auto", "chunked", "naive", "torch", "liger"]
@@ -56,8 +57,9 @@ class FusedLMHead:
         chunk_size: tokens per chunk (default: about 64 MiB of fp32 logits per chunk; on CPU about
             128 MiB and at most 1024 tokens, see `default_chunk_size`).
         ignore_index: target value of positions without a label.
-        accum_dtype: dtype in which logits and gradients accumulate (inputs of higher precision keep
-            theirs).
+        accum_dtype: the least precise dtype logits, softmax statistics and gradients are computed in:
+            every backend computes in ``promote(hidden, weight, bias, accum_dtype)`` with autocast off and
+            returns its outputs in it (`lit_losses.heads.precision`).
         check_finite: raise when hidden states contain NaN/Inf (costs one reduction over ``hidden``).
 
     Raises:
@@ -145,7 +147,8 @@ class FusedLMHead:
         outputs = normalize_outputs(outputs)
         check_head_inputs(hidden, targets, self.weight, self.bias, self.ignore_index, self.check_finite)
         route = select_backend(self.backend, "per_token", outputs=outputs)
-        return route.backend.per_token(self, hidden, targets, outputs)
+        with in_compute_dtype(self, hidden) as (head, h):
+            return route.backend.per_token(head, h, targets, outputs)
 
     def weighted_ce(self, hidden: Tensor, targets: Tensor, token_weights: Tensor | float) -> Tensor:
         """Plain-CE fast path: ``Σ_t w_t · (−log p_t[y_t])`` over valid positions, gradients fused.
@@ -172,13 +175,19 @@ class FusedLMHead:
         route = select_backend(self.backend, "weighted_ce", uniform=uniform, on_cuda=hidden.is_cuda)
         w = token_weights if uniform else token_weights[valid]
         if route.fused:
-            return route.backend.fused_ce(self, h, y, w)
+            with in_compute_dtype(self, h) as (head, h):
+                return route.backend.fused_ce(head, h, y, w)
         w = weight_vector(w, h.shape[0], h.device)
         logprobs = self(hidden, targets, "logprobs").logprobs[valid]
         return -(w.to(logprobs.dtype) * logprobs).sum()
 
     def pointwise_loss(
-        self, hidden: Tensor, targets: Tensor, chunk_loss: ChunkLoss, with_entropy: bool = False
+        self,
+        hidden: Tensor,
+        targets: Tensor,
+        chunk_loss: ChunkLoss,
+        with_entropy: bool = False,
+        needs: Sequence[str] | None = None,
     ) -> Tensor:
         """A loss that is a sum of per-token functions of ``(logprobs, lse, entropy)``, gradients fused.
 
@@ -186,14 +195,17 @@ class FusedLMHead:
         ``[start, end)`` (row-major order of ``targets != ignore_index``) from their 1-D values
         (``entropy`` is ``None`` unless ``with_entropy``). Each token's loss must depend on that token's
         values only. The ``chunked`` backend computes every gradient during forward (three matmuls, as
-        the plain-CE fast path; also used for ``auto`` and ``liger``); ``naive`` calls ``chunk_loss`` once
-        on all tokens; ``torch`` cannot (it gives no ``lse``: `ValueError`).
+        the plain-CE fast path; also used for ``auto`` and ``liger``; no double backward); ``naive`` and
+        ``torch`` call ``chunk_loss`` once on all tokens from their per-token outputs.
 
         Args:
             hidden: ``[..., D]`` hidden states.
             targets: ``[...]`` token ids (``ignore_index`` where none).
             chunk_loss: the loss of a range of valid tokens from their per-token values.
             with_entropy: compute the entropy and pass it to ``chunk_loss``.
+            needs: the values ``chunk_loss`` reads (default: ``logprobs``, ``lse`` and, with
+                ``with_entropy``, ``entropy``); a backend without fused path computes only these, and
+                passes ``None`` for the others (e.g. ``torch``, which gives ``logprobs`` only).
 
         Returns:
             The scalar loss ``Σ chunk_loss(…)``.
@@ -203,14 +215,19 @@ class FusedLMHead:
         """
         check_head_inputs(hidden, targets, self.weight, self.bias, self.ignore_index, self.check_finite)
         valid, h, y = valid_tokens(hidden, targets, self.ignore_index)
-        outputs = ("logprobs", "lse", "entropy") if with_entropy else ("logprobs", "lse")
+        default = ("logprobs", "lse", "entropy") if with_entropy else ("logprobs", "lse")
+        outputs = ("logprobs", *(o for o in normalize_outputs(needs or default) if o != "logprobs"))
         route = select_backend(self.backend, "pointwise", outputs=outputs)
         if route.fused:
-            return route.backend.fused_pointwise(self, h, y, chunk_loss, with_entropy)
+            with in_compute_dtype(self, h) as (head, h):
+                return route.backend.fused_pointwise(head, h, y, chunk_loss, with_entropy)
         out = self(hidden, targets, outputs)
-        ent = out.entropy[valid] if with_entropy else None
-        return chunk_loss(0, int(h.shape[0]), out.logprobs[valid], out.lse[valid], ent)
+        lse = None if out.lse is None else out.lse[valid]
+        ent = out.entropy[valid] if with_entropy and out.entropy is not None else None
+        return chunk_loss(0, int(h.shape[0]), out.logprobs[valid], lse, ent)
 
     def forward_logits(self, hidden: Tensor) -> Tensor:
-        """Full logits ``h Wᵀ + b`` ``[..., V]`` of hidden states ``[..., D]`` (materialized; inference)."""
-        return torch.nn.functional.linear(hidden, self.weight, self.bias)
+        """Full logits ``h Wᵀ + b`` ``[..., V]`` of hidden states ``[..., D]`` (materialized; inference), in
+        the head's compute dtype."""
+        with in_compute_dtype(self, hidden) as (head, h):
+            return torch.nn.functional.linear(h, head.weight, head.bias)

@@ -6,6 +6,10 @@ is used only where that is exact: the plain cross-entropy ``Σ_t w·(−ℓ_t)``
 for every token (``token-mean`` / ``token-sum``), computed with ``reduction="sum"``. With
 ``backend="auto"`` per-token outputs and per-token weights go to the ``chunked`` backend; with
 ``backend="liger"`` they are refused (`ValueError`) and pointwise losses are computed by ``chunked``.
+
+Liger's kernel computes the logits in the dtype of its inputs; `FusedLMHead` hands it hidden states and
+weight in the head's compute dtype (`lit_losses.heads.precision`: fp32 for low-precision inputs), so its
+logits are fp32 like every backend's. Its gradients are first-order only (double backward is refused).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from torch import Tensor
 
 from lit_losses.heads.backend import HeadBackend, HeadConfig, register_backend
+from lit_losses.heads.higher_order import first_order_only
 
 
 def liger_available() -> bool:
@@ -64,7 +69,10 @@ def liger_uniform_ce_sum(
     fn = _liger_function()
     out = fn(hidden, weight, targets, bias=bias, reduction="sum")
     loss = out[0] if isinstance(out, tuple) else out
-    return loss * token_weight
+    loss = first_order_only(
+        loss, "head backend 'liger'", "use backend='chunked' for a loss you differentiate twice"
+    )
+    return loss.to(hidden.dtype) * token_weight
 
 
 def liger_weighted_ce(head: HeadConfig, h: Tensor, y: Tensor, token_weights: Tensor | float) -> Tensor:

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from lit_losses.heads.backend import HeadBackend, HeadConfig, register_backend
 from lit_losses.heads.output import HeadOutput
+from lit_losses.heads.precision import compute_dtype
 
 
 def naive_head(
@@ -20,8 +21,9 @@ def naive_head(
 ) -> HeadOutput:
     """Per-token log-probabilities / log-sum-exp / entropy from full logits (memory ``O(N·V)``).
 
-    With ``z = h Wᵀ + b`` in ``promote(hidden.dtype, accum_dtype)``: ``logprobs = log_softmax(z)[y]``,
-    ``lse = logsumexp(z)``, ``entropy = −Σ_v p_v log p_v``; autograd differentiates them.
+    With ``z = h Wᵀ + b`` computed in ``promote(hidden, weight, bias, accum_dtype)`` (`compute_dtype`):
+    ``logprobs = log_softmax(z)[y]``, ``lse = logsumexp(z)``, ``entropy = −Σ_v p_v log p_v``; autograd
+    differentiates them.
 
     Args:
         hidden: ``[..., D]`` hidden states.
@@ -37,8 +39,9 @@ def naive_head(
         positions.
     """
     valid = targets != ignore_index
-    dtype = torch.promote_types(hidden.dtype, accum_dtype)
-    logits = torch.nn.functional.linear(hidden, weight, bias).to(dtype)
+    dtype = compute_dtype(hidden, weight, bias, accum_dtype)
+    bias = None if bias is None else bias.to(dtype)
+    logits = torch.nn.functional.linear(hidden.to(dtype), weight.to(dtype), bias)
     logp = torch.log_softmax(logits, dim=-1)
     out = HeadOutput()
     zero = logits.new_zeros(())

@@ -1,6 +1,7 @@
 """The ``torch`` backend: `torch.nn.functional.linear_cross_entropy` (chunked), per-token log-probabilities.
 
 It gives ``logprobs = −CE`` only (no log-sum-exp, no entropy); ask the ``chunked`` backend for those.
+Torch's kernel differentiates once: double backward through it is refused (`first_order_only`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lit_losses.heads.backend import HeadBackend, HeadConfig, register_backend, scatter_valid, valid_tokens
+from lit_losses.heads.higher_order import first_order_only
 from lit_losses.heads.output import HeadOutput
+
+_INSTEAD = "use backend='chunked' or 'naive' for a loss you differentiate twice"
 
 
 def torch_available() -> bool:
@@ -31,7 +35,7 @@ def torch_lce_logprobs(
         chunk_size: torch's ``batch_chunk_size`` (``None``: torch's default).
 
     Returns:
-        ``[n]`` log-probabilities, differentiable with respect to ``hidden``, ``weight`` and ``bias``.
+        ``[n]`` log-probabilities, differentiable (once) with respect to ``hidden``, ``weight`` and ``bias``.
 
     Raises:
         RuntimeError: this PyTorch has no `F.linear_cross_entropy` (before 2.10).
@@ -43,7 +47,7 @@ def torch_lce_logprobs(
         )
     options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=chunk_size)
     ce = F.linear_cross_entropy(hidden, weight, targets, linear_bias=bias, reduction="none", options=options)
-    return -ce
+    return first_order_only(-ce, "head backend 'torch' (F.linear_cross_entropy)", _INSTEAD)
 
 
 def torch_per_token(

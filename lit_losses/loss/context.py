@@ -26,6 +26,8 @@ class LossContext:
         stats: global counts of the optimizer step and the ``loss_scale``.
         step: the trainer's global (optimizer) step.
         stage: ``"train"``, ``"val"`` or ``"predict"``.
+        cache: values derived from the context once and shared by its terms (e.g. the design's
+            ``(data, logprobs_list)``).
 
     Example:
         >>> import torch
@@ -48,6 +50,7 @@ class LossContext:
     stats: GlobalStats | None
     step: int
     stage: Stage
+    cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def logprobs(self) -> Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -10,10 +11,11 @@ from lightning.pytorch.utilities.rank_zero import WarningCache
 from torch import Tensor
 
 from lit_losses.aggregation import LABELS_KEY, AggMode, GlobalStats, check_mode, token_weights
+from lit_losses.aggregation.stats import batch_segment_ids
 from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.loss.context import LossContext, LossOutput, Stage
-from lit_losses.regularizers import FusedTerms, RegularizerSet, TermResult
+from lit_losses.regularizers import FusedTerms, RegularizerError, RegularizerSet, TermResult
 
 LossPath = Literal["plain_ce", "fused", "general"]
 Regularize = Callable[[LossContext], tuple[Tensor, dict[str, TermResult]]]
@@ -64,8 +66,15 @@ class Objective:
         self, regularizers: RegularizerSet, loss_agg: AggMode = "token-mean", base_loss_weight: float = 1.0
     ) -> None:
         check_mode(loss_agg, "model.loss_agg")
-        if base_loss_weight < 0:
-            raise ConfigError(f"model.base_loss_weight must be >= 0, got {base_loss_weight}")
+        if not isinstance(base_loss_weight, int | float) or isinstance(base_loss_weight, bool):
+            raise ConfigError(f"model.base_loss_weight must be a number, got {base_loss_weight!r}")
+        if not base_loss_weight >= 0 or not math.isfinite(base_loss_weight):
+            raise ConfigError(f"model.base_loss_weight must be >= 0 and finite, got {base_loss_weight}")
+        if base_loss_weight == 0 and len(regularizers) == 0:
+            raise ConfigError(
+                "model.base_loss_weight is 0 and model.regularizers is empty: nothing to optimize "
+                "(add a regularizer or give the base loss a weight > 0)"
+            )
         self.regularizers, self.loss_agg = regularizers, loss_agg
         self.base_loss_weight = float(base_loss_weight)
         self._warnings = WarningCache()
@@ -117,7 +126,7 @@ class Objective:
         needed = self.head_outputs_needed() if needed is None else needed
         accum_dtype = torch.promote_types(hidden.dtype, torch.float32)
         weights = token_weights(
-            mask, self.loss_agg, stats.get(LABELS_KEY), batch.get("segment_ids"), accum_dtype
+            mask, self.loss_agg, stats.get(LABELS_KEY), batch_segment_ids(batch), accum_dtype
         )
         if stage == "train" and stats.position == 0 and stats.get(LABELS_KEY).num_tokens == 0:
             self._warnings.warn(
@@ -130,7 +139,9 @@ class Objective:
             fused = FusedTerms(
                 self.regularizers, batch, mask, stats, step, weights[mask], self.base_loss_weight
             )
-            total = head.pointwise_loss(hidden, labels, fused, with_entropy="entropy" in needed)
+            total = head.pointwise_loss(
+                hidden, labels, fused, with_entropy="entropy" in needed, needs=("logprobs", *needed)
+            )
             base, reg_total, terms = fused.finish()
             return LossOutput(total, base, reg_total, stats, terms, num_tokens)
         if path == "plain_ce":
@@ -141,5 +152,22 @@ class Objective:
             base = -(weights.to(head_out.logprobs.dtype) * head_out.logprobs).sum()
         ctx = LossContext(batch, head_out, hidden, mask, stats, step, stage)
         reg_total, terms = (regularize or self.regularizers)(ctx)
+        if stage == "train" and self.base_loss_weight == 0 and torch.is_grad_enabled():
+            check_something_to_optimize(reg_total, terms, f"step {step}")
         total = (base if self.base_loss_weight == 1.0 else self.base_loss_weight * base) + reg_total
         return LossOutput(total, base, reg_total, stats, terms, num_tokens)
+
+
+def check_something_to_optimize(total: Tensor, terms: Mapping[str, TermResult], where: str) -> None:
+    """Raise when ``total`` (the loss without the base term) has no gradient path and no term failed.
+
+    A failed term skipped by its ``on_error`` policy is flagged in the telemetry instead: that step
+    legitimately has zero gradient.
+    """
+    if total.requires_grad or any(float(t["error"]) for t in terms.values()):
+        return
+    raise RegularizerError(
+        f"nothing to optimize at {where}: the base loss has weight 0 and no enabled regularizer has a "
+        f"gradient path (regularizers: {sorted(terms) or 'none'}; enabled ones returned values without "
+        "gradient or none is enabled)"
+    )

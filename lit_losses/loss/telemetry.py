@@ -18,11 +18,16 @@ class StepTelemetry(nn.Module):
     """Sums of every logged value over the micro-batches and ranks of an optimizer step.
 
     Each micro-batch adds ``value × share`` where ``share = loss_scale / (A × D)`` is what Lightning
-    (``÷A``) and DDP (``÷D``) make of its loss; the sum over the step is then the global value. The
-    sums live in one torchmetrics state (`StepSums`, ``dist_reduce_fx="sum"``: one collective per
-    step), created at the first update. `compute` returns the values to log (``…/grad_norm_sq`` as
-    ``…/grad_norm``, ``…/error`` as 0/1, each term's weight and custom metrics) and stores the nested
-    `nested` dict.
+    (``÷A``) and DDP (``÷D``) make of its loss; the sum over the step is then the global value. A
+    squared gradient norm adds ``‖g‖² × share²`` (the step's gradient w.r.t. a micro-batch's head
+    outputs is ``share × g``, and the micro-batches' outputs are disjoint), so ``grad_norm`` is exact
+    with any loader. The sums live in one torchmetrics state (`StepSums`, ``dist_reduce_fx="sum"``: one
+    collective per step), created at the first update. `compute` returns the values to log
+    (``…/grad_norm_sq`` as ``…/grad_norm``, ``…/error`` as 0/1, each term's weight and custom metrics,
+    ``train/base_loss_weight``) and stores the nested `nested` dict:
+    ``{loss_total, base_loss: {value, weight, custom}, regularizers: {name: {value, weight,
+    contribution, custom, error[, grad_norm]}}, regularizer_total}`` with
+    ``loss_total = base_loss.weight × base_loss.value + regularizer_total``.
 
     Example:
         >>> import torch
@@ -38,7 +43,7 @@ class StepTelemetry(nn.Module):
         self.sums: StepSums | None = None
         self.last_terms: Mapping[str, TermResult] = {}
         self.nested: dict[str, Any] = {}
-        """The last step as ``{loss_total, base_loss, regularizer_total, regularizers: {name: {...}}}``."""
+        """The last step as the nested dict of the class docstring."""
 
     def update(self, values: Mapping[str, Tensor], share: float, terms: Mapping[str, TermResult]) -> None:
         """Add one micro-batch's logged values, scaled by its share of the step."""
@@ -48,16 +53,22 @@ class StepTelemetry(nn.Module):
             self.sums = StepSums(keys).to(device)
         elif self.sums.keys != keys:
             raise RuntimeError(f"the logged loss terms changed during training: {self.sums.keys} -> {keys}")
-        self.sums.update({k: v * share for k, v in values.items()})
+        squared = share * share
+        self.sums.update(
+            {k: v * (squared if k.endswith("/grad_norm_sq") else share) for k, v in values.items()}
+        )
         self.last_terms = terms
 
     def log_step(self, module: Any, regularizers: RegularizerSet | None, step: int) -> None:
         """`compute` and log the values with ``module.log`` (``train/loss_total`` on the progress bar)."""
-        for key, value in self.compute(regularizers, step).items():
+        base_weight = getattr(getattr(module, "objective", None), "base_loss_weight", None)
+        for key, value in self.compute(regularizers, step, base_weight).items():
             module.log(key, value, prog_bar=key == "train/loss_total", on_step=True, on_epoch=False)
 
-    def compute(self, regularizers: RegularizerSet | None, step: int) -> dict[str, Tensor]:
-        """The step's values to log (then the sums restart)."""
+    def compute(
+        self, regularizers: RegularizerSet | None, step: int, base_weight: float | None = None
+    ) -> dict[str, Tensor]:
+        """The step's values to log (then the sums restart); ``base_weight``: the base loss's weight."""
         assert self.sums is not None, "compute() before any update()"
         values = {}
         for key, value in self.sums.compute().items():
@@ -67,6 +78,8 @@ class StepTelemetry(nn.Module):
                 value = (value > 0).to(value.dtype)
             values[key] = value.float()
         self.sums.reset()
+        if base_weight is not None:
+            values["train/base_loss_weight"] = torch.tensor(float(base_weight), dtype=torch.float64)
         for name in regularizers.terms if regularizers is not None else ():
             weight = regularizers.effective_weight(name, step)
             values[f"regularizers/{name}/weight"] = torch.tensor(weight, dtype=torch.float64)
@@ -78,7 +91,8 @@ class StepTelemetry(nn.Module):
 
 
 def nested_telemetry(values: Mapping[str, Tensor], last_terms: Mapping[str, TermResult]) -> dict[str, Any]:
-    """The flat logged values as the nested dict users read (`RegularizedLM.telemetry`)."""
+    """The flat logged values as the nested dict users read (`RegularizedLM.telemetry`; the design's
+    schema, see `StepTelemetry`). The base loss's weight is 1 unless ``train/base_loss_weight`` says."""
 
     def get(key: str) -> float:
         return float(values[key]) if key in values else 0.0
@@ -96,9 +110,10 @@ def nested_telemetry(values: Mapping[str, Tensor], last_terms: Mapping[str, Term
             entry["grad_norm"] = get(f"{prefix}/grad_norm")
         entry["error"] = get(f"{prefix}/error")
         regularizers[name] = entry
+    base_weight = float(values["train/base_loss_weight"]) if "train/base_loss_weight" in values else 1.0
     return {
         "loss_total": get("train/loss_total"),
-        "base_loss": get("train/base_loss"),
+        "base_loss": {"value": get("train/base_loss"), "weight": base_weight, "custom": {}},
         "regularizer_total": get("train/regularizer_total"),
         "regularizers": regularizers,
     }

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_losses.module import RegularizedLM
+from lit_losses.parallel import ParallelConfig
 
 
 class RMSNorm(nn.Module):
@@ -148,7 +149,14 @@ class TinyTransformer(nn.Module):
 
 
 class TinyLM(RegularizedLM):
-    """The built-in causal LM as a `RegularizedLM`: a `TinyTransformer` with tied input/output embeddings.
+    """The built-in causal LM as a `RegularizedLM`: a `TinyTransformer` and an output projection, by default
+    the (tied) input embedding, else an ``lm_head`` of its own.
+
+    Under ``ModelParallelStrategy`` (`lit_losses.parallel.ParallelConfig`) FSDP2 shards each transformer
+    block (`fsdp_modules`) and the root (embedding, final norm, ``lm_head``); tensor parallelism splits the
+    ``lm_head`` along the vocabulary (`tensor_parallel_plan`: ``ColwiseParallel``, read by the
+    vocabulary-parallel head) or, tied, the embedding (``RowwiseParallel`` over its rows); the blocks are
+    replicated over the tensor-parallel group.
 
     Args:
         vocab_size: vocabulary size (linked to ``data.vocab_size`` by the CLI).
@@ -157,6 +165,8 @@ class TinyLM(RegularizedLM):
         n_heads: attention heads.
         d_ff: SwiGLU hidden width (default ``8/3 · d_model`` rounded up to 64).
         rope_base: rotary embedding base.
+        tie_embeddings: the output projection is the input embedding (else an ``lm_head`` without bias).
+        parallel: how ``configure_model`` shards the model under ``ModelParallelStrategy``.
         **kwargs: the `RegularizedLM` options (head, loss aggregation, optimizer, regularizers).
 
     Example:
@@ -165,7 +175,13 @@ class TinyLM(RegularizedLM):
         >>> batch = {"input_ids": torch.randint(0, 100, (2, 10)), "labels": torch.randint(0, 100, (2, 10))}
         >>> model.forward_hidden(batch).shape, model.forward_logits(batch).shape
         (torch.Size([2, 10, 32]), torch.Size([2, 10, 100]))
+        >>> untied = TinyLM(vocab_size=100, d_model=32, n_layers=1, n_heads=2, tie_embeddings=False)
+        >>> untied.tensor_parallel_plan, untied.output_projection()[0] is untied.lm_head.weight
+        ({'lm_head': 'colwise'}, True)
     """
+
+    #: The FSDP2 units besides the root (`ParallelConfig.fsdp_modules`).
+    fsdp_modules = ("body.blocks.*",)
 
     def __init__(
         self,
@@ -175,14 +191,28 @@ class TinyLM(RegularizedLM):
         n_heads: int = 4,
         d_ff: int | None = None,
         rope_base: float = 10000.0,
+        tie_embeddings: bool = True,
+        parallel: ParallelConfig | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.save_hyperparameters()
         self.body = TinyTransformer(vocab_size, d_model, n_layers, n_heads, d_ff, rope_base)
+        self.lm_head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
+        if self.lm_head is not None:
+            nn.init.normal_(self.lm_head.weight, std=0.02)
+        self.parallel_config = ParallelConfig.coerce(parallel)
+
+    @property
+    def tensor_parallel_plan(self) -> dict[str, str]:
+        """The default tensor-parallel plan (`ParallelConfig.tensor_parallel_plan`): the output projection
+        sharded along the vocabulary."""
+        return {"body.embed": "embedding"} if self.lm_head is None else {"lm_head": "colwise"}
 
     def forward_hidden(self, batch: dict[str, Tensor]) -> Tensor:
         return self.body(batch["input_ids"], batch.get("segment_ids"), batch.get("position_ids"))
 
     def output_projection(self) -> tuple[Tensor, Tensor | None]:
-        return self.body.embed.weight, None
+        if self.lm_head is None:
+            return self.body.embed.weight, None
+        return self.lm_head.weight, None

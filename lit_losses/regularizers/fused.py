@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from lit_losses.aggregation import LABELS_KEY, GlobalStats, token_weights
+from lit_losses.aggregation.stats import batch_segment_ids
 from lit_losses.heads import HeadOutput
 from lit_losses.loss.context import LossContext
 from lit_losses.regularizers.runner import RegularizerSet
@@ -38,7 +39,7 @@ class FusedTerms:
         self.terms, self.active = terms, regularizers.active()
         self.batch, self.stats, self.step = batch, stats, step
         self.base_weights, self.base_loss_weight = base_weights, base_loss_weight
-        segment_ids = batch.get("segment_ids")
+        segment_ids = batch_segment_ids(batch)
         dtype = base_weights.dtype
         self.weights = {
             t.name: token_weights(mask, t.spec.agg or default_agg, stats.get(LABELS_KEY), segment_ids, dtype)[
@@ -74,7 +75,7 @@ class FusedTerms:
                     f"{t.where} is declared pointwise but returned {got} for a chunk of {end - start} "
                     "tokens; a pointwise term returns one value per token"
                 )
-            t.check_values(out, out, training=True)
+            t.check_values(out, out, training=True, sources=(logprobs, lse, entropy))
             value = (self.weights[t.name][start:end] * out).sum()
             self.sums[t.name] += value.detach()
             loss = loss + self.term_weights[t.name] * value

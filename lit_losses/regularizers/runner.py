@@ -9,22 +9,27 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from lit_losses.aggregation import LABELS_KEY, AggMode, aggregate, batch_mask, reweight_mean
+from lit_losses.aggregation import LABELS_KEY, AggMode, aggregate, batch_mask
+from lit_losses.aggregation.stats import batch_segment_ids
 from lit_losses.errors import ConfigError
 from lit_losses.loss.context import LossContext
 from lit_losses.regularizers.executors import TermExecutors
-from lit_losses.regularizers.spec import RegularizerSpec, check_weight
+from lit_losses.regularizers.scalar import scalar_value
+from lit_losses.regularizers.sequences import sequence_inputs
+from lit_losses.regularizers.spec import RegularizerSpec, as_spec, check_weight
 from lit_losses.regularizers.term import RegularizerError, Term, TermMisuse, TermResult, build_term
 
 
 class RegularizerSet:
     """The loss terms of a `RegularizedLM`: ``Σ_i w_i(step) · r_i`` with telemetry.
 
-    In a step, async terms (on one persistent event loop) and ``executor: thread`` terms start first
-    and run concurrently with the main-thread terms; results are combined in name order, so the order
-    of the terms in the config never changes the result. Each output is checked (a tensor, of shape
-    ``[B, T]`` or scalar, finite at valid positions, with a gradient path unless declared
-    non-differentiable) and aggregated with the global counts of its mask key.
+    In a step, async terms (on one persistent event loop), ``executor: thread`` and ``process`` terms
+    start first and run concurrently with the main-thread terms; results are combined in name order, so
+    the order of the terms in the config never changes the result. A term is ``fn(ctx)`` or, in the
+    design's form, ``fn(data, logprobs_list)`` (`lit_losses.regularizers.sequences`). Each output is
+    checked (a tensor, of shape ``[B, T]`` or scalar, finite at valid positions, with a gradient path
+    unless declared non-differentiable) and aggregated with the global counts of its mask key: a
+    matrix with `aggregate`, a scalar with the term's ``scalar`` rule (`scalar_value`).
 
     Errors: wrong types and shapes and missing gradient paths always raise; exceptions, non-finite
     values and timeouts follow the term's ``on_error`` (``raise`` | ``skip`` | ``warn``).
@@ -34,6 +39,7 @@ class RegularizerSet:
         default_agg: aggregation mode of terms that do not set ``agg``.
         grad_norm: also compute each term's gradient norm w.r.t. the per-token head outputs
             (log-probabilities, and the lse and entropy where a term consumes them).
+        executors: where offloaded terms run (default: a new `TermExecutors`).
 
     Example:
         >>> import torch
@@ -55,8 +61,9 @@ class RegularizerSet:
         specs: Sequence[RegularizerSpec | Mapping[str, Any]] = (),
         default_agg: AggMode = "token-mean",
         grad_norm: bool = False,
+        executors: TermExecutors | None = None,
     ) -> None:
-        specs = [s if isinstance(s, RegularizerSpec) else RegularizerSpec(**s) for s in specs]
+        specs = [as_spec(s, f"model.regularizers[{i}]") for i, s in enumerate(specs)]
         seen: set[str] = set()
         for i, s in enumerate(specs):
             if s.name in seen:
@@ -64,7 +71,7 @@ class RegularizerSet:
             seen.add(s.name)
         self.terms = {t.name: t for t in sorted((build_term(s) for s in specs), key=lambda t: t.name)}
         self.default_agg, self.grad_norm = default_agg, grad_norm
-        self.executors = TermExecutors()
+        self.executors = executors if executors is not None else TermExecutors()
 
     # ---- introspection and run-time control ---------------------------------------------------
     def __len__(self) -> int:
@@ -133,6 +140,7 @@ class RegularizerSet:
                 t.pointwise
                 and t.differentiable
                 and not t.is_async
+                and t.form == "context"
                 and t.spec.executor == "none"
                 and t.spec.on_error == "raise"
                 and t.spec.mask_key == LABELS_KEY
@@ -144,17 +152,36 @@ class RegularizerSet:
     # ---- the general path ----------------------------------------------------------------------
     def __call__(self, ctx: LossContext) -> tuple[Tensor, dict[str, TermResult]]:
         """``(Σ_i w_i · r_i, result per term)`` for one micro-batch."""
-        outcomes = self.executors.run(self.active(), ctx)
-        total = ctx.hidden.new_zeros((), dtype=torch.float32)
+        active = self.prepare(ctx)
+        return self.combine(ctx, active, self.executors.run(active, ctx))
+
+    async def call_async(self, ctx: LossContext) -> tuple[Tensor, dict[str, TermResult]]:
+        """`__call__` from a coroutine: async terms run on the caller's event loop."""
+        active = self.prepare(ctx)
+        return self.combine(ctx, active, await self.executors.run_async(active, ctx))
+
+    def prepare(self, ctx: LossContext) -> list[Term]:
+        """The enabled terms; builds the design's ``(data, logprobs_list)`` once, on this thread."""
+        active = self.active()
+        if any(t.form == "sequences" for t in active):
+            sequence_inputs(ctx)
+        return active
+
+    def combine(
+        self, ctx: LossContext, active: list[Term], outcomes: list[Any]
+    ) -> tuple[Tensor, dict[str, TermResult]]:
+        """Check, aggregate and weigh the raw ``outcomes`` of the ``active`` terms (in name order)."""
+        by_name = {t.name: out for t, out in zip(active, outcomes, strict=True)}
+        total = torch.zeros((), dtype=torch.float32, device=ctx.mask.device)
         results: dict[str, TermResult] = {}
         for name, t in self.terms.items():  # name order: the result never depends on config order
             result = TermResult(total.new_zeros(()), t.effective_weight(ctx.step), total.new_zeros(()))
             result.grad_norm_sq = total.new_zeros(()) if self.grad_norm else None
             results[name] = result
-            if not t.enabled:
+            if name not in by_name:
                 continue
             try:
-                value, result.custom = self._aggregate(t, outcomes[name], ctx)
+                value, result.custom = aggregate_output(t, by_name[name], ctx, self.default_agg)
             except Exception as exc:
                 self._handle_error(t, exc)
                 result.error = 1.0
@@ -166,38 +193,46 @@ class RegularizerSet:
                 result.grad_norm_sq = _grad_norm_sq(contribution, ctx)
         return total, results
 
-    def _aggregate(self, term: Term, out: Any, ctx: LossContext) -> tuple[Tensor, dict[str, float]]:
-        if isinstance(out, BaseException):
-            raise out
-        out, custom = term.split_custom(out)
-        if not isinstance(out, Tensor):
-            raise TermMisuse(f"{term.where} returned a {type(out).__name__}, not a tensor")
-        key = term.spec.mask_key
-        mask = ctx.mask if key == LABELS_KEY else batch_mask(ctx.batch, key)
-        scalar = out.dim() == 0 or (out.dim() == 1 and out.numel() == 1)
-        if not scalar and out.shape != mask.shape:
-            raise TermMisuse(
-                f"{term.where} returned shape {tuple(out.shape)}; expected a scalar or the mask shape "
-                f"{tuple(mask.shape)}"
-            )
-        term.check_values(out, out.reshape(()) if scalar else out[mask], ctx.stage == "train")
-        agg = term.spec.agg or self.default_agg
-        stats = ctx.stats.get(key)
-        if scalar:
-            value = reweight_mean(out.reshape(()), agg, ctx.stats.get_local(key), stats)
-        else:
-            value = aggregate(out, mask, agg, stats, ctx.batch.get("segment_ids"), name=term.where)
-        return value.to(torch.promote_types(value.dtype, torch.float32)), custom
-
     def _handle_error(self, term: Term, exc: BaseException) -> None:
         if isinstance(exc, TermMisuse) or term.spec.on_error == "raise":
-            message = str(exc) if term.name in str(exc) else f"{term.where} failed: {exc!r}"
+            message = str(exc) if term.where in str(exc) else f"{term.where} failed: {exc!r}"
             raise RegularizerError(message) from exc
         if term.spec.on_error == "warn":
             rank_zero_warn(f"{term.where} skipped this step: {exc!r}")
 
     def close(self) -> None:
         self.executors.close()
+
+
+def aggregate_output(
+    term: Term, out: Any, ctx: LossContext, default_agg: AggMode
+) -> tuple[Tensor, dict[str, float]]:
+    """A term's raw output (or exception) checked and aggregated: ``(value, custom metrics)``."""
+    if isinstance(out, BaseException):
+        raise out
+    out, custom = term.split_custom(out)
+    if not isinstance(out, Tensor):
+        raise TermMisuse(f"{term.where} returned a {type(out).__name__}, not a tensor")
+    key = term.spec.mask_key
+    mask = ctx.mask if key == LABELS_KEY else batch_mask(ctx.batch, key)
+    scalar = out.dim() == 0 or (out.dim() == 1 and out.numel() == 1)
+    if not scalar and (term.form == "sequences" or term.spec.executor == "process"):
+        kind = "a (data, logprobs_list) function" if term.form == "sequences" else "a process term"
+        raise TermMisuse(f"{term.where} returned shape {tuple(out.shape)}; {kind} returns a scalar loss")
+    if not scalar and out.shape != mask.shape:
+        raise TermMisuse(
+            f"{term.where} returned shape {tuple(out.shape)}; expected a scalar or the mask shape "
+            f"{tuple(mask.shape)}"
+        )
+    sources = (ctx.head.logprobs, ctx.head.lse, ctx.head.entropy, ctx.hidden)
+    term.check_values(out, out.reshape(()) if scalar else out[mask], ctx.stage == "train", sources)
+    agg = term.spec.agg or default_agg
+    stats = ctx.stats.get(key)
+    if scalar:
+        value = scalar_value(out.reshape(()), term.spec.scalar, agg, ctx.stats.get_local(key), stats)
+    else:
+        value = aggregate(out, mask, agg, stats, batch_segment_ids(ctx.batch), name=term.where)
+    return value.to(torch.promote_types(value.dtype, torch.float32)), custom
 
 
 def _grad_norm_sq(contribution: Tensor, ctx: LossContext) -> Tensor:

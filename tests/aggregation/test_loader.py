@@ -150,3 +150,100 @@ def test_lightning_fit_with_worker_processes_matches_the_serial_loader():
         trainer.fit(model, train_dataloaders=GlobalStatsLoader(data, batch_size=None, num_workers=workers))
         losses.append(record.logged)
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+
+
+# ---- resumable position and skipped micro-batches ------------------------------------------------------
+class CountingDataset(torch.utils.data.Dataset):
+    """Micro-batch ``i`` holds ``i + 1`` valid labels; counts the items it loads (in this process)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.loaded = n, []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        self.loaded.append(i)
+        return {"labels": torch.tensor([[1] * (i + 1) + [-100] * (self.n - i)]), "index": i}
+
+
+def indices(batches) -> list[int]:
+    return [int(b["index"]) for b in batches]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_restored_position_continues_the_pass_without_loading_the_skipped_items(workers):
+    data = CountingDataset(7)
+    first = GlobalStatsLoader(data, batch_size=None, accumulate_grad_batches=2, num_workers=workers)
+    first.configure(2, ("labels",), -100, max_batches=7)
+    iterator = iter(first)
+    seen = [next(iterator) for _ in range(4)]
+    state = first.state_dict()
+    assert state["index"] == 4 and state["length"] == 7 and indices(seen) == [0, 1, 2, 3]
+
+    resumed = GlobalStatsLoader(data, batch_size=None, accumulate_grad_batches=2, num_workers=workers)
+    resumed.configure(2, ("labels",), -100, max_batches=7)
+    resumed.load_state_dict(state)
+    data.loaded.clear()
+    rest = list(resumed)
+    assert indices(rest) == [4, 5, 6]
+    if workers == 0:
+        assert data.loaded == [4, 5, 6]  # the first 4 were not loaded again
+    stats = [b[GLOBAL_STATS_KEY] for b in rest]
+    assert [(s.index, s.position, s.window, s.ends_window) for s in stats] == [
+        (4, 0, 2, False), (5, 1, 2, True), (6, 0, 1, True)
+    ]  # fmt: skip
+    assert stats[0].get().num_tokens == 5 + 6  # the window's counts: micro-batches 4 and 5
+    assert indices(resumed) == list(range(7))  # the next pass starts at the beginning
+
+
+def test_a_finished_pass_resumes_at_the_start_of_the_next():
+    loader = GlobalStatsLoader(CountingDataset(3), batch_size=None, accumulate_grad_batches=1)
+    loader.configure(1, ("labels",), -100, max_batches=3)
+    list(loader)
+    resumed = GlobalStatsLoader(CountingDataset(3), batch_size=None, accumulate_grad_batches=1)
+    resumed.configure(1, ("labels",), -100, max_batches=3)
+    resumed.load_state_dict(loader.state_dict())
+    assert indices(resumed) == [0, 1, 2]
+
+
+def test_skipped_micro_batches_end_the_pass_at_the_last_whole_window():
+    loader = GlobalStatsLoader(CountingDataset(10), batch_size=None, accumulate_grad_batches=2)
+    loader.configure(2, ("labels",), -100, max_batches=10)
+    iterator = iter(loader)
+    seen = [next(iterator) for _ in range(4)]
+    loader.skip(3)  # items 4, 5, 6 dropped: 7, 8 make a window; 9 alone would not: dropped too
+    seen += list(iterator)
+    assert indices(seen) == [0, 1, 2, 3, 7, 8]
+    assert [b[GLOBAL_STATS_KEY].index for b in seen] == [0, 1, 2, 3, 4, 5]  # Lightning's batch index
+    assert loader.position.skipped == 3 and loader.state_dict()["index"] == 6
+
+
+def test_an_iterable_dataset_resumes_by_consuming_the_skipped_items():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from ({"labels": torch.tensor([[i]]), "index": i} for i in range(5))
+
+    loader = GlobalStatsLoader(Stream(), batch_size=None, accumulate_grad_batches=1)
+    loader.load_state_dict({"index": 2, "length": None, "epoch": None, "skipped": 0})
+    assert indices(loader) == [2, 3, 4]
+
+
+def test_a_position_of_another_epoch_or_length_is_refused():
+    loader = GlobalStatsLoader(CountingDataset(4), batch_size=None, accumulate_grad_batches=1)
+    loader.configure(1, ("labels",), -100, max_batches=4)
+    loader.load_state_dict({"index": 2, "length": 5, "epoch": None, "skipped": 0})
+    with pytest.raises(RuntimeError, match="epoch of 5 micro-batches, but this run's epoch has 4"):
+        list(loader)
+
+
+def test_a_saved_position_applies_to_its_own_epoch_only():
+    from lit_losses.aggregation.position import LoaderPosition
+
+    saved = LoaderPosition(epoch=1, index=3, length=7, accumulate_grad_batches=1)
+    assert saved.resume_point(epoch=1, length=7, accumulate=1) == 3
+    assert saved.resume_point(epoch=2, length=7, accumulate=1) == 0  # that pass ended early (epoch stop)
+    with pytest.raises(RuntimeError, match="micro-batch 3 of epoch 1, but the resumed run starts epoch 0"):
+        saved.resume_point(epoch=0, length=7, accumulate=1)
+    done = LoaderPosition(epoch=1, index=3, length=7, done=True)  # its data ran out (skipped micro-batches)
+    assert done.resume_point(epoch=1, length=7, accumulate=1) == 0

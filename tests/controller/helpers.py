@@ -21,11 +21,18 @@ def tiny(**kwargs) -> TinyLM:
 
 
 def controller(
-    rule: str, operations=("lightning.should_training_stop",), patience=None, ops=(), metrics=STATE
+    rule: str,
+    operations=("lightning.should_training_stop",),
+    patience=None,
+    ops=(),
+    metrics=STATE,
+    trigger="on_optimizer_step_end",
+    **extra,
 ):
-    entry = {"name": "c", "triggers": ["on_train_batch_end"], "rule": rule, "operations": list(operations)}
+    entry = {"name": "c", "triggers": [trigger], "rule": rule, "operations": list(operations)}
     if patience:
         entry["patience"] = patience
+    entry.update(extra)
     return TrainingController(
         {"controller-metrics": list(metrics), "operations": list(ops), "controllers": [entry]}
     )
@@ -49,3 +56,18 @@ def fit(model, callbacks, max_steps=12, **kwargs):
 
 def torch_loader(data):
     return torch.utils.data.DataLoader(data, batch_size=None)
+
+
+def pattern_batches(n: int, poison_at: tuple[int, ...] = (), vocab: int = 64) -> list[dict]:
+    """``n`` micro-batches of 4 rows counting up by one (quickly learned: the loss falls to ~0.1), with a
+    *poisoned* micro-batch (random labels: a loss ~70x the trained one) inserted at each ``poison_at``."""
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(n):
+        ids = (torch.randint(0, vocab, (4, 1), generator=g) + torch.arange(17)) % vocab
+        batches.append({"input_ids": ids[:, :-1].clone(), "labels": ids[:, 1:].clone()})
+    poison = torch.Generator().manual_seed(99)
+    for index in sorted(poison_at):
+        labels = torch.randint(0, vocab, (4, 16), generator=poison)
+        batches.insert(index, {"input_ids": batches[0]["input_ids"].clone(), "labels": labels})
+    return batches

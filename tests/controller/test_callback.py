@@ -8,6 +8,7 @@ import lightning as L
 import pytest
 
 from lit_losses import GlobalStatsLoader, RegularizerSpec, TrainingController
+from lit_losses.controller.decisions import patience_reached
 from lit_losses.errors import ConfigError
 from tests.aggregation.ddp_step import micro_batches
 from tests.controller.helpers import REPO, controller, fit, tiny, torch_loader
@@ -22,27 +23,35 @@ def test_stop_on_a_threshold():
 
 
 def test_stop_after_patience():
-    # holds on steps 1, 2, then fails on 3 (reset), then holds from 4: fires on the 3rd consecutive, step 6
+    """fms-hf-tuning's semantics: the controller acts when the holds exceed the threshold."""
+    # holds on steps 1, 2, fails on 3 (reset), holds from 4: the 4th consecutive hold (step 7) exceeds 3
     ctrl = controller(
         'state["global_step"] != 3', patience={"patience_threshold": 3, "mode": "reset_on_failure"}
     )
-    assert fit(tiny(), [ctrl]).global_step == 6
+    assert fit(tiny(), [ctrl]).global_step == 7
     cumulative = controller(
         'state["global_step"] != 3', patience={"patience_threshold": 3, "mode": "no_reset"}
     )
-    assert fit(tiny(), [cumulative]).global_step == 4
+    assert fit(tiny(), [cumulative]).global_step == 5
+    assert fit(tiny(), [controller('state["global_step"] >= 2')]).global_step == 2  # no patience: at once
 
 
 @pytest.mark.parametrize(
     ("mode", "fires_on"),
-    [("reset_on_failure", [6, 9]), ("no_reset_on_failure", [4, 7, 10]), ("no_reset", [4, 7, 10])],
+    [("reset_on_failure", [7]), ("no_reset_on_failure", [5, 9]), ("no_reset", [5, 9])],
 )
 def test_patience_modes_count_consecutive_or_cumulative_holds(mode, fires_on):
     ctrl = controller("True", patience={"patience_threshold": 3, "mode": mode})
     (c,) = ctrl.config.controllers
     # the rule fails on evaluation 3 only; the count restarts after each firing
-    fired = [i for i in range(1, 11) if ctrl._patience_reached(c, holds=i != 3)]
+    fired = [i for i in range(1, 11) if patience_reached(ctrl.counters, c, holds=i != 3)]
     assert fired == fires_on
+
+
+def test_patience_defaults_are_fms_hf_tunings():
+    assert controller("True").config.controllers[0].patience.patience_threshold == 0
+    with_patience = controller("True", patience={"mode": "reset_on_failure"})
+    assert with_patience.config.controllers[0].patience.patience_threshold == 1
 
 
 def test_a_metric_not_yet_available_skips_its_rule(caplog):
@@ -74,7 +83,7 @@ def test_resume_mid_patience_fires_at_the_same_step(tmp_path):
         return controller('state["global_step"] >= 1', patience={"patience_threshold": 5})
 
     uninterrupted = fit(tiny(), [patient()])
-    assert uninterrupted.global_step == 5
+    assert uninterrupted.global_step == 6
 
     ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=1)
     first = patient()
@@ -85,8 +94,8 @@ def test_resume_mid_patience_fires_at_the_same_step(tmp_path):
     trainer.fit(
         tiny(), GlobalStatsLoader(micro_batches(), batch_size=None), ckpt_path=str(tmp_path / "last.ckpt")
     )
-    assert trainer.global_step == 5
-    assert [f["step"] for f in resumed_ctrl.fired] == [5]
+    assert trainer.global_step == 6
+    assert [f["step"] for f in resumed_ctrl.fired] == [6]
 
 
 @pytest.mark.parametrize(

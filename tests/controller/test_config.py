@@ -7,7 +7,7 @@ from typing import get_args
 import pytest
 
 from lit_losses.controller import MetricHandler, TrainingController, parse_config
-from lit_losses.controller.config import PATIENCE_MODES, PatienceMode
+from lit_losses.controller.entries import PATIENCE_MODES, PatienceMode
 from lit_losses.controller.metrics import TrainingState
 from lit_losses.errors import ConfigError
 
@@ -56,7 +56,7 @@ def test_every_problem_is_reported_at_once_with_its_yaml_path():
                 "triggers": ["on_train_batch_end"],
                 "rule": "True",
                 "operations": ["ghost.should_log"],
-                "patience": {"patience_threshold": 0, "mode": "sometimes"},
+                "patience": {"patience_threshold": -1, "mode": "sometimes"},
             },
         ],
         "extra": 1,
@@ -75,7 +75,7 @@ def test_every_problem_is_reported_at_once_with_its_yaml_path():
         "controllers[2] (c).patience.mode: 'sometimes'",
         "controllers[1] (b).operations: unknown action 'should_fly'",
         "controllers[2] (c).operations: unknown operation 'ghost'",
-        "controllers[2] (c).patience.patience_threshold: must be an integer >= 1",
+        "controllers[2] (c).patience.patience_threshold: must be an integer >= 0",
         "controllers[2] (c).patience.mode: 'sometimes'",
     ):
         assert expected in message, (expected, message)
@@ -92,9 +92,7 @@ def test_a_misspelled_class_gets_a_suggestion_among_the_other_problems():
         "controller-metrics[0].class: unknown metric class 'TrainingStat'; did you mean 'TrainingState'?"
         in message
     )
-    assert (
-        "operations[0].class: unknown operation class 'LogControll'; did you mean 'LogControl'?" in message
-    )
+    assert "operations[0].class: unknown operation class 'LogControll'; did you mean 'LogControl'?" in message
 
 
 def test_a_class_by_import_path():

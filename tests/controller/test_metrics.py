@@ -8,13 +8,15 @@ import lightning as L
 import pytest
 
 from lit_losses.controller import ALL_EVENTS, METRIC_HANDLERS, MetricHandler, register_metric_handlers
-from lit_losses.controller.metrics import Trigger
+from lit_losses.controller.events import STEP_EVENTS, Trigger
 from tests.controller.helpers import controller
 
 
-def test_triggers_are_lightning_callback_hooks():
+def test_triggers_are_lightning_callback_hooks_or_step_events():
     assert get_args(Trigger) == ALL_EVENTS
-    assert all(callable(getattr(L.Callback, event, None)) for event in ALL_EVENTS)
+    hooks = [event for event in ALL_EVENTS if event not in STEP_EVENTS]
+    assert all(callable(getattr(L.Callback, event, None)) for event in hooks)
+    assert len(hooks) == len(ALL_EVENTS) - 2
 
 
 def test_the_built_in_handlers_are_registered():
@@ -53,6 +55,6 @@ def test_registering_a_non_metric_handler_is_a_type_error(wrong, isolated_regist
 
 
 def test_registering_another_class_under_a_taken_name_is_refused(isolated_registries):
-    with pytest.raises(ValueError, match="a metric handler named 'Loss' is already registered"):
+    with pytest.raises(ValueError, match="a metric class named 'Loss' is already registered"):
         register_metric_handlers(Loss=Constant)
     assert METRIC_HANDLERS["Loss"] is not Constant

@@ -82,3 +82,21 @@ def test_missing_labels_names_the_batch_keys():
     head, _, hidden, _ = setup()
     with pytest.raises(KeyError, match=r"batch key 'labels' is missing; the batch has keys \['input_ids'\]"):
         Objective(RegularizerSet())(head, hidden, {"input_ids": hidden}, None, 0, "train")
+
+
+def test_torch_backend_runs_a_pointwise_term_that_reads_logprobs_only():
+    """`TinyLM(head_backend="torch", regularizers=[logprob_l1])` used to crash (torch gives no lse)."""
+    from lit_losses import TinyLM
+
+    g = torch.Generator().manual_seed(0)
+    batch = {
+        "input_ids": torch.randint(0, 64, (2, 9), generator=g),
+        "labels": torch.randint(0, 64, (2, 9), generator=g),
+    }
+    losses = []
+    for backend in ("torch", "chunked"):
+        torch.manual_seed(0)
+        model = TinyLM(vocab_size=64, d_model=16, n_layers=1, n_heads=2, head_backend=backend,
+                       regularizers=[{"name": "logprob_l1", "weight": 0.1}]).double()  # fmt: skip
+        losses.append(model.compute_loss(batch).total)
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-12, atol=1e-12)

@@ -38,7 +38,8 @@ def test_grad_norm_and_error_are_reported_as_norm_and_flag():
 def test_nested_telemetry_schema():
     values = {"train/loss_total": torch.tensor(1.5), "regularizers/z/value": torch.tensor(2.0)}
     nested = nested_telemetry(values, {"z": TermResult(custom={"a": 1.0})})
-    assert nested["loss_total"] == 1.5 and nested["base_loss"] == 0.0
+    assert nested["loss_total"] == 1.5  # the design's schema: base_loss is {value, custom} (+ its weight)
+    assert nested["base_loss"] == {"value": 0.0, "weight": 1.0, "custom": {}}
     assert nested["regularizers"]["z"] == {
         "value": 2.0,
         "weight": 0.0,

@@ -1,0 +1,173 @@
+"""Text data for Hugging Face models: a local tokenizer directory, local text or JSONL files, the packed
+micro-batches of `lit_losses.data.packing` and `GlobalStatsLoader`; and Hugging Face collators made to
+give next-token labels (`NextTokenCollator`). Needs the ``[hf]`` extra; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lit_losses.aggregation.stats import batch_segment_ids
+from lit_losses.data.packing import MicroBatchDataset, Pieces
+from lit_losses.data.text import TextDataModule
+from lit_losses.data.tokenizer import MIN_VOCAB_SIZE
+from lit_losses.errors import ConfigError
+
+
+def shift_labels(labels: Tensor, segments: Tensor | None = None, ignore_index: int = -100) -> Tensor:
+    """Next-token labels from labels aligned with ``input_ids`` (Hugging Face's convention):
+    ``out[:, t] = labels[:, t + 1]``.
+
+    The last position of a row, and the last position of every segment (its next token belongs to
+    another document), get ``ignore_index``.
+
+    Example:
+        >>> import torch
+        >>> labels = torch.tensor([[-100, 11, 12, -100, 21, 22]])  # two documents, first labels ignored
+        >>> shift_labels(labels, segments=torch.tensor([[0, 0, 0, 1, 1, 1]])).tolist()
+        [[11, 12, -100, 21, 22, -100]]
+    """
+    shifted = torch.full_like(labels, ignore_index)
+    shifted[:, :-1] = labels[:, 1:]
+    if segments is not None:
+        shifted[:, :-1].masked_fill_(segments[:, 1:] != segments[:, :-1], ignore_index)
+    return shifted
+
+
+class NextTokenCollator:
+    """A Hugging Face collator whose batches carry next-token labels (`shift_labels`, documents of packed
+    rows kept apart by ``segment_ids`` or restarting ``position_ids``).
+
+    Use it as the ``collate_fn`` of a `GlobalStatsLoader`: the loader counts the labelled tokens of each
+    micro-batch before the model sees it, so the labels must already be the targets
+    (``HFCausalLM(label_format="next_token")``).
+
+    Args:
+        collator: e.g. ``DataCollatorForLanguageModeling(tokenizer, mlm=False)`` or
+            ``DataCollatorWithFlattening()``; it returns a mapping with ``labels`` aligned with ``input_ids``.
+        ignore_index: label value of positions without a target.
+
+    Example:
+        >>> import torch
+        >>> def aligned(features):  # a collator with Hugging Face labels (the model would shift them)
+        ...     ids = torch.tensor([f["input_ids"] for f in features])
+        ...     return {"input_ids": ids, "labels": ids.clone()}
+        >>> NextTokenCollator(aligned)([{"input_ids": [5, 6, 7]}])["labels"].tolist()
+        [[6, 7, -100]]
+    """
+
+    def __init__(self, collator: Callable[[list[Any]], Mapping[str, Any]], ignore_index: int = -100) -> None:
+        self.collator, self.ignore_index = collator, ignore_index
+
+    def __call__(self, features: list[Any]) -> dict[str, Any]:
+        batch = dict(self.collator(features))
+        batch["labels"] = shift_labels(batch["labels"], batch_segment_ids(batch), self.ignore_index)
+        return batch
+
+
+def load_tokenizer(path: str) -> Any:
+    """``AutoTokenizer.from_pretrained(path)`` of a local directory (`ConfigError` otherwise)."""
+    if not os.path.isdir(path):
+        raise ConfigError(
+            f"data.init_args.tokenizer {path!r} is not a local directory (a tokenizer saved with "
+            "save_pretrained; nothing is downloaded at run time)"
+        )
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:  # pragma: no cover - depends on the optional extra
+        raise ConfigError("HFTextDataModule needs the optional extra: pip install 'lit_losses[hf]'") from err
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+class HFTextDataModule(TextDataModule):
+    """`TextDataModule` with a Hugging Face tokenizer from a local directory instead of a trained BPE.
+
+    Documents (whole text files, or the ``text_field`` of each ``.jsonl`` line; default: the standard
+    library's sources) are tokenized with ``AutoTokenizer.from_pretrained(tokenizer)`` (its special tokens
+    with ``add_special_tokens``, then the EOS token with ``append_eos``), split, packed into rows with
+    ``segment_ids`` and restarting ``position_ids``, and grouped into micro-batches of a token budget
+    (`lit_losses.data.packing`). Labels are next-token labels (``HFCausalLM(label_format="next_token")``);
+    the training loader is a `GlobalStatsLoader`.
+
+    Args:
+        tokenizer: local tokenizer directory (``save_pretrained``).
+        paths: file globs (text files or ``.jsonl``); default: the standard library sources.
+        vocab_size: the model's vocabulary (linked to ``model.init_args.vocab_size`` by the CLI); default
+            ``None`` (the model keeps its own; every token id must be below it).
+        add_special_tokens: let the tokenizer add its special tokens (e.g. BOS) to each document.
+        append_eos: end each document with the tokenizer's EOS token.
+        **kwargs: the other `TextDataModule` options (``text_field``, ``seq_len``, ``tokens_per_batch``,
+            ``packing``, ``val_fraction``, ``max_documents``, ``seed``, ``num_workers``).
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> folder = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (folder / "a.jsonl").write_text('{"text": "the quick brown fox"}\\n{"text": "jumps over"}\\n')
+        >>> bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+        >>> bpe.pre_tokenizer = pre_tokenizers.Whitespace()
+        >>> bpe.train_from_iterator(["the quick brown fox jumps over"], trainers.BpeTrainer(
+        ...     vocab_size=60, special_tokens=["<unk>", "</s>"], show_progress=False))
+        >>> PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="</s>").save_pretrained(folder / "tok")
+        ('...
+        >>> data = HFTextDataModule(str(folder / "tok"), paths=[str(folder / "*.jsonl")], seq_len=8,
+        ...                         tokens_per_batch=16, val_fraction=0.0)
+        >>> data.setup("fit")
+        >>> loader = data.train_dataloader()  # a GlobalStatsLoader (a RegularizedLM configures it)
+        >>> loader.configure(accumulate_grad_batches=1, mask_keys=["labels"], ignore_index=-100)
+        >>> batch = next(iter(loader))
+        >>> sorted(batch), batch["input_ids"].shape
+        (['global_stats', 'input_ids', 'labels', 'position_ids', 'segment_ids'], torch.Size([1, 8]))
+    """
+
+    def __init__(
+        self,
+        tokenizer: str,
+        paths: list[str] | None = None,
+        vocab_size: int | None = None,
+        add_special_tokens: bool = True,
+        append_eos: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        self.hf_tokenizer = load_tokenizer(tokenizer)
+        size = len(self.hf_tokenizer)
+        if vocab_size is not None and vocab_size < size:
+            raise ConfigError(
+                f"data.vocab_size={vocab_size} is smaller than the tokenizer's {size} tokens ({tokenizer!r})"
+            )
+        # the parent's lower bound on vocab_size is its own byte-level BPE's; this tokenizer is given
+        super().__init__(paths=paths, vocab_size=max(size, MIN_VOCAB_SIZE), **kwargs)
+        self.vocab_size = vocab_size
+        self.add_special_tokens, self.append_eos = add_special_tokens, append_eos
+
+    def prepare_data(self) -> None:
+        """Nothing to prepare: the tokenizer is already trained."""
+
+    def encode(self, documents: Sequence[str]) -> list[list[int]]:
+        """Token ids of each document (with the tokenizer's special tokens and EOS, as configured)."""
+        tok = self.hf_tokenizer
+        if self.append_eos and tok.eos_token_id is None:
+            raise ConfigError("data.append_eos: the tokenizer has no eos_token; set data.append_eos: false")
+        eos = [tok.eos_token_id] if self.append_eos else []
+        ids = tok(list(documents), add_special_tokens=self.add_special_tokens)["input_ids"]
+        return [[*doc, *eos] for doc in ids]
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        train_docs, val_docs = self._split(self._read_documents())
+        tok = self.hf_tokenizer
+        self.pad_id = next(i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None)
+
+        def build(docs: list[str]) -> MicroBatchDataset:
+            pieces = Pieces.from_documents(self.encode(docs), self.seq_len)
+            return MicroBatchDataset(pieces, self.seq_len, self.tokens_per_batch, self.packing, self.pad_id)
+
+        self.train_set = build(train_docs)
+        self.val_set = build(val_docs) if val_docs else None

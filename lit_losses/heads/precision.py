@@ -1,0 +1,125 @@
+"""The head's dtype policy: every backend computes in one dtype, whatever autocast or the model's dtypes.
+
+Under mixed precision the model body gives ``bf16``/``fp16`` hidden states while the output weight is an
+fp32 master parameter (``bf16-mixed``, ``16-mixed``), or everything is ``bf16`` (``bf16-true``). The head
+computes its logits, softmax statistics and gradients in
+
+    ``compute dtype = promote(hidden, weight, bias, accum_dtype)``
+
+(fp32 for every low-precision combination with the default ``accum_dtype``; float64 inputs stay float64),
+with autocast disabled, in forward and in backward alike. The inputs are cast to it before a backend sees
+them (autograd casts the gradients back to each input's own dtype), so every backend returns its outputs
+in that dtype and its error against float64 is that of an fp32 computation from the same inputs. The
+price of a low-precision *weight* (``bf16-true``) is an fp32 copy of it for the duration of the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from lit_losses.heads.backend import HeadConfig
+
+#: The dtypes a head computes in (quantized or float8 tensors must be dequantized first).
+FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def compute_dtype(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, accum_dtype: torch.dtype = torch.float32
+) -> torch.dtype:
+    """The dtype a head computes in: ``promote(hidden, weight, bias, accum_dtype)``.
+
+    Args:
+        hidden: ``[..., D]`` hidden states.
+        weight: ``[V, D]`` output projection.
+        bias: ``[V]`` or ``None``.
+        accum_dtype: the least precise dtype logits and gradients are computed in.
+
+    Returns:
+        The compute dtype.
+
+    Raises:
+        ValueError: a tensor whose dtype is not one of `FLOATING_DTYPES` (e.g. an ``int8`` quantized
+            weight); the message names the tensor, its dtype and the dtype it meets.
+
+    Example:
+        >>> import torch
+        >>> from lit_losses.heads.precision import compute_dtype
+        >>> h, w = torch.zeros(2, 4, dtype=torch.bfloat16), torch.zeros(8, 4)
+        >>> compute_dtype(h, w, None), compute_dtype(h, w.bfloat16(), None)
+        (torch.float32, torch.float32)
+        >>> compute_dtype(h.double(), w, None)
+        torch.float64
+        >>> compute_dtype(h, w.to(torch.int8), None)
+        Traceback (most recent call last):
+        ...
+        ValueError: head input 'weight' has dtype torch.int8, which cannot be combined with 'hidden' ...
+    """
+    named = {"hidden": hidden, "weight": weight, **({} if bias is None else {"bias": bias})}
+    for name, tensor in named.items():
+        if tensor.dtype not in FLOATING_DTYPES:
+            other = "weight" if name == "hidden" else "hidden"
+            raise ValueError(
+                f"head input {name!r} has dtype {tensor.dtype}, which cannot be combined with {other!r} "
+                f"(dtype {named[other].dtype}): the head computes in one of {FLOATING_DTYPES}; "
+                f"dequantize or cast {name!r} first"
+            )
+    if accum_dtype not in FLOATING_DTYPES:
+        raise ValueError(f"accum_dtype must be one of {FLOATING_DTYPES}, got {accum_dtype}")
+    dtype = accum_dtype
+    for tensor in named.values():
+        dtype = torch.promote_types(dtype, tensor.dtype)
+    return dtype
+
+
+@dataclass(frozen=True)
+class CastHead:
+    """A head's settings with its weight and bias in the compute dtype (what a backend is given)."""
+
+    weight: Tensor
+    bias: Tensor | None
+    chunk_size: int | None
+    ignore_index: int
+    accum_dtype: torch.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.weight.shape[0]
+
+
+@contextmanager
+def in_compute_dtype(head: HeadConfig, hidden: Tensor) -> Iterator[tuple[HeadConfig, Tensor]]:
+    """``(head, hidden)`` in the head's `compute_dtype`, with autocast disabled inside the block.
+
+    Tensors already in that dtype are passed as they are (no copy); others are cast with ``.to``, which
+    autograd differentiates (gradients come back in each input's dtype).
+
+    Example:
+        >>> import torch
+        >>> from lit_losses.heads import FusedLMHead
+        >>> from lit_losses.heads.precision import in_compute_dtype
+        >>> head = FusedLMHead(torch.zeros(8, 4))
+        >>> hidden = torch.ones(2, 4, dtype=torch.bfloat16)
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16), in_compute_dtype(head, hidden) as (cast, h):
+        ...     torch.nn.functional.linear(h, cast.weight).dtype
+        torch.float32
+    """
+    dtype = compute_dtype(hidden, head.weight, head.bias, head.accum_dtype)
+    with autocast_off(hidden.device):
+        if all(t is None or t.dtype == dtype for t in (hidden, head.weight, head.bias)):
+            yield head, hidden
+            return
+        bias = None if head.bias is None else head.bias.to(dtype)
+        cast = CastHead(head.weight.to(dtype), bias, head.chunk_size, head.ignore_index, head.accum_dtype)
+        yield cast, hidden.to(dtype)
+
+
+def autocast_off(device: torch.device) -> torch.autocast:
+    """A context in which autocast is disabled on ``device``'s type (backward passes use it too)."""
+    return torch.autocast(device.type, enabled=False)

@@ -1,0 +1,234 @@
+"""The design's call: ``forward_backward_custom(data, loss_fn=None, regularizers=None)``, sync and async.
+
+For users who drive their own loop (manual optimization, notebooks): one forward pass of the model, the
+loss functions on the design's ``(data, logprobs_list)`` (`lit_losses.regularizers.sequences`), one
+backward pass into the parameters' ``.grad``, and the design's metrics. As in the design, the loss is
+``loss_total = loss_fn + Σ_i weight_i · regularizer_i`` (either part may be absent, not both): the
+model's own base loss and configured regularizers take no part, and every scalar is used as returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lit_losses.aggregation import GlobalStats
+from lit_losses.loss.context import LossContext
+from lit_losses.loss.objective import batch_tensor, check_something_to_optimize
+from lit_losses.regularizers import RegularizerSet, RegularizerSpec, TermResult
+from lit_losses.regularizers.spec import as_spec
+
+BASE_NAME = "loss_fn"
+
+
+def forward_backward_custom(
+    model: Any,
+    data: Sequence[Any] | Mapping[str, Any],
+    loss_fn: Callable[..., Any] | None = None,
+    regularizers: Sequence[Mapping[str, Any] | RegularizerSpec] | None = None,
+) -> dict[str, Any]:
+    """Forward, the design's loss functions, backward: returns the design's metrics.
+
+    Args:
+        model: a `RegularizedLM` (its ``forward_hidden``, ``output_projection`` and ``loss_agg``).
+        data: a batch dict (``input_ids``, ``labels``, optionally ``segment_ids``, …) or a list of
+            sequences, each a dict with ``input_ids`` and ``labels`` (``ignore_index``: no target) or in
+            the design's form, ``model_input`` and ``loss_fn_inputs["target_tokens"]`` (and
+            ``loss_fn_inputs["weights"]``: 0 = no target), padded into one batch. The functions get one
+            `Datum` per sequence, in the same order.
+        loss_fn: the legacy single callback ``loss_fn(data, logprobs_list) -> (loss, metrics)``.
+        regularizers: the design's ``[{"fn": f, "weight": w, "name": n}, ...]`` (any `RegularizerSpec`
+            field may be added: ``executor``, ``timeout_s``, ``on_error``, …); sync or async.
+
+    Returns:
+        ``{"loss_total", "base_loss": {"value", "weight", "custom"} (with ``loss_fn``), "regularizers":
+        {name: {"value", "weight", "contribution", "custom", "error"}}, "regularizer_total"}`` (floats).
+
+    Example:
+        >>> import torch
+        >>> from lit_losses import TinyLM
+        >>> model = TinyLM(vocab_size=16, d_model=8, n_layers=1, n_heads=2)
+        >>> data = [{"input_ids": torch.tensor([1, 2, 3]), "labels": torch.tensor([2, 3, -100])}]
+        >>> def sparsity(data, logprobs_list):
+        ...     l1 = torch.stack([lp.abs().sum() for lp in logprobs_list]).mean()
+        ...     return l1, {"l1": l1.item()}
+        >>> metrics = forward_backward_custom(model, data, regularizers=[
+        ...     {"fn": sparsity, "weight": 0.01, "name": "sparsity"}])
+        >>> sorted(metrics["regularizers"]["sparsity"])
+        ['contribution', 'custom', 'error', 'value', 'weight']
+        >>> model.output_projection()[0].grad is not None  # backward ran
+        True
+    """
+    call = _CustomCall(model, data, loss_fn, regularizers)
+    return call.finish(call.terms.executors.run(call.active, call.ctx))
+
+
+async def forward_backward_custom_async(
+    model: Any,
+    data: Sequence[Any] | Mapping[str, Any],
+    loss_fn: Callable[..., Any] | None = None,
+    regularizers: Sequence[Mapping[str, Any] | RegularizerSpec] | None = None,
+) -> dict[str, Any]:
+    """`forward_backward_custom` from a coroutine: async functions run concurrently on the caller's
+    event loop (thread and process terms as configured), so the loop stays free while they wait.
+
+    Example:
+        >>> import asyncio, torch
+        >>> from lit_losses import TinyLM
+        >>> model = TinyLM(vocab_size=16, d_model=8, n_layers=1, n_heads=2)
+        >>> data = [{"input_ids": torch.tensor([1, 2, 3]), "labels": torch.tensor([2, 3, -100])}]
+        >>> async def remote(data, logprobs_list):
+        ...     await asyncio.sleep(0.01)  # e.g. a knowledge-base query
+        ...     return -torch.cat(logprobs_list).mean(), {"queries": len(data)}
+        >>> metrics = asyncio.run(forward_backward_custom_async(model, data, loss_fn=remote))
+        >>> metrics["base_loss"]["custom"], metrics["loss_total"] == metrics["base_loss"]["value"]
+        ({'queries': 1.0}, True)
+    """
+    call = _CustomCall(model, data, loss_fn, regularizers)
+    return call.finish(await call.terms.executors.run_async(call.active, call.ctx))
+
+
+class _CustomCall:
+    """One call: the forward pass and the terms (`__init__`), then the loss, backward, metrics (`finish`)."""
+
+    def __init__(self, model: Any, data: Any, loss_fn: Any, regularizers: Any) -> None:
+        if loss_fn is None and not regularizers:
+            raise ValueError("forward_backward_custom: give loss_fn or regularizers (or both)")
+        specs = [as_spec(r, f"regularizers[{i}]") for i, r in enumerate(regularizers or ())]
+        executors = model.regularizer_set.executors  # one event loop and process pool per model
+        self.model, self.has_base = model, loss_fn is not None
+        self.terms = RegularizerSet(specs, model.loss_agg, executors=executors)
+        base = [RegularizerSpec(BASE_NAME, fn=loss_fn, legacy=True)] if loss_fn is not None else []
+        self.base = RegularizerSet(base, model.loss_agg, executors=executors)
+        batch = dict(data) if isinstance(data, Mapping) else collate(data, model.ignore_index)
+        labels = batch_tensor(batch, "labels")
+        needs = {"logprobs", *self.terms.needs(), *self.base.needs()} - {"hidden"}
+        hidden = model.forward_hidden(batch)
+        head = model.output_head()(hidden, labels, ("logprobs", *sorted(needs - {"logprobs"})))
+        mask_keys = ("labels", *self.terms.mask_keys())
+        stats = GlobalStats.local_only(batch, mask_keys, model.ignore_index)
+        step = int(model.global_step)
+        self.ctx = LossContext(batch, head, hidden, labels != model.ignore_index, stats, step, "train")
+        self.base_active, self.reg_active = self.base.prepare(self.ctx), self.terms.prepare(self.ctx)
+        self.active = self.base_active + self.reg_active
+
+    def finish(self, outcomes: list[Any]) -> dict[str, Any]:
+        n = len(self.base_active)
+        base_total, base_terms = self.base.combine(self.ctx, self.base_active, outcomes[:n])
+        reg_total, reg_terms = self.terms.combine(self.ctx, self.reg_active, outcomes[n:])
+        total = base_total + reg_total
+        check_something_to_optimize(total, {**base_terms, **reg_terms}, "forward_backward_custom")
+        self._backward(total)
+        metrics: dict[str, Any] = {"loss_total": float(total.detach())}
+        if self.has_base:
+            base = base_terms[BASE_NAME]
+            metrics["base_loss"] = {"value": float(base.value), "weight": 1.0, "custom": dict(base.custom)}
+        metrics["regularizers"] = {name: _entry(t) for name, t in reg_terms.items()}
+        metrics["regularizer_total"] = float(reg_total.detach())
+        return metrics
+
+    def _backward(self, total: Tensor) -> None:
+        """``total.backward()``; inside a Lightning fit, ``manual_backward`` (precision, strategies)."""
+        try:
+            trainer = self.model.trainer
+        except RuntimeError:  # not attached to a Trainer
+            trainer = None
+        if trainer is not None and trainer.training:
+            self.model.manual_backward(total)
+        else:
+            total.backward()
+
+
+def _entry(result: TermResult) -> dict[str, Any]:
+    return {
+        "value": float(result.value),
+        "weight": float(result.weight),
+        "contribution": float(result.contribution),
+        "custom": dict(result.custom),
+        "error": float(result.error),
+    }
+
+
+def _ids(value: Any, where: str) -> Tensor:
+    """A 1-D ``long`` tensor from a tensor, a list, or the design's ``ModelInput``/``TensorData``."""
+    for method in ("to_ints", "tolist"):
+        if not isinstance(value, Tensor) and callable(getattr(value, method, None)):
+            value = getattr(value, method)()
+    value = getattr(value, "data", value) if not isinstance(value, Tensor) else value
+    tensor = torch.as_tensor(value)
+    if tensor.dim() != 1:
+        raise ValueError(f"{where} must be 1-D, got shape {tuple(tensor.shape)}")
+    return tensor
+
+
+def _get(item: Any, key: str) -> Any:
+    return item.get(key) if isinstance(item, Mapping) else getattr(item, key, None)
+
+
+def _sequence(item: Any, i: int, ignore_index: int) -> tuple[Tensor, Tensor]:
+    """``(input_ids, labels)`` of ``data[i]``."""
+    if _get(item, "input_ids") is not None and _get(item, "labels") is not None:
+        ids = _ids(_get(item, "input_ids"), f"data[{i}].input_ids")
+        labels = _ids(_get(item, "labels"), f"data[{i}].labels")
+    elif _get(item, "model_input") is not None and _get(item, "loss_fn_inputs") is not None:
+        inputs = _get(item, "loss_fn_inputs")
+        ids = _ids(_get(item, "model_input"), f"data[{i}].model_input")
+        labels = _ids(inputs["target_tokens"], f"data[{i}].loss_fn_inputs['target_tokens']").long()
+        if inputs.get("weights") is not None:
+            weights = _ids(inputs["weights"], f"data[{i}].loss_fn_inputs['weights']")
+            labels = torch.where(weights.to(labels.device) != 0, labels, ignore_index)
+    else:
+        raise ValueError(
+            f"data[{i}] must have 'input_ids' and 'labels', or the design's 'model_input' and "
+            f"'loss_fn_inputs'; got {type(item).__name__}"
+        )
+    if ids.shape != labels.shape:
+        raise ValueError(f"data[{i}]: {len(ids)} input tokens but {len(labels)} targets")
+    return ids.long(), labels.long()
+
+
+def collate(data: Sequence[Any], ignore_index: int = -100) -> dict[str, Tensor]:
+    """A list of sequences as one right-padded batch ``{"input_ids", "labels"}`` (row ``i`` = ``data[i]``).
+
+    Example:
+        >>> import torch
+        >>> collate([{"input_ids": torch.tensor([1, 2]), "labels": torch.tensor([2, -100])},
+        ...          {"model_input": [4], "loss_fn_inputs": {"target_tokens": [5], "weights": [1.0]}}])
+        {'input_ids': tensor([[1, 2],
+                [4, 0]]), 'labels': tensor([[   2, -100],
+                [   5, -100]])}
+    """
+    if isinstance(data, str | bytes) or not isinstance(data, Sequence) or not data:
+        raise ValueError(f"data must be a batch dict or a non-empty list of sequences, got {data!r:.80}")
+    rows = [_sequence(item, i, ignore_index) for i, item in enumerate(data)]
+    width = max(1, *(len(ids) for ids, _ in rows))
+    input_ids = torch.zeros(len(rows), width, dtype=torch.long)
+    labels = torch.full((len(rows), width), ignore_index, dtype=torch.long)
+    for i, (ids, targets) in enumerate(rows):
+        input_ids[i, : len(ids)], labels[i, : len(targets)] = ids, targets
+    return {"input_ids": input_ids, "labels": labels}
+
+
+class CustomLossMixin:
+    """``forward_backward_custom`` and ``forward_backward_custom_async`` as `RegularizedLM` methods."""
+
+    def forward_backward_custom(
+        self,
+        data: Sequence[Any] | Mapping[str, Any],
+        loss_fn: Callable[..., Any] | None = None,
+        regularizers: Sequence[Mapping[str, Any] | RegularizerSpec] | None = None,
+    ) -> dict[str, Any]:
+        """The design's call for manual loops: see `lit_losses.loss.custom.forward_backward_custom`."""
+        return forward_backward_custom(self, data, loss_fn, regularizers)
+
+    async def forward_backward_custom_async(
+        self,
+        data: Sequence[Any] | Mapping[str, Any],
+        loss_fn: Callable[..., Any] | None = None,
+        regularizers: Sequence[Mapping[str, Any] | RegularizerSpec] | None = None,
+    ) -> dict[str, Any]:
+        """Its async twin: see `lit_losses.loss.custom.forward_backward_custom_async`."""
+        return await forward_backward_custom_async(self, data, loss_fn, regularizers)

@@ -1,0 +1,335 @@
+"""`HFCausalLM`: any Hugging Face ``transformers`` causal LM (Llama, Qwen2, Mistral, GPT-2, ...) as a
+`RegularizedLM`, optionally with LoRA (``peft``). Needs the ``[hf]`` extra.
+
+The base model gives the hidden states; the output projection is the model's
+``get_output_embeddings()`` (tied or not, with or without bias), handed to the fused head: no ``[N, V]``
+logits are computed in training. A model whose logits are not a plain linear function of those hidden
+states (logit soft-capping, logit scaling) or whose output layer is not a plain ``nn.Linear`` (LoRA on
+``lm_head``) is refused at construction, because the fused head would silently compute another loss.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from lit_losses.aggregation import GLOBAL_STATS_KEY, LABELS_KEY, GlobalStats, count_masks
+from lit_losses.aggregation.stats import batch_segment_ids
+from lit_losses.choices import check_choice
+from lit_losses.errors import ConfigError
+from lit_losses.loss.context import LossOutput, Stage
+from lit_losses.models.hf_batch import (
+    LabelFormat,
+    body_inputs,
+    check_label_format,
+    packing_leak,
+    shift_labels,
+)
+from lit_losses.module import RegularizedLM
+from lit_losses.registry import closest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+#: Relative difference between packed and separate documents above which a model is said to leak.
+PACKING_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
+LOW_PRECISION_PACKING_TOLERANCE = 3e-2
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as err:  # pragma: no cover - depends on the optional extra
+        raise ConfigError("HFCausalLM needs the optional extra: pip install 'lit_losses[hf]'") from err
+    return transformers
+
+
+def build_causal_lm(
+    model_name_or_path: str | None,
+    config: dict[str, Any] | None,
+    vocab_size: int | None,
+    attn_implementation: str | None,
+    dtype: DType | None,
+) -> PreTrainedModel:
+    """A ``transformers`` causal LM from a local checkpoint directory or from a config dict (random
+    weights); nothing is downloaded. Errors name the option (``model.init_args.<name>``)."""
+    transformers = _transformers()
+    options: dict[str, Any] = {}
+    if attn_implementation is not None:
+        options["attn_implementation"] = attn_implementation
+    if dtype is not None:
+        options["dtype"] = dtype if dtype == "auto" else getattr(torch, dtype)
+    if (model_name_or_path is None) == (config is None):
+        raise ConfigError(
+            "HFCausalLM: give exactly one of model.init_args.model_name_or_path (a local checkpoint "
+            "directory) and model.init_args.config (a config dict with model_type), or a built model "
+            f"(Python); got model_name_or_path={model_name_or_path!r}, config={config!r}"
+        )
+    if model_name_or_path is not None:
+        if not os.path.isdir(model_name_or_path):
+            raise ConfigError(
+                f"model.init_args.model_name_or_path {model_name_or_path!r} is not a local directory "
+                "(a checkpoint saved with save_pretrained; nothing is downloaded at run time)"
+            )
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            model_name_or_path, local_files_only=True, **options
+        )
+    config = dict(config)
+    model_type = config.pop("model_type", None)
+    known = sorted(transformers.CONFIG_MAPPING.keys())
+    if model_type not in known:
+        raise ConfigError(
+            f"model.init_args.config.model_type {model_type!r} is not a transformers model type"
+            f"{closest(str(model_type), known)}"
+        )
+    if vocab_size is not None:
+        if config.get("vocab_size", vocab_size) != vocab_size:
+            raise ConfigError(
+                f"model.init_args.config.vocab_size={config['vocab_size']} differs from "
+                f"model.init_args.vocab_size={vocab_size} (linked to data.vocab_size)"
+            )
+        config["vocab_size"] = vocab_size
+    hf_config = transformers.AutoConfig.for_model(model_type, **config)
+    if "dtype" in options and options["dtype"] == "auto":
+        options.pop("dtype")
+    return transformers.AutoModelForCausalLM.from_config(hf_config, **options)
+
+
+def add_lora(model: PreTrainedModel, lora: dict[str, Any]) -> nn.Module:
+    """``peft.get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))``."""
+    try:
+        import peft
+    except ImportError as err:  # pragma: no cover - depends on the optional extra
+        raise ConfigError("model.init_args.lora needs peft: pip install 'lit_losses[hf]'") from err
+    try:
+        config = peft.LoraConfig(task_type="CAUSAL_LM", **lora)
+    except TypeError as err:
+        raise ConfigError(f"model.init_args.lora: {err}") from err
+    return peft.get_peft_model(model, config)
+
+
+def causal_lm_of(model: nn.Module) -> nn.Module:
+    """The ``transformers`` causal LM inside ``model`` (``model`` itself, or a ``peft`` model's base)."""
+    if hasattr(model, "peft_config"):
+        if (
+            getattr(model, "active_peft_config", None) is not None
+            and model.active_peft_config.is_prompt_learning
+        ):
+            raise ConfigError(
+                "HFCausalLM: prompt-learning peft adapters (prompt/prefix tuning) change the inputs and "
+                "are not supported; use LoRA-style adapters"
+            )
+        return model.get_base_model()
+    return model
+
+
+def check_plain_head(model: nn.Module) -> None:
+    """Raise a `ConfigError` unless the logits of ``model`` are ``linear(base hidden states, W, b)`` with
+    ``get_output_embeddings()`` a plain ``nn.Linear`` (checked on a 4-token probe, in eval mode)."""
+    lm = causal_lm_of(model)
+    head = lm.get_output_embeddings()
+    if type(head) is not nn.Linear:
+        raise ConfigError(
+            f"HFCausalLM: the output layer of {type(lm).__name__} is a {type(head).__name__}, not a plain "
+            "nn.Linear (e.g. a LoRA adapter on lm_head): leave lm_head out of the adapter's target_modules"
+        )
+    body = lm.base_model
+    if body is lm:
+        raise ConfigError(f"HFCausalLM: {type(lm).__name__} has no base model separate from its head")
+    ids = torch.arange(4, device=head.weight.device)[None] % head.weight.shape[0]
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            hidden = body(input_ids=ids, use_cache=False).last_hidden_state
+            logits = model(input_ids=ids, use_cache=False).logits
+            expected = nn.functional.linear(hidden, head.weight, head.bias).float()
+    finally:
+        model.train(training)
+    error = float((logits.float() - expected).abs().max() / expected.abs().max().clamp_min(1e-12))
+    if error > 1e-3:
+        hints = [
+            a
+            for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+            if getattr(lm.config, a, None)
+        ]
+        raise ConfigError(
+            f"HFCausalLM: the logits of {type(lm).__name__} are not linear(hidden, lm_head) (relative "
+            f"difference {error:.1e} on a probe{'; config sets ' + ', '.join(hints) if hints else ''}): "
+            "the fused head would compute another loss"
+        )
+
+
+class HFCausalLM(RegularizedLM):
+    """A Hugging Face causal LM trained through the fused head (`RegularizedLM`).
+
+    Build it from a local checkpoint directory (``model_name_or_path``), from a config (``config:
+    {model_type: llama, hidden_size: ..., ...}``, random weights, offline), or from Python with an already
+    built ``model`` (a ``PreTrainedModel`` or a ``peft`` LoRA model). ``lora`` wraps it with
+    ``peft.get_peft_model``: only the adapter parameters train, and the frozen output weight costs the
+    head no gradient. ``forward_logits`` and ``generate`` (the wrapped model's) keep working.
+
+    **Labels** (``label_format``): ``next_token`` (default; `TextDataModule`, `HFTextDataModule`):
+    ``labels[t]`` is the target of position ``t``. ``input_aligned`` (Hugging Face collators): labels
+    aligned with ``input_ids``, shifted here (`shift_labels`), as the model's own ``labels=`` loss does.
+    A batch that evidently follows the other convention is a `ConfigError`.
+
+    **Packed rows** (``segment_ids``, or ``position_ids`` restarting at 0 as from
+    ``DataCollatorWithFlattening``) get a block-diagonal causal mask (`body_inputs`); the first packed batch
+    checks on a probe that the model's attention implementation keeps documents apart, and stops with a
+    `ConfigError` if not. The sequence-level aggregation modes count those documents as sequences.
+
+    Args:
+        model_name_or_path: local checkpoint directory (``save_pretrained``).
+        config: a ``transformers`` config as a dict with ``model_type`` (random initial weights).
+        model: an already built model (Python API; not saved in the hyper-parameters).
+        vocab_size: vocabulary of the data (linked to ``data.vocab_size`` by the CLI): the config's
+            vocabulary when building from ``config``, at most the model's otherwise.
+        label_format: ``next_token`` or ``input_aligned`` (see above).
+        attn_implementation: ``sdpa``, ``eager``, ``flash_attention_2``, ... (default: transformers').
+        dtype: dtype to load or build the weights in (default: transformers' default, fp32).
+        lora: ``peft.LoraConfig`` arguments, e.g. ``{r: 8, lora_alpha: 16, target_modules: [q_proj]}``.
+        gradient_checkpointing: recompute the body's activations in backward.
+        **kwargs: the `RegularizedLM` options (head, loss aggregation, optimizer, regularizers).
+
+    Example:
+        >>> import torch
+        >>> model = HFCausalLM(config={"model_type": "llama", "vocab_size": 64, "hidden_size": 16,
+        ...     "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2})
+        >>> batch = {"input_ids": torch.randint(0, 64, (2, 8))}
+        >>> batch["labels"] = torch.cat([batch["input_ids"][:, 1:], torch.full((2, 1), -100)], 1)
+        >>> loss = model.compute_loss(batch).total
+        >>> ref = model.model(batch["input_ids"], labels=batch["input_ids"]).loss  # the model's own loss
+        >>> bool(torch.isclose(loss, ref)), model.forward_logits(batch).shape
+        (True, torch.Size([2, 8, 64]))
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str | None = None,
+        config: dict[str, Any] | None = None,
+        model: Any = None,
+        vocab_size: int | None = None,
+        label_format: LabelFormat = "next_token",
+        attn_implementation: str | None = None,
+        dtype: DType | None = None,
+        lora: dict[str, Any] | None = None,
+        gradient_checkpointing: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        with warnings.catch_warnings():  # the base class records every init argument; `model` is dropped next
+            warnings.filterwarnings("ignore", message="Attribute 'model' is an instance of `nn.Module`")
+            super().__init__(**kwargs)
+        self.save_hyperparameters(ignore=["model"])
+        self.label_format = check_choice(label_format, LabelFormat, "model.label_format")
+        if dtype is not None:
+            check_choice(dtype, DType, "model.dtype")
+        if model is None:
+            model = build_causal_lm(model_name_or_path, config, vocab_size, attn_implementation, dtype)
+        elif model_name_or_path is not None or config is not None:
+            raise ConfigError("HFCausalLM: give model, or model_name_or_path, or config; not several")
+        if lora is not None:
+            model = add_lora(model, lora)
+        if gradient_checkpointing:
+            causal_lm_of(model).gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        self.model = model
+        check_plain_head(model)
+        rows = self.output_projection()[0].shape[0]
+        if vocab_size is not None and vocab_size > rows:
+            raise ConfigError(
+                f"model.init_args.vocab_size={vocab_size} (the data's vocabulary) exceeds the model's "
+                f"output rows V={rows}: use the model's own tokenizer"
+            )
+        self._labels_checked = False
+        self._packing_problem: str | None = None  # None: not probed yet; "": packed rows are safe
+
+    @property
+    def body(self) -> nn.Module:
+        """The base model (embeddings and blocks, no output layer) that gives the hidden states."""
+        return causal_lm_of(self.model).base_model
+
+    @property
+    def attn_implementation(self) -> str:
+        """The attention implementation the model runs (``sdpa``, ``eager``, ``flash_attention_2``, ...)."""
+        return str(getattr(causal_lm_of(self.model).config, "_attn_implementation", None) or "eager")
+
+    def forward_hidden(self, batch: dict[str, Tensor]) -> Tensor:
+        if batch_segment_ids(batch) is not None:
+            if self._packing_problem is None:
+                self._packing_problem = self.probe_packing()
+            if self._packing_problem:
+                raise ConfigError(self._packing_problem)
+        dtype = next(self.body.parameters()).dtype
+        return self.body(**body_inputs(batch, self.attn_implementation, dtype)).last_hidden_state
+
+    def output_projection(self) -> tuple[Tensor, Tensor | None]:
+        head = causal_lm_of(self.model).get_output_embeddings()
+        return head.weight, head.bias
+
+    def probe_packing(self) -> str:
+        """Why packed rows are unsafe with this model ("" if they are safe): whether packed documents attend
+        to each other, measured by `packing_leak` on a probe (run once: at the first packed batch, or when
+        training starts, on every rank at once)."""
+        body = self.body
+        dtype = next(body.parameters()).dtype
+        leak = packing_leak(body, self.output_projection()[0].shape[0], self.attn_implementation, dtype)
+        low = dtype not in PACKING_TOLERANCE or torch.is_autocast_enabled(next(body.parameters()).device.type)
+        if leak <= (LOW_PRECISION_PACKING_TOLERANCE if low else PACKING_TOLERANCE[dtype]):
+            return ""
+        return (
+            f"HFCausalLM: with attn_implementation={self.attn_implementation!r}, packed documents of this "
+            f"{type(causal_lm_of(self.model)).__name__} attend to each other (relative difference {leak:.1e} "
+            "between a packed row and the same documents alone, on a probe); use "
+            "model.init_args.attn_implementation: sdpa (or eager), or unpacked rows (data.packing: false)"
+        )
+
+    def prepare_batch(self, batch: dict[str, Any], stage: Stage = "train") -> dict[str, Any]:
+        """``batch`` with next-token ``labels`` (shifted for ``input_aligned``) and, for packed rows in
+        Hugging Face's format, the ``segment_ids`` that the aggregation counts sequences by."""
+        batch = dict(batch)
+        if not self._labels_checked:
+            self._labels_checked = check_label_format(batch, self.label_format, self.ignore_index)
+        segments = batch_segment_ids(batch)
+        if segments is not None and batch.get("segment_ids") is None:
+            batch["segment_ids"] = segments
+        if self.label_format == "input_aligned":
+            batch["labels"] = shift_labels(batch["labels"], segments, self.ignore_index)
+            stats = batch.get(GLOBAL_STATS_KEY)
+            if stage == "train" and isinstance(stats, GlobalStats):
+                self._check_counted_after_shift(batch, stats)
+        return batch
+
+    def _check_counted_after_shift(self, batch: dict[str, Any], stats: GlobalStats) -> None:
+        counted = stats.get_local(LABELS_KEY)
+        shifted = count_masks(batch, (LABELS_KEY,), self.ignore_index)[LABELS_KEY]
+        if counted != shifted:
+            raise ConfigError(
+                f"GlobalStatsLoader counted {counted.num_tokens} labelled tokens in this micro-batch before "
+                f"the shift of label_format='input_aligned', {shifted.num_tokens} after it: the global "
+                "denominators would be wrong. Shift the labels in the collate_fn "
+                "(lit_losses.data.NextTokenCollator) and use label_format: next_token"
+            )
+
+    def compute_loss(self, batch: dict[str, Any], stage: Stage = "train") -> LossOutput:
+        return super().compute_loss(self.prepare_batch(batch, stage), stage)
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> Tensor:
+        """Per-token log-probabilities of the next-token labels (after the shift of ``input_aligned``)."""
+        return super().predict_step(self.prepare_batch(batch, "predict"), batch_idx, dataloader_idx)
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self._packing_problem is None:  # every rank at once (a probe forward in a sharded model)
+            self._packing_problem = self.probe_packing()
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped model's ``generate`` (e.g. ``model.generate(input_ids, max_new_tokens=20)``)."""
+        return self.model.generate(*args, **kwargs)

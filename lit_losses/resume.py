@@ -1,0 +1,187 @@
+"""Resuming from a checkpoint with other options than the checkpointed run's: never silently.
+
+A `RegularizedLM`'s own options (`RUN_OPTIONS`: loss, regularizers, optimizer and schedule, head) may change
+between runs: the resumed run's win, a warning lists each difference, and the checkpoint's run-time state
+is restored only where it still applies (a regularizer configured differently starts from its new
+configuration, the optimizer state takes the new learning rate, betas, eps and weight decay). Any other
+option is the model's architecture (a subclass's own arguments, its class): a difference is an error naming
+the option.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from lit_losses.errors import ConfigError
+from lit_losses.hparams import plain_data
+from lit_losses.optim import OptimizerConfig
+from lit_losses.regularizers import RegularizerSpec
+
+RUN_OPTIONS = ("head_backend", "head_chunk_size", "loss_agg", "optimizer", "ignore_index", "check_finite",
+               "regularizers", "regularizer_grad_norm", "base_loss_weight")  # fmt: skip
+"""`RegularizedLM`'s own arguments: what a resumed run may change (the others are the architecture)."""
+
+ARCHITECTURE_HINT = (
+    "the model's architecture cannot change when resuming: give the checkpointed run's options (its "
+    "config.yaml), or load the weights into a new run instead of resuming"
+)
+
+
+@dataclass(frozen=True)
+class OptionChange:
+    """One option whose value differs between the checkpoint and this run.
+
+    Example:
+        >>> str(OptionChange("model.init_args.d_model", 64, 128, changeable=False))
+        'model.init_args.d_model: 64 in the checkpoint, 128 now'
+    """
+
+    path: str
+    saved: Any
+    given: Any
+    changeable: bool
+
+    def __str__(self) -> str:
+        if self.saved is _ABSENT:
+            return f"{self.path}: added ({self.given!r})"
+        if self.given is _ABSENT:
+            return f"{self.path}: removed (was {self.saved!r})"
+        return f"{self.path}: {self.saved!r} in the checkpoint, {self.given!r} now"
+
+
+_ABSENT = type("Absent", (), {"__repr__": lambda self: "absent"})()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _canonical(key: str, value: Any) -> Any:
+    """``value`` as plain data that compares equal however it was given (dict, dataclass, tuple, list)."""
+    try:
+        if key == "regularizers":
+            specs = [v if isinstance(v, RegularizerSpec) else RegularizerSpec(**v) for v in value or ()]
+            return {spec.name: _canonical("", plain_data(spec)) for spec in specs}
+        if key == "optimizer":
+            return _canonical("", plain_data(OptimizerConfig.coerce(value)))
+    except (TypeError, ValueError):
+        pass  # as given
+    value = plain_data(value)
+    if isinstance(value, Mapping):
+        return {k: _canonical("", v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical("", v) for v in value]
+    return value
+
+
+def _diff(path: str, saved: Any, given: Any, changeable: bool, out: list[OptionChange]) -> None:
+    if isinstance(saved, Mapping) and isinstance(given, Mapping):
+        for key in dict.fromkeys([*saved, *given]):
+            sub = f"{path}[{key}]" if path.endswith("regularizers") else f"{path}.{key}"
+            _diff(sub, saved.get(key, _ABSENT), given.get(key, _ABSENT), changeable, out)
+    elif not _same(saved, given):
+        out.append(OptionChange(path, saved, given, changeable))
+
+
+def option_changes(
+    saved: Mapping[str, Any], given: Mapping[str, Any], prefix: str = "model.init_args"
+) -> list[OptionChange]:
+    """The model options that differ between a checkpoint's ``hyper_parameters`` and this run's.
+
+    Keys starting with ``_`` (LightningCLI's ``_class_path``, ``_instantiator``) are not options;
+    ``_class_path`` is compared as ``model.class_path`` when both have it.
+
+    Example:
+        >>> saved = {"d_model": 64, "regularizers": [{"name": "z_loss", "weight": 1e-4}]}
+        >>> given = {"d_model": 64, "regularizers": [{"name": "z_loss", "weight": 2e-4}, {"name": "entropy"}]}
+        >>> for change in option_changes(saved, given):
+        ...     print(change)  # doctest: +ELLIPSIS
+        model.init_args.regularizers[z_loss].weight: 0.0001 in the checkpoint, 0.0002 now
+        model.init_args.regularizers[entropy]: added ({'name': 'entropy', ...})
+    """
+    changes: list[OptionChange] = []
+    classes = saved.get("_class_path"), given.get("_class_path")
+    if None not in classes and classes[0] != classes[1]:
+        changes.append(OptionChange(prefix.rpartition(".")[0] + ".class_path", *classes, changeable=False))
+    for key in dict.fromkeys([*saved, *given]):
+        if key.startswith("_"):
+            continue
+        before, after = saved.get(key, _ABSENT), given.get(key, _ABSENT)
+        if before is not _ABSENT:
+            before = _canonical(key, before)
+        if after is not _ABSENT:
+            after = _canonical(key, after)
+        _diff(f"{prefix}.{key}", before, after, key in RUN_OPTIONS, changes)
+    return changes
+
+
+def check_changes(
+    changes: list[OptionChange], where: str, allow_changes: bool = True, warn: bool = True
+) -> None:
+    """Raise for architecture changes (or for any change unless ``allow_changes``); warn for the others
+    (unless not ``warn``).
+
+    Raises:
+        ConfigError: one line listing every offending option.
+    """
+    refused = [c for c in changes if not (c.changeable and allow_changes)]
+    if refused:
+        hint = ARCHITECTURE_HINT if any(not c.changeable for c in refused) else "(--resume_changes=error)"
+        raise ConfigError(
+            f"{where}: resuming with options that differ from the checkpoint's: "
+            f"{'; '.join(map(str, refused))}; {hint}"
+        )
+    if changes and warn:
+        rank_zero_warn(
+            f"{where}: resuming with options that differ from the checkpoint's; this run's apply: "
+            f"{'; '.join(map(str, changes))}"
+        )
+
+
+def restore_checkpoint_state(module: Any, checkpoint: dict[str, Any]) -> None:
+    """`RegularizedLM.on_load_checkpoint`: check the options against the checkpoint's, then restore the
+    regularizers' run-time weights and flags (those configured as in the checkpoint) and make the
+    optimizer state about to be restored follow this run's optimizer options.
+
+    Raises:
+        ConfigError: an architecture option differs from the checkpoint's.
+    """
+    saved = checkpoint.get("hyper_parameters") or {}
+    changes = option_changes(saved, dict(module.hparams)) if saved else []
+    check_changes(changes, "checkpoint")
+    changed = {c.path.split("[")[1].split("]")[0] for c in changes if "regularizers[" in c.path}
+    state = checkpoint.get("lit_losses_regularizers") or {}
+    terms = module.regularizer_set
+    module.regularizer_set.load_state_dict(
+        {k: v for k, v in state.items() if k in terms and k not in changed}
+    )
+    if any(c.path.startswith("model.init_args.optimizer.") for c in changes):
+        follow_optimizer_options(
+            checkpoint, OptimizerConfig.coerce(saved.get("optimizer")), module.optimizer_config
+        )
+
+
+def follow_optimizer_options(checkpoint: dict[str, Any], old: OptimizerConfig, new: OptimizerConfig) -> None:
+    """Rewrite the checkpoint's optimizer and scheduler states (before Lightning restores them) so that the
+    run continues with ``new``'s learning rate (scaled where the schedule is), betas, eps and weight decay;
+    the schedule's shape (warmup, decay) is rebuilt from ``new`` anyway."""
+    scale = new.lr / old.lr if old.lr else 1.0
+    for state in checkpoint.get("optimizer_states", []):
+        for group in state.get("param_groups", []):
+            group["lr"] = group.get("lr", old.lr) * scale
+            if "initial_lr" in group:
+                group["initial_lr"] = group["initial_lr"] * scale
+            group["betas"], group["eps"] = list(new.betas), new.eps
+            if group.get("weight_decay") == old.weight_decay:  # the decayed parameters' group
+                group["weight_decay"] = new.weight_decay
+    for state in checkpoint.get("lr_schedulers", []):
+        for key in ("base_lrs", "_last_lr"):
+            if key in state:
+                state[key] = [lr * scale for lr in state[key]]

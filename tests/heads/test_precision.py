@@ -1,0 +1,174 @@
+"""The head under mixed precision: one compute dtype (fp32 for low-precision inputs) for every backend,
+autocast or not, in forward and backward; a clear error for dtypes that cannot be reconciled; a frozen
+output weight costs no gradient buffer."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lit_losses.heads import HEAD_BACKENDS, FusedLMHead
+from lit_losses.heads.precision import compute_dtype
+
+IGNORE = -100
+LOCAL = [n for n in HEAD_BACKENDS.names() if not HEAD_BACKENDS[n].cuda_only and HEAD_BACKENDS[n].available()]
+
+
+def problem(hidden_dtype, weight_dtype, bias=True, n=40, d=32, v=257, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = (torch.randn(n, d, generator=g) * 2).to(hidden_dtype).requires_grad_()
+    weight = (torch.randn(v, d, generator=g) * 0.6).to(weight_dtype).requires_grad_()
+    b = (torch.randn(v, generator=g)).to(weight_dtype).requires_grad_() if bias else None
+    targets = torch.randint(0, v, (n,), generator=g)
+    targets[::7] = IGNORE
+    return hidden, weight, b, targets
+
+
+def reference_logprobs(hidden, weight, bias, targets, dtype):
+    """``log_softmax`` of logits computed in ``dtype`` from the given (already rounded) inputs."""
+    b = None if bias is None else bias.to(dtype)
+    logp = F.log_softmax(F.linear(hidden.to(dtype), weight.to(dtype), b), -1)
+    picked = logp.gather(-1, targets.clamp_min(0)[:, None])[:, 0]
+    return torch.where(targets != IGNORE, picked, 0.0)
+
+
+PRECISIONS = {  # Lightning precision: (hidden states' dtype, output weight's dtype)
+    "bf16-mixed": (torch.bfloat16, torch.float32),
+    "bf16-true": (torch.bfloat16, torch.bfloat16),
+    "16-mixed": (torch.float16, torch.float32),
+    "16-true": (torch.float16, torch.float16),
+}
+
+
+@pytest.mark.parametrize("precision", sorted(PRECISIONS))
+@pytest.mark.parametrize("name", LOCAL)
+def test_low_precision_inputs_are_as_accurate_as_fp32_logits_from_the_same_inputs(name, precision):
+    hidden_dtype, weight_dtype = PRECISIONS[precision]
+    hidden, weight, b, targets = problem(hidden_dtype, weight_dtype)
+    ref64 = reference_logprobs(hidden, weight, b, targets, torch.float64)
+    fp32_error = (reference_logprobs(hidden, weight, b, targets, torch.float32).double() - ref64).abs().max()
+    low_error = (reference_logprobs(hidden, weight, b, targets, hidden_dtype).double() - ref64).abs().max()
+    with torch.autocast("cpu", dtype=hidden_dtype):  # what Lightning's *-mixed wraps the step in
+        out = FusedLMHead(weight, b, backend=name, chunk_size=16)(hidden, targets, "logprobs").logprobs
+    assert out.dtype == torch.float32
+    error = (out.double() - ref64).abs().max()
+    assert error <= 2 * fp32_error + 1e-6, (float(error), float(fp32_error))
+    assert low_error > 10 * error  # the test can tell fp32 logits from low-precision ones
+
+
+@pytest.mark.parametrize("name", LOCAL)
+@pytest.mark.parametrize("task", ["per_token", "weighted_ce", "pointwise"])
+def test_every_backend_returns_the_compute_dtype_and_input_dtype_gradients(name, task):
+    hidden, weight, b, targets = problem(torch.bfloat16, torch.float32)
+    head = FusedLMHead(weight, b, backend=name, chunk_size=16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        if task == "per_token":
+            loss = head(hidden, targets, "logprobs").logprobs.sum()
+        elif task == "weighted_ce":
+            loss = head.weighted_ce(hidden, targets, 0.1)
+        else:
+            loss = head.pointwise_loss(
+                hidden, targets, lambda s, e, lp, lse, ent: lp.sum(), needs=["logprobs"]
+            )
+    assert loss.dtype == torch.float32
+    got = torch.autograd.grad(loss, (hidden, weight, b))
+    assert [g.dtype for g in got] == [torch.bfloat16, torch.float32, torch.float32]
+    # backward saw the dtypes forward saw: the gradients of fp32 logits from the same inputs
+    h32 = hidden.detach().float().requires_grad_()
+    ref = -reference_logprobs(h32, weight, b, targets, torch.float32).sum()
+    ref = (
+        reference_logprobs(h32, weight, b, targets, torch.float32).sum()
+        if task != "weighted_ce"
+        else ref * 0.1
+    )
+    want = torch.autograd.grad(ref, (h32, weight, b))
+    torch.testing.assert_close(got[0], want[0].bfloat16(), rtol=1e-2, atol=1e-3)
+    for g, w in zip(got[1:], want[1:]):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("outputs", [("logprobs",), ("logprobs", "lse", "entropy")])
+def test_chunked_backward_under_autocast_equals_backward_outside(outputs):
+    hidden, weight, b, targets = problem(torch.bfloat16, torch.float32)
+    head = FusedLMHead(weight, b, backend="chunked", chunk_size=16)
+    results = []
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = head(hidden, targets, outputs)
+            loss = sum(getattr(out, o).sum() for o in outputs)
+            results.append(torch.autograd.grad(loss, (hidden, weight, b)))
+    for a, c in zip(*results):
+        assert torch.equal(a, c)
+
+
+def test_irreconcilable_dtypes_name_the_tensor_and_both_dtypes():
+    hidden, weight, _, targets = problem(torch.bfloat16, torch.float32)
+    with pytest.raises(ValueError, match=r"'weight' has dtype torch.int8.*'hidden' \(dtype torch.bfloat16\)"):
+        FusedLMHead(weight.detach().to(torch.int8))(hidden, targets)
+    bias = torch.zeros(weight.shape[0], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"'bias' has dtype torch.int32.*'hidden' \(dtype torch.bfloat16\)"):
+        FusedLMHead(weight, bias).weighted_ce(hidden, targets, 1.0)
+    assert compute_dtype(hidden.double(), weight, None) == torch.float64  # higher precision is kept
+
+
+class ShapeLog(TorchDispatchMode):
+    """Records the shape of every tensor an op returns, and the matmuls."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes, self.matmuls = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_):
+            self.matmuls += 1
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+@pytest.mark.parametrize("task", ["weighted_ce", "pointwise", "per_token"])
+def test_a_frozen_output_weight_gets_no_gradient_buffer_nor_matmul(task):
+    hidden, weight, b, targets = problem(torch.float32, torch.float32, n=64, v=301)
+    chunks = 64 // 16
+
+    def run(w, bias):
+        head = FusedLMHead(w, bias, backend="chunked", chunk_size=16)
+        with ShapeLog() as log:
+            if task == "weighted_ce":
+                loss = head.weighted_ce(hidden, targets, 0.1)
+            elif task == "pointwise":
+                loss = head.pointwise_loss(
+                    hidden, targets, lambda s, e, lp, lse, ent: (lp - 0.1 * lse**2).sum()
+                )
+            else:
+                out = head(hidden, targets, ("logprobs", "lse"))
+                loss = (out.logprobs - 0.1 * out.lse**2).sum()
+            (grad,) = torch.autograd.grad(loss, hidden)
+        return grad, log
+
+    grad_trained, log_trained = run(weight, b)
+    grad_frozen, log_frozen = run(weight.detach(), b.detach())
+    torch.testing.assert_close(grad_frozen, grad_trained, rtol=1e-6, atol=1e-7)
+    assert tuple(weight.shape) in log_trained.shapes
+    assert tuple(weight.shape) not in log_frozen.shapes  # no V x D gradient buffer
+    assert log_trained.matmuls - log_frozen.matmuls == chunks  # one weight-gradient matmul less per chunk
+
+
+def test_pointwise_loss_asks_a_backend_only_for_the_values_it_needs():
+    hidden, weight, b, targets = problem(torch.float32, torch.float32)
+    head = {name: FusedLMHead(weight, b, backend=name, chunk_size=16) for name in ("naive", "chunked")}
+
+    def l1(s, e, lp, lse, ent):
+        assert lse is None and ent is None
+        return lp.abs().sum()
+
+    got = head["naive"].pointwise_loss(hidden, targets, l1, needs=("logprobs",))
+    ref = head["chunked"].pointwise_loss(hidden, targets, lambda s, e, lp, lse, ent: lp.abs().sum())
+    torch.testing.assert_close(got, ref)
+    if HEAD_BACKENDS["torch"].available():
+        torch_head = FusedLMHead(weight, b, backend="torch")
+        torch.testing.assert_close(torch_head.pointwise_loss(hidden, targets, l1, needs=("logprobs",)), ref)
+        with pytest.raises(ValueError, match="'torch' cannot give \\['lse'\\]"):
+            torch_head.pointwise_loss(hidden, targets, l1, needs=("logprobs", "lse"))

@@ -1,0 +1,82 @@
+"""Start ``N`` CPU processes of one worker module the way ``torchrun`` would, each under a timeout.
+
+Every process gets ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``NODE_RANK``:
+plain workers call ``init_process_group("gloo")`` from them, and Lightning sees processes created
+externally (it launches nothing itself, so one worker process may run several ``Trainer.fit`` calls).
+Output goes to files (no pipe can fill up and block a process); a process that fails or outlives the
+timeout fails the test with the tail of every rank's output, and the others are killed: nothing hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(module: str, world_size: int, *args: str, timeout: float = 240.0) -> None:
+    """Run ``python -m module *args`` as ranks ``0..world_size-1`` of one gloo job; raise on failure."""
+    port = str(free_port())
+    with tempfile.TemporaryDirectory() as logs:
+        procs, files = [], []
+        for rank in range(world_size):
+            env = dict(
+                os.environ,
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                NODE_RANK="0",
+                WORLD_SIZE=str(world_size),
+                OMP_NUM_THREADS="1",
+                PYTHONWARNINGS="ignore",
+            )
+            out = open(Path(logs) / f"rank{rank}.log", "w+")  # noqa: SIM115 (closed below)
+            files.append(out)
+            cmd = [sys.executable, "-m", module, *args]
+            procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + timeout
+        failed = None
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                failed = f"timed out after {timeout:.0f} s"
+                break
+            if any(p.poll() not in (None, 0) for p in procs):
+                time.sleep(2.0)  # let the other ranks report their own error first
+                failed = "a rank failed"
+                break
+            time.sleep(0.05)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        codes = [p.returncode for p in procs]
+        if failed is None and any(codes):
+            failed = "a rank failed"
+        tails = []
+        for rank, out in enumerate(files):
+            out.seek(0)
+            tails.append(f"--- rank {rank} (exit {codes[rank]}) ---\n{out.read()[-4000:]}")
+            out.close()
+        if failed:
+            raise AssertionError(f"{module} {' '.join(args)}: {failed}\n" + "\n".join(tails))
+
+
+def init_from_env() -> tuple[int, int]:
+    """``init_process_group("gloo")`` from the launcher's environment; ``(rank, world_size)``."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size()
