@@ -10,6 +10,7 @@ import lightning as L
 
 from lit_losses.controller.events import ALL_EVENTS
 from lit_losses.controller.fms import takes_lightning_arguments
+from lit_losses.controller.handler import Handler
 from lit_losses.controller.registration import register_classes, subclass_of
 from lit_losses.errors import ConfigError
 from lit_losses.registry import Registry
@@ -33,7 +34,7 @@ def epoch_progress(trainer: L.Trainer) -> float:
     return epochs.processed + min(done, total) / total
 
 
-class MetricHandler:
+class MetricHandler(Handler):
     """A named source of values for rules.
 
     Subclasses set `events` (the events they compute on: they compute on each of them, whatever the
@@ -109,18 +110,6 @@ class MetricHandler:
             The values (usually a dict; the controller adds ``step`` to a dict), or ``None``.
         """
         raise NotImplementedError
-
-    def state_dict(self) -> dict[str, Any]:
-        """State to save in checkpoints (e.g. a window of past values); empty by default."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned."""
-
-    def _unknown_arguments(self, allowed: tuple[str, ...]) -> None:
-        unknown = sorted(set(self.arguments) - set(allowed))
-        if unknown:
-            raise ConfigError(f"unknown arguments {unknown} (allowed: {list(allowed)})")
 
 
 class Loss(MetricHandler):

@@ -9,6 +9,7 @@ from typing import Any, Literal, get_args
 
 import lightning as L
 
+from lit_losses.controller.handler import Handler
 from lit_losses.controller.loop import log_now, save_now, scale_learning_rate, validate_inside_fit
 from lit_losses.controller.registration import register_classes, subclass_of
 from lit_losses.errors import ConfigError
@@ -24,7 +25,7 @@ LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 _ACTION = re.compile(r"should_.+")
 
 
-class OperationHandler:
+class OperationHandler(Handler):
     """A named set of actions: methods ``should_<action>(trainer, pl_module, context)``.
 
     ``context`` holds the controller name (``"controller"``), the event (``"event"``), the metric values
@@ -86,18 +87,6 @@ class OperationHandler:
 
     def after_step(self, trainer: L.Trainer, pl_module: L.LightningModule, controller: Any) -> None:
         """An optimizer step ended and the controllers triggered by it have run."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """State to save in checkpoints; empty by default."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned."""
-
-    def _unknown_arguments(self, allowed: tuple[str, ...]) -> None:
-        unknown = sorted(set(self.arguments) - set(allowed))
-        if unknown:
-            raise ConfigError(f"unknown arguments {unknown} (allowed: {list(allowed)})")
 
 
 class LightningOperations(OperationHandler):

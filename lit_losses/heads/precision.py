@@ -83,14 +83,17 @@ class CastHead:
     """A head's settings with its weight and bias in the compute dtype (what a backend is given)."""
 
     weight: Tensor
+    """``[V, D]`` in the compute dtype."""
     bias: Tensor | None
+    """``[V]`` in the compute dtype, or ``None``."""
     chunk_size: int | None
+    """Tokens per chunk (``None``: from a memory budget)."""
     ignore_index: int
+    """Target value of positions without a label."""
     accum_dtype: torch.dtype
-
-    @property
-    def vocab_size(self) -> int:
-        return self.weight.shape[0]
+    """Dtype of logits and gradients."""
+    vocab_size: int
+    """``V``, the weight's rows."""
 
 
 @contextmanager
@@ -116,7 +119,8 @@ def in_compute_dtype(head: HeadConfig, hidden: Tensor) -> Iterator[tuple[HeadCon
             yield head, hidden
             return
         bias = None if head.bias is None else head.bias.to(dtype)
-        cast = CastHead(head.weight.to(dtype), bias, head.chunk_size, head.ignore_index, head.accum_dtype)
+        weight = head.weight.to(dtype)
+        cast = CastHead(weight, bias, head.chunk_size, head.ignore_index, head.accum_dtype, weight.shape[0])
         yield cast, hidden.to(dtype)
 
 

@@ -31,7 +31,7 @@ from lit_losses.heads.backend import (
 )
 from lit_losses.heads.chunked_ops import default_chunk_size
 from lit_losses.heads.fused_head import FusedLMHead
-from lit_losses.heads.output import HeadOutput, check_head_inputs, normalize_outputs
+from lit_losses.heads.output import HEAD_OUTPUTS, HeadOutput, check_head_inputs, normalize_outputs
 from lit_losses.heads.precision import autocast_off, compute_dtype
 from lit_losses.heads.vocab_parallel_functions import (
     VocabParallelLogProbs,
@@ -135,13 +135,12 @@ def vocab_parallel_pointwise(
 #: The ``vocab_parallel`` backend (chosen by `VocabParallelHead`, never by ``auto``).
 VOCAB_PARALLEL = register_backend(
     HeadBackend(
-        name=BACKEND_NAME,
-        outputs=("logprobs", "lse", "entropy"),
+        BACKEND_NAME,
+        description="W sharded along the vocabulary: O(tokens) statistics exchanged per chunk",
+        outputs=HEAD_OUTPUTS,  # every per-token output, and fused losses with any token weights
         per_token=vocab_parallel_per_token,
         fused_ce=vocab_parallel_weighted_ce,
-        fused_ce_weights="any",
         fused_pointwise=vocab_parallel_pointwise,
-        description="W sharded along the vocabulary: O(tokens) statistics exchanged per chunk",
     )
 )
 
@@ -269,13 +268,10 @@ class VocabParallelHead(FusedLMHead):
             return route.backend.fused_ce(head, h, y, w)
 
     def pointwise_loss(
-        self,
-        hidden: Tensor,
-        targets: Tensor,
-        chunk_loss: ChunkLoss,
-        with_entropy: bool = False,
+        self, hidden: Tensor, targets: Tensor, chunk_loss: ChunkLoss, with_entropy: bool = False,
         needs: Sequence[str] | None = None,
-    ) -> Tensor:
+    ) -> Tensor:  # fmt: skip
+        """`FusedLMHead.pointwise_loss` over the vocabulary shards (always fused: ``needs`` is unused)."""
         self._checked(hidden, targets)
         _, h, y = valid_tokens(hidden, targets, self.ignore_index)
         route = select_backend(BACKEND_NAME, "pointwise", outputs=("logprobs", "lse"))
