@@ -13,10 +13,12 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import torch
+import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_losses.data.text import TextDataModule
@@ -67,7 +69,8 @@ def one_line_error(message: str) -> str:
     detail = [
         ln.strip() for ln in inner.splitlines()[1:] if ln.strip() and not ln.strip().startswith(boilerplate)
     ]
-    return f"{path}: {detail[0] if detail else value}"
+    same_line = inner.splitlines()[0].partition(":")[2].strip()  # 'Parser key "config": File does not…'
+    return f"{path}: {detail[0] if detail else same_line or value}"
 
 
 class LitLossesParser(LightningArgumentParser):
@@ -107,13 +110,90 @@ class LitLossesCLI(LightningCLI):
             "lists each) or stop with an 'error' listing them; architecture changes are always an error.",
         )
 
+        parser.add_argument(
+            "--reuse_run_dir",
+            type=bool,
+            default=False,
+            help="Let 'fit' without a logger write its checkpoints into a trainer.default_root_dir that "
+            "already holds another run's checkpoints (default: refused).",
+        )
+
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        check_config_files(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
         self.given_config = self.config.clone()
         """The options as given, before LightningCLI replaces the model's with a checkpoint's."""
+        check_trainer_options(self)
 
     def before_instantiate_classes(self) -> None:
         check_resume_options(self)
+
+
+_SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+
+
+def check_config_files(args: Any) -> None:
+    """Refuse a ``--config`` file that is not valid YAML with one line naming the file and the line.
+
+    Raises:
+        ConfigError: ``--config <file>: not valid YAML (<problem>, line <n>)``.
+    """
+    if not isinstance(args, (list, tuple)):
+        return
+    args = [str(a) for a in args]
+    files = [b for a, b in pairwise(args) if a == "--config"]
+    files += [a.partition("=")[2] for a in args if a.startswith("--config=")]
+    for name in files:
+        if not Path(name).is_file():
+            continue  # jsonargparse reports it: "config: File does not exist: …"
+        try:
+            yaml.safe_load(Path(name).read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"--config {name}: not UTF-8 text (byte {err.start})") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f", line {mark.line + 1} column {mark.column + 1}" if mark else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ConfigError(f"--config {name}: not valid YAML ({problem}{where})") from None
+
+
+def check_trainer_options(cli: LitLossesCLI) -> None:
+    """Refuse trainer options that would hang or do nothing, and a ``--ckpt_path`` that is no readable
+    checkpoint (checked right after parsing, before LightningCLI reads the checkpoint's hyper-parameters).
+
+    Raises:
+        ConfigError: one line naming the option and its value.
+    """
+    sub = cli.config.get("subcommand")
+    config = cli.config[sub] if sub else cli.config
+    trainer = config.get("trainer") or {}
+    accumulate = trainer.get("accumulate_grad_batches")
+    if isinstance(accumulate, int) and accumulate < 1:
+        raise ConfigError(f"trainer.accumulate_grad_batches={accumulate} must be >= 1")
+    ckpt_path = config.get("ckpt_path")
+    if ckpt_path and str(ckpt_path) not in _SPECIAL_CKPT_PATHS:
+        if not Path(ckpt_path).is_file():
+            raise ConfigError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
+        load_checkpoint(ckpt_path)
+    check_run_dir(sub, config, trainer)
+
+
+def check_run_dir(sub: str | None, config: Any, trainer: Any) -> None:
+    """Refuse a ``fit`` without a logger whose checkpoint folder (``<default_root_dir>/checkpoints``)
+    already holds another run's checkpoints, unless resuming (``--ckpt_path``) or ``--reuse_run_dir``.
+    (With a logger, each run gets a new ``version_N`` folder.)
+    """
+    if sub != "fit" or config.get("ckpt_path") or config.get("reuse_run_dir"):
+        return
+    if trainer.get("logger") is not False or trainer.get("enable_checkpointing") is False:
+        return
+    root = Path(trainer.get("default_root_dir") or ".")
+    if any((root / "checkpoints").glob("*.ckpt")):
+        raise ConfigError(
+            f"trainer.default_root_dir={str(root)!r} already holds another run's checkpoints in "
+            f"{root / 'checkpoints'}; choose a new folder, resume with --ckpt_path, "
+            "or pass --reuse_run_dir=true"
+        )
 
 
 def check_resume_options(cli: LitLossesCLI) -> None:
@@ -130,7 +210,7 @@ def check_resume_options(cli: LitLossesCLI) -> None:
     ckpt_path = config.get("ckpt_path")
     if not ckpt_path or not Path(ckpt_path).is_file():
         return
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    checkpoint = load_checkpoint(ckpt_path)
     where = f"--ckpt_path {ckpt_path}"
     model, data = given["model"].as_dict(), given["data"].as_dict() if given.get("data") else {}
     changes = option_changes(
@@ -146,6 +226,18 @@ def check_resume_options(cli: LitLossesCLI) -> None:
     check_changes(changes + data_changes, where, config.get("resume_changes", "apply") == "apply", warn=False)
     check_changes(data_changes, where)
     config["model"] = given["model"]
+
+
+def load_checkpoint(ckpt_path: str) -> dict[str, Any]:
+    """``torch.load`` of a checkpoint; an empty, truncated or foreign file is a `ConfigError` naming it."""
+    try:
+        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # EOFError, RuntimeError, UnpicklingError: all mean "not a checkpoint"
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"--ckpt_path {ckpt_path} is not a readable checkpoint ({reason})") from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise ConfigError(f"--ckpt_path {ckpt_path} is not a Lightning checkpoint (no 'state_dict')")
+    return checkpoint
 
 
 def _fail_on_config_error(err: BaseException) -> None:

@@ -28,6 +28,7 @@ from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.parallel import ModelParallelMixin
 from lit_losses.regularizers import RegularizerSet, RegularizerSpec, TermResult
 from lit_losses.resume import restore_checkpoint_state
+from lit_losses.validation import chunk_size_option
 
 LOCAL_NORMALIZATION_WARNING = (
     "training batches carry no global statistics: each micro-batch is normalized by its own counts, which "
@@ -86,7 +87,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         super().__init__()
         self.head_backend = check_choice(head_backend, Backend, "model.head_backend")
         self.save_hyperparameters()
-        self.head_chunk_size, self.ignore_index = head_chunk_size, ignore_index
+        self.head_chunk_size, self.ignore_index = chunk_size_option(head_chunk_size), ignore_index
         self.check_finite = check_finite
         self.optimizer_config = OptimizerConfig.coerce(optimizer)
         self.regularizer_set = RegularizerSet(regularizers or (), loss_agg, regularizer_grad_norm)

@@ -38,6 +38,31 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("LIT_LOSSES_CACHE", Path.home() / ".cache" / "lit_losses"))
 
 
+def read_text_file(src: str) -> str:
+    """The UTF-8 text of a corpus file; a binary or undecodable file is a `ConfigError` naming it."""
+    data = Path(src).read_bytes()
+    if b"\x00" in data[:8192]:
+        raise ConfigError(f"data.paths: {src} is a binary file (it holds NUL bytes), not UTF-8 text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"data.paths: {src} is not UTF-8 text (byte {err.start}: {err.reason})") from None
+
+
+def jsonl_text(line: str, text_field: str, where: str) -> str:
+    """The ``text_field`` string of one JSONL line; ``where`` (``file:line``) names it in every error."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"data.paths: {where} is not valid JSON ({err.msg}, column {err.colno})") from None
+    if not isinstance(record, dict) or text_field not in record:
+        raise ConfigError(f"data.paths: {where} has no field data.text_field={text_field!r}")
+    if not isinstance(record[text_field], str):
+        kind = type(record[text_field]).__name__
+        raise ConfigError(f"data.paths: {where} field {text_field!r} is a {kind}, not a string")
+    return record[text_field]
+
+
 class TextDataModule(L.LightningDataModule):
     """Train/validation micro-batches of packed, tokenized text.
 
@@ -133,15 +158,11 @@ class TextDataModule(L.LightningDataModule):
     def _read_documents(self) -> list[str]:
         documents: list[str] = []
         for src in self.sources:
-            text = Path(src).read_text(encoding="utf-8", errors="replace")
+            text = read_text_file(src)
             if src.endswith(".jsonl"):
                 for lineno, line in enumerate(text.splitlines(), start=1):
-                    if not line.strip():
-                        continue
-                    record = json.loads(line)
-                    if self.text_field not in record:
-                        raise KeyError(f"{src}:{lineno} has no field data.text_field={self.text_field!r}")
-                    documents.append(str(record[self.text_field]))
+                    if line.strip():
+                        documents.append(jsonl_text(line, self.text_field, f"{src}:{lineno}"))
             else:
                 documents.append(text)
         documents = [d for d in documents if d.strip()]

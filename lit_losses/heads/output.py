@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lit_losses.validation import check_finite_weight
+
 #: The per-token outputs a head can give.
 HEAD_OUTPUTS = ("logprobs", "lse", "entropy")
 
@@ -107,6 +109,8 @@ def check_head_inputs(
             f"target {value} is out of range for vocabulary size V={V} "
             f"(valid: 0..{V - 1}, or ignore_index={ignore_index})"
         )
+    if check_finite:
+        check_finite_weight(weight)
     if check_finite and not bool(torch.isfinite(hidden).all()):
         n_bad = int((~torch.isfinite(hidden)).sum())
         raise ValueError(

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from lit_losses.module import RegularizedLM
 from lit_losses.parallel import ParallelConfig
+from lit_losses.validation import check_token_batch, check_transformer_shape
 
 
 class RMSNorm(nn.Module):
@@ -119,6 +120,7 @@ class TinyTransformer(nn.Module):
         rope_base: float = 10000.0,
     ) -> None:  # fmt: skip
         super().__init__()
+        check_transformer_shape(vocab_size, d_model, n_layers, n_heads, d_ff, rope_base)
         d_ff = d_ff or 64 * math.ceil(8 * d_model / 3 / 64)
         self.head_dim, self.rope_base = d_model // n_heads, rope_base
         self.embed = nn.Embedding(vocab_size, d_model)
@@ -210,6 +212,7 @@ class TinyLM(RegularizedLM):
         return {"body.embed": "embedding"} if self.lm_head is None else {"lm_head": "colwise"}
 
     def forward_hidden(self, batch: dict[str, Tensor]) -> Tensor:
+        check_token_batch(batch, self.body.embed.num_embeddings)
         return self.body(batch["input_ids"], batch.get("segment_ids"), batch.get("position_ids"))
 
     def output_projection(self) -> tuple[Tensor, Tensor | None]:

@@ -1,0 +1,139 @@
+"""Checks of configured values and of batch contents, each failing with one line that names the value.
+
+Configuration checks raise `ConfigError` (the CLI prints it as ``lit-losses: error: …``, exit code 2);
+batch checks raise ``ValueError`` naming the batch key, the offending value and what the model expects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lit_losses.errors import ConfigError
+
+
+def check_at_least(value: Any, minimum: int, where: str, optional: bool = False) -> Any:
+    """Return ``value`` if it is an integer ``>= minimum`` (or ``None`` when ``optional``).
+
+    Example:
+        >>> check_at_least(4, 1, "model.init_args.n_heads")
+        4
+        >>> check_at_least(0, 1, "model.init_args.d_model")
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: model.init_args.d_model=0 must be an integer >= 1
+    """
+    if value is None and optional:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where}={value!r} must be an integer >= {minimum}")
+    return value
+
+
+def check_transformer_shape(
+    vocab_size: int, d_model: int, n_layers: int, n_heads: int, d_ff: int | None, rope_base: float
+) -> None:
+    """Refuse transformer shapes that would fail at the first step or train a meaningless model.
+
+    ``d_model`` must be divisible by ``n_heads`` and the head dimension ``d_model / n_heads`` even (the
+    rotary embedding rotates pairs of channels); ``rope_base`` must be a finite number > 1.
+
+    Example:
+        >>> check_transformer_shape(100, 32, 1, 2, None, 10000.0)
+        >>> check_transformer_shape(100, 30, 1, 4, None, 10000.0)
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: model.init_args.d_model=30 must be divisible by n_heads=4
+    """
+    where = "model.init_args"
+    for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("n_layers", n_layers)):
+        check_at_least(value, 1, f"{where}.{name}")
+    check_at_least(n_heads, 1, f"{where}.n_heads")
+    check_at_least(d_ff, 1, f"{where}.d_ff", optional=True)
+    if d_model % n_heads:
+        raise ConfigError(f"{where}.d_model={d_model} must be divisible by n_heads={n_heads}")
+    if (d_model // n_heads) % 2:
+        raise ConfigError(
+            f"{where}.d_model={d_model} / n_heads={n_heads} gives head dimension {d_model // n_heads}; "
+            "the rotary embedding needs an even head dimension"
+        )
+    if not isinstance(rope_base, (int, float)) or not (1.0 < float(rope_base) < float("inf")):
+        raise ConfigError(f"{where}.rope_base={rope_base!r} must be a finite number > 1")
+
+
+def check_token_batch(batch: dict[str, Any], vocab_size: int) -> None:
+    """Check the token keys of a batch against a model of ``vocab_size`` embeddings.
+
+    ``input_ids`` must be an integer ``[B, T]`` tensor of ids in ``[0, vocab_size)``; ``segment_ids`` and
+    ``position_ids``, when present, must have the same shape.
+
+    Example:
+        >>> check_token_batch({"input_ids": torch.tensor([[1, 2]])}, 3)
+        >>> check_token_batch({"input_ids": torch.tensor([[1, 7]])}, 3)
+        Traceback (most recent call last):
+        ...
+        ValueError: batch['input_ids'] holds token id 7, beyond the model's vocab_size=3 (valid: 0..2)
+    """
+    ids = batch.get("input_ids")
+    if not isinstance(ids, Tensor):
+        raise ValueError(f"batch['input_ids'] must be a tensor of token ids, got {type(ids).__name__}")
+    if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ValueError(
+            f"batch['input_ids'] must be an integer [B, T] tensor, got dtype {ids.dtype} "
+            f"and shape {tuple(ids.shape)}"
+        )
+    if ids.numel():
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"batch['input_ids'] holds token id {bad}, beyond the model's vocab_size={vocab_size} "
+                f"(valid: 0..{vocab_size - 1})"
+            )
+    for key in ("segment_ids", "position_ids"):
+        other = batch.get(key)
+        if other is None:
+            continue
+        if not isinstance(other, Tensor) or other.shape != ids.shape:
+            shape = tuple(other.shape) if isinstance(other, Tensor) else type(other).__name__
+            raise ValueError(
+                f"batch[{key!r}] has shape {shape}; the model expects the shape of "
+                f"batch['input_ids'] {tuple(ids.shape)}"
+            )
+        if key == "position_ids" and other.numel() and int(other.min()) < 0:
+            raise ValueError(f"batch['position_ids'] holds {int(other.min())}; positions must be >= 0")
+
+
+def check_finite_weight(weight: Tensor, where: str = "the output weight") -> None:
+    """Refuse a non-finite output projection (NaN/Inf would flow into every log-probability).
+
+    The good path costs one float32 sum of ``weight`` (a NaN or Inf entry makes it non-finite); only then
+    is the element-wise check run, so that a sum that merely overflows is not mistaken for a bad weight.
+
+    Example:
+        >>> check_finite_weight(torch.tensor([[float("nan")]]))
+        Traceback (most recent call last):
+        ...
+        ValueError: the output weight (shape (1, 1)) contains 1 non-finite value(s) (NaN/Inf)
+    """
+    if weight.is_meta:  # a shape-only stand-in (e.g. the vocabulary-parallel head's layout check)
+        return
+    with torch.no_grad():  # one scalar reduction (NaN/Inf propagate), no [V, D] temporary on the good path
+        total = weight.sum(dtype=torch.float32)
+    if not bool(torch.isfinite(total)) and not bool(torch.isfinite(weight).all()):
+        n_bad = int((~torch.isfinite(weight)).sum())
+        raise ValueError(
+            f"{where} (shape {tuple(weight.shape)}) contains {n_bad} non-finite value(s) (NaN/Inf)"
+        )
+
+
+def chunk_size_option(value: int | None) -> int | None:
+    """``model.init_args.head_chunk_size``: ``None`` (the backend's default) or an integer >= 1.
+
+    Example:
+        >>> chunk_size_option(None), chunk_size_option(256)
+        (None, 256)
+    """
+    return check_at_least(value, 1, "model.init_args.head_chunk_size", optional=True)

@@ -1,0 +1,716 @@
+"""Table-driven bad inputs: each one fails with one clear line naming the value and where it came from.
+
+Every case runs under a timeout (none may hang). CLI cases run in-process through `cli_main` and assert
+exit code 2 and exactly one ``lit-losses: error: …`` line on stderr (no traceback); Python-API, batch
+and checkpoint cases assert the exception type and its one-line message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from lit_losses import TextDataModule, TinyLM
+from lit_losses.choices import check_choice
+from lit_losses.cli import cli_main, load_checkpoint
+from lit_losses.errors import ConfigError
+from lit_losses.heads import FusedLMHead
+from lit_losses.optim import OptimizerConfig
+
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = str(REPO / "configs" / "tiny_lm.yaml")
+TEXT = "the quick brown fox jumps over the lazy dog. " * 8
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLI cases: (id, extra arguments, files to write into tmp_path, expected fragment of the one line)
+# ``{tmp}`` in an argument is replaced by tmp_path. A file value of bytes is written as is.
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CliCase:
+    id: str
+    args: tuple[str, ...]
+    expected: str
+    files: tuple[tuple[str, str | bytes], ...] = ()
+    corpus: bool = True  # add a tiny valid corpus as data.paths
+
+
+M, D, T, OPT = "--model.init_args.", "--data.init_args.", "--trainer.", "--model.init_args.optimizer."
+
+CLI_CASES = [
+    # model shape options (validated when the model is built, before any data is read)
+    CliCase("d_model_zero", (f"{M}d_model=0",), "model.init_args.d_model=0 must be an integer >= 1"),
+    CliCase("d_model_negative", (f"{M}d_model=-8",), "model.init_args.d_model=-8 must be an integer >= 1"),
+    CliCase("d_model_text", (f"{M}d_model=wide",), "model.init_args.d_model: expected int, got 'wide'"),
+    CliCase("d_model_float", (f"{M}d_model=1.5",), "model.init_args.d_model: expected int, got '1.5'"),
+    CliCase("n_heads_zero", (f"{M}n_heads=0",), "model.init_args.n_heads=0 must be an integer >= 1"),
+    CliCase("n_layers_zero", (f"{M}n_layers=0",), "model.init_args.n_layers=0 must be an integer >= 1"),
+    CliCase("n_layers_negative", (f"{M}n_layers=-1",), "model.init_args.n_layers=-1 must be an integer >= 1"),
+    CliCase(
+        "n_heads_not_dividing",
+        (f"{M}d_model=32", f"{M}n_heads=5"),
+        "model.init_args.d_model=32 must be divisible by n_heads=5",
+    ),
+    CliCase(
+        "odd_head_dim",
+        (f"{M}d_model=30", f"{M}n_heads=2"),
+        "model.init_args.d_model=30 / n_heads=2 gives head dimension 15",
+    ),
+    CliCase(
+        "odd_head_dim_one_head",
+        (f"{M}d_model=7", f"{M}n_heads=1"),
+        "the rotary embedding needs an even head dimension",
+    ),
+    CliCase("d_ff_zero", (f"{M}d_ff=0",), "model.init_args.d_ff=0 must be an integer >= 1"),
+    CliCase("d_ff_negative", (f"{M}d_ff=-64",), "model.init_args.d_ff=-64 must be an integer >= 1"),
+    CliCase(
+        "rope_base_zero", (f"{M}rope_base=0",), "model.init_args.rope_base=0.0 must be a finite number > 1"
+    ),
+    CliCase(
+        "rope_base_one", (f"{M}rope_base=1",), "model.init_args.rope_base=1.0 must be a finite number > 1"
+    ),
+    CliCase("rope_base_inf", (f"{M}rope_base=inf",), "model.init_args.rope_base: expected float, got 'inf'"),
+    CliCase("tie_embeddings_text", (f"{M}tie_embeddings=perhaps",), "model.init_args.tie_embeddings"),
+    # RegularizedLM options
+    CliCase(
+        "head_backend_unknown", (f"{M}head_backend=cuda",), "model.init_args.head_backend: 'cuda' is not"
+    ),
+    CliCase("head_backend_typo", (f"{M}head_backend=chunkd",), "did you mean 'chunked'?"),
+    CliCase("loss_agg_typo", (f"{M}loss_agg=token-maen",), "did you mean 'token-mean'?"),
+    CliCase("loss_agg_empty", (f"{M}loss_agg=",), "model.init_args.loss_agg"),
+    CliCase("head_chunk_size_zero", (f"{M}head_chunk_size=0",), "head_chunk_size=0 must be an integer >= 1"),
+    CliCase(
+        "head_chunk_size_negative", (f"{M}head_chunk_size=-5",), "head_chunk_size=-5 must be an integer >= 1"
+    ),
+    CliCase("head_chunk_size_text", (f"{M}head_chunk_size=big",), "model.init_args.head_chunk_size"),
+    CliCase("check_finite_text", (f"{M}check_finite=maybe",), "model.init_args.check_finite"),
+    CliCase("ignore_index_text", (f"{M}ignore_index=none",), "model.init_args.ignore_index"),
+    CliCase("base_loss_weight_negative", (f"{M}base_loss_weight=-1",), "model.base_loss_weight must be >= 0"),
+    CliCase(
+        "base_loss_weight_nan", (f"{M}base_loss_weight=nan",), "base_loss_weight: expected float, got 'nan'"
+    ),
+    CliCase("base_loss_weight_text", (f"{M}base_loss_weight=heavy",), "model.init_args.base_loss_weight"),
+    CliCase("regularizer_grad_norm_text", (f"{M}regularizer_grad_norm=sure",), "regularizer_grad_norm"),
+    # optimizer
+    CliCase("lr_zero", (f"{OPT}lr=0",), "optimizer.lr must be > 0, got 0"),
+    CliCase("lr_negative", (f"{OPT}lr=-0.1",), "optimizer.lr must be > 0, got -0.1"),
+    CliCase("lr_text", (f"{OPT}lr=fast",), "optimizer.lr"),
+    CliCase("warmup_negative", (f"{OPT}warmup_steps=-1",), "optimizer.warmup_steps must be >= 0, got -1"),
+    CliCase("min_lr_ratio_above_one", (f"{OPT}min_lr_ratio=2",), "optimizer.min_lr_ratio must be in [0, 1]"),
+    CliCase(
+        "min_lr_ratio_negative", (f"{OPT}min_lr_ratio=-0.5",), "optimizer.min_lr_ratio must be in [0, 1]"
+    ),
+    CliCase("total_steps_zero", (f"{OPT}total_steps=0",), "optimizer.total_steps must be >= 1, got 0"),
+    CliCase("schedule_typo", (f"{OPT}schedule=cosin",), "did you mean 'cosine'?"),
+    # data options (validated when the data module is built)
+    CliCase("vocab_size_tiny", (f"{D}vocab_size=10",), "data.vocab_size=10 is smaller than the byte-level"),
+    CliCase("vocab_size_text", (f"{D}vocab_size=big",), "data.init_args.vocab_size: expected int"),
+    CliCase("seq_len_one", (f"{D}seq_len=1",), "data.seq_len=1 must be >= 2"),
+    CliCase("seq_len_zero", (f"{D}seq_len=0",), "data.seq_len=0 must be >= 2"),
+    CliCase("tokens_per_batch_small", (f"{D}tokens_per_batch=8",), "data.tokens_per_batch=8 is smaller"),
+    CliCase("val_fraction_one", (f"{D}val_fraction=1.0",), "data.val_fraction=1.0 must be in [0, 1)"),
+    CliCase("val_fraction_negative", (f"{D}val_fraction=-0.1",), "data.val_fraction=-0.1 must be in [0, 1)"),
+    CliCase("max_documents_zero", (f"{D}max_documents=0",), "data.max_documents=0 must be >= 1"),
+    CliCase("packing_text", (f"{D}packing=often",), "data.init_args.packing"),
+    CliCase("paths_no_match", (f"{D}paths=[{{tmp}}/nothing/*.txt]",), "matches no file", corpus=False),
+    # trainer options that would hang or do nothing
+    CliCase(
+        "accumulate_zero",
+        (f"{T}accumulate_grad_batches=0",),
+        "trainer.accumulate_grad_batches=0 must be >= 1",
+    ),
+    CliCase(
+        "accumulate_negative",
+        (f"{T}accumulate_grad_batches=-2",),
+        "trainer.accumulate_grad_batches=-2 must be >= 1",
+    ),
+    CliCase("max_steps_text", (f"{T}max_steps=many",), "trainer.max_steps"),
+    CliCase("resume_changes_typo", ("--resume_changes=aply",), "did you mean 'apply'?"),
+    CliCase("unknown_option", (f"{M}dmodel=32",), "dmodel"),
+    CliCase("model_class_unknown", ("--model.class_path=lit_losses.NoSuchLM",), "model"),
+    CliCase("data_class_unknown", ("--data.class_path=lit_losses.NoSuchData",), "data"),
+    # checkpoints named by --ckpt_path
+    CliCase("ckpt_missing", ("--ckpt_path={tmp}/missing.ckpt",), "missing.ckpt: no such checkpoint file"),
+    CliCase(
+        "ckpt_empty",
+        ("--ckpt_path={tmp}/empty.ckpt",),
+        "empty.ckpt is not a readable checkpoint",
+        files=(("empty.ckpt", b""),),
+    ),
+    CliCase(
+        "ckpt_text",
+        ("--ckpt_path={tmp}/notes.ckpt",),
+        "notes.ckpt is not a readable checkpoint",
+        files=(("notes.ckpt", "this is not a checkpoint\n"),),
+    ),
+    CliCase(
+        "ckpt_truncated",
+        ("--ckpt_path={tmp}/cut.ckpt",),
+        "cut.ckpt is not a readable checkpoint",
+        files=(("cut.ckpt", "TRUNCATED"),),
+    ),
+    CliCase(
+        "ckpt_not_lightning",
+        ("--ckpt_path={tmp}/list.ckpt",),
+        "list.ckpt is not a Lightning checkpoint",
+        files=(("list.ckpt", "LIST"),),
+    ),
+    CliCase("ckpt_directory", ("--ckpt_path={tmp}",), "no such checkpoint file"),
+    CliCase(
+        "run_dir_reused",
+        ("--trainer.enable_checkpointing=true",),
+        "already holds another run's checkpoints",
+        files=(("run/checkpoints/epoch=0-step=1.ckpt", "TRUNCATED"),),
+    ),
+    CliCase(  # documented safe behaviour: the user says so; the guard lets the run go on (to the next error)
+        "run_dir_reused_on_request",
+        ("--trainer.enable_checkpointing=true", "--reuse_run_dir=true", f"{M}d_model=0"),
+        "model.init_args.d_model=0 must be an integer >= 1",
+        files=(("run/checkpoints/epoch=0-step=1.ckpt", "TRUNCATED"),),
+    ),
+    CliCase("reuse_run_dir_text", ("--reuse_run_dir=often",), "reuse_run_dir: expected bool"),
+    # corpus files (read before training: their name is in the error)
+    CliCase(
+        "corpus_binary",
+        (f"{D}paths=[{{tmp}}/blob.bin]",),
+        "blob.bin is a binary file",
+        files=(("blob.bin", bytes(range(256)) * 4),),
+        corpus=False,
+    ),
+    CliCase(
+        "corpus_latin1",
+        (f"{D}paths=[{{tmp}}/latin.txt]",),
+        "latin.txt is not UTF-8 text",
+        files=(("latin.txt", "caf\xe9 ".encode("latin-1") * 50),),
+        corpus=False,
+    ),
+    CliCase(
+        "corpus_empty_file",
+        (f"{D}paths=[{{tmp}}/empty.txt]",),
+        "the corpus is empty",
+        files=(("empty.txt", ""),),
+        corpus=False,
+    ),
+    CliCase(
+        "corpus_blank_file",
+        (f"{D}paths=[{{tmp}}/blank.txt]",),
+        "the corpus is empty",
+        files=(("blank.txt", "\n\n   \n"),),
+        corpus=False,
+    ),
+    CliCase(
+        "jsonl_bad_json",
+        (f"{D}paths=[{{tmp}}/bad.jsonl]",),
+        "bad.jsonl:2 is not valid JSON",
+        files=(("bad.jsonl", '{"text": "ok"}\n{"text": oops}\n'),),
+        corpus=False,
+    ),
+    CliCase(
+        "jsonl_missing_field",
+        (f"{D}paths=[{{tmp}}/nofield.jsonl]",),
+        "nofield.jsonl:1 has no field data.text_field='text'",
+        files=(("nofield.jsonl", '{"body": "hello"}\n'),),
+        corpus=False,
+    ),
+    CliCase(
+        "jsonl_other_field",
+        (f"{D}paths=[{{tmp}}/a.jsonl]", f"{D}text_field=content"),
+        "a.jsonl:1 has no field data.text_field='content'",
+        files=(("a.jsonl", '{"text": "hello"}\n'),),
+        corpus=False,
+    ),
+    CliCase(
+        "jsonl_number_field",
+        (f"{D}paths=[{{tmp}}/num.jsonl]",),
+        "num.jsonl:1 field 'text' is a int",
+        files=(("num.jsonl", '{"text": 42}\n'),),
+        corpus=False,
+    ),
+    CliCase(
+        "jsonl_null_field",
+        (f"{D}paths=[{{tmp}}/null.jsonl]",),
+        "null.jsonl:1 field 'text' is a NoneType",
+        files=(("null.jsonl", '{"text": null}\n'),),
+        corpus=False,
+    ),
+    CliCase(
+        "jsonl_not_object",
+        (f"{D}paths=[{{tmp}}/list.jsonl]",),
+        "list.jsonl:1 has no field",
+        files=(("list.jsonl", '["text", "hello"]\n'),),
+        corpus=False,
+    ),
+    CliCase(
+        "jsonl_binary",
+        (f"{D}paths=[{{tmp}}/bin.jsonl]",),
+        "bin.jsonl is a binary file",
+        files=(("bin.jsonl", b'{"text": "a"}\n\x00\x01\x02'),),
+        corpus=False,
+    ),
+    # YAML configuration files
+    CliCase(
+        "yaml_d_model_zero",
+        ("--config={tmp}/zero.yaml",),
+        "model.init_args.d_model=0 must be an integer >= 1",
+        files=(("zero.yaml", "model:\n  init_args:\n    d_model: 0\n"),),
+    ),
+    CliCase(
+        "yaml_loss_agg_typo",
+        ("--config={tmp}/agg.yaml",),
+        "did you mean 'token-sum'?",
+        files=(("agg.yaml", "model:\n  init_args:\n    loss_agg: token-summ\n"),),
+    ),
+    CliCase(
+        "yaml_accumulate_zero",
+        ("--config={tmp}/acc.yaml",),
+        "trainer.accumulate_grad_batches=0 must be >= 1",
+        files=(("acc.yaml", "trainer:\n  accumulate_grad_batches: 0\n"),),
+    ),
+    CliCase(
+        "yaml_regularizer_unknown_name",
+        ("--config={tmp}/reg.yaml",),
+        "z_los",
+        files=(("reg.yaml", "model:\n  init_args:\n    regularizers:\n      - name: z_los\n"),),
+    ),
+    CliCase(
+        "yaml_regularizer_unknown_field",
+        ("--config={tmp}/reg.yaml",),
+        "model.init_args.regularizers: Option 'wieght' is not accepted",
+        files=(("reg.yaml", "model:\n  init_args:\n    regularizers:\n      - {name: z_loss, wieght: 1}\n"),),
+    ),
+    CliCase(
+        "yaml_regularizer_nan_weight",
+        ("--config={tmp}/reg.yaml",),
+        "weight must be a finite number",
+        files=(
+            ("reg.yaml", "model:\n  init_args:\n    regularizers:\n      - {name: z_loss, weight: .nan}\n"),
+        ),
+    ),
+    CliCase(
+        "yaml_regularizer_args_not_mapping",
+        ("--config={tmp}/reg.yaml",),
+        "model.init_args.regularizers.args: expected dict, got '[1]'",
+        files=(("reg.yaml", "model:\n  init_args:\n    regularizers:\n      - {name: z_loss, args: [1]}\n"),),
+    ),
+    CliCase(
+        "yaml_regularizer_on_error_typo",
+        ("--config={tmp}/reg.yaml",),
+        "skp",
+        files=(
+            ("reg.yaml", "model:\n  init_args:\n    regularizers:\n      - {name: z_loss, on_error: skp}\n"),
+        ),
+    ),
+    CliCase(
+        "yaml_regularizer_bad_fn",
+        ("--config={tmp}/reg.yaml",),
+        "no_such_module",
+        files=(
+            (
+                "reg.yaml",
+                "model:\n  init_args:\n    regularizers:\n      - {name: m, fn: no_such_module.f}\n",
+            ),
+        ),
+    ),
+    CliCase(
+        "yaml_malformed",
+        ("--config={tmp}/broken.yaml",),
+        "broken.yaml: not valid YAML (expected ',' or ']'",
+        files=(("broken.yaml", "model: [unclosed\n"),),
+    ),
+    CliCase(
+        "yaml_missing", ("--config={tmp}/absent.yaml",), "config: File does not exist: '{tmp}/absent.yaml'"
+    ),
+    CliCase(
+        "yaml_base_loss_weight_nan",
+        ("--config={tmp}/w.yaml",),
+        "model.base_loss_weight must be >= 0 and finite",
+        files=(("w.yaml", "model:\n  init_args:\n    base_loss_weight: .nan\n"),),
+    ),
+    CliCase(
+        "yaml_tab_indent",
+        ("--config={tmp}/tab.yaml",),
+        "tab.yaml: not valid YAML",
+        files=(("tab.yaml", "model:\n\tinit_args: {}\n"),),
+    ),
+    CliCase(
+        "yaml_binary",
+        ("--config={tmp}/bin.yaml",),
+        "bin.yaml: not UTF-8 text",
+        files=(("bin.yaml", b"\xff\xfe\x00model"),),
+    ),
+]
+
+
+def _write(tmp_path: Path, name: str, content: str | bytes) -> None:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if content == "TRUNCATED":  # the first half of a real (tiny) checkpoint
+        torch.save({"state_dict": {"w": torch.zeros(1000)}, "hyper_parameters": {}}, path)
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif content == "LIST":
+        torch.save([1, 2, 3], path)
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", CLI_CASES, ids=[c.id for c in CLI_CASES])
+def test_cli_bad_input_is_one_line(case: CliCase, tmp_path, capsys):
+    for name, content in case.files:
+        _write(tmp_path, name, content)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in case.args]
+    expected = case.expected.replace("{tmp}", str(tmp_path))
+    base = ["fit", "--config", CONFIG, "--trainer.logger=false", "--trainer.max_steps=1"]
+    base += [f"--trainer.default_root_dir={tmp_path / 'run'}", "--trainer.enable_checkpointing=false"]
+    base += [f"{M}d_model=16", f"{M}n_heads=2", f"{M}n_layers=1", f"{D}vocab_size=300", f"{D}seq_len=16"]
+    base += [f"{D}tokens_per_batch=32", f"{D}cache_dir={tmp_path / 'cache'}"]
+    if case.corpus:
+        (tmp_path / "corpus.txt").write_text(TEXT)
+        base.append(f"{D}paths=[{tmp_path / 'corpus.txt'}]")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main([*base, *args])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert exit_info.value.code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("lit-losses: error: "), err
+    assert "Traceback" not in err
+    assert expected in lines[0], lines[0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Python API, batch and checkpoint cases: (id, where, call, exception type, expected fragment)
+# ---------------------------------------------------------------------------------------------------
+V = 50
+
+
+def _model(**kwargs) -> TinyLM:
+    return TinyLM(vocab_size=V, d_model=16, n_layers=1, n_heads=2, **kwargs)
+
+
+def _batch(**override) -> dict:
+    torch.manual_seed(0)
+    batch = {"input_ids": torch.randint(0, V, (2, 6)), "labels": torch.randint(0, V, (2, 6))}
+    batch.update(override)
+    return {k: v for k, v in batch.items() if v is not None}
+
+
+def _loss(batch: dict, **kwargs) -> None:
+    _model(**kwargs).compute_loss(batch, "val")
+
+
+def _nan_weight() -> None:
+    model = _model()
+    with torch.no_grad():
+        model.body.embed.weight[3, 1] = float("nan")
+    model.predict_step(_batch(), 0)
+
+
+def _inf_lm_head() -> None:
+    model = _model(tie_embeddings=False)
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] = float("inf")
+    model.compute_loss(_batch(), "val")
+
+
+def _nan_hidden() -> None:
+    head = FusedLMHead(torch.randn(V, 4))
+    hidden = torch.randn(3, 4)
+    hidden[1, 2] = float("nan")
+    head(hidden, torch.tensor([1, 2, 3]), "logprobs")
+
+
+def _ckpt(tmp_path: Path, content) -> str:
+    path = tmp_path / "model.ckpt"
+    if callable(content):
+        content(path)
+    else:
+        _write(tmp_path, "model.ckpt", content)
+    return str(path)
+
+
+def _data(tmp_path: Path, **kwargs) -> TextDataModule:
+    (tmp_path / "corpus.txt").write_text(TEXT)
+    options = {"paths": [str(tmp_path / "corpus.txt")], "vocab_size": 300, "seq_len": 16}
+    return TextDataModule(**{**options, "tokens_per_batch": 32, "cache_dir": str(tmp_path), **kwargs})
+
+
+def _read(tmp_path: Path, name: str, content: str | bytes, **kwargs) -> None:
+    _write(tmp_path, name, content)
+    TextDataModule(paths=[str(tmp_path / name)], vocab_size=300, cache_dir=str(tmp_path), **kwargs).setup(
+        "fit"
+    )
+
+
+def _state_dict_of_other_shape() -> None:
+    _model().load_state_dict(TinyLM(vocab_size=V + 1, d_model=16, n_layers=1, n_heads=2).state_dict())
+
+
+@dataclass(frozen=True)
+class ApiCase:
+    id: str
+    where: str  # python | batch | checkpoint | file
+    call: Callable[[Path], object]
+    error: type[BaseException]
+    expected: str
+
+
+PY_CASES = [
+    # constructors (Python API): the same checks as the CLI, naming the config path
+    ApiCase("tinylm_d_model_zero", "python", lambda _: TinyLM(d_model=0), ConfigError, "d_model=0 must be"),
+    ApiCase("tinylm_vocab_zero", "python", lambda _: TinyLM(vocab_size=0), ConfigError, "vocab_size=0 must"),
+    ApiCase("tinylm_vocab_float", "python", lambda _: TinyLM(vocab_size=2.5), ConfigError, "vocab_size=2.5"),
+    ApiCase("tinylm_n_heads_neg", "python", lambda _: TinyLM(n_heads=-2), ConfigError, "n_heads=-2 must"),
+    ApiCase("tinylm_heads_bool", "python", lambda _: TinyLM(n_heads=True), ConfigError, "n_heads=True must"),
+    ApiCase(
+        "tinylm_not_dividing", "python", lambda _: TinyLM(d_model=64, n_heads=3), ConfigError, "divisible by"
+    ),
+    ApiCase(
+        "tinylm_odd_head_dim",
+        "python",
+        lambda _: TinyLM(d_model=18, n_heads=2),
+        ConfigError,
+        "head dimension 9",
+    ),
+    ApiCase("tinylm_d_ff_zero", "python", lambda _: TinyLM(d_ff=0), ConfigError, "d_ff=0 must be"),
+    ApiCase(
+        "tinylm_rope_negative", "python", lambda _: TinyLM(rope_base=-5.0), ConfigError, "rope_base=-5.0"
+    ),
+    ApiCase(
+        "tinylm_rope_nan", "python", lambda _: TinyLM(rope_base=float("nan")), ConfigError, "rope_base=nan"
+    ),
+    ApiCase("tinylm_rope_text", "python", lambda _: TinyLM(rope_base="big"), ConfigError, "rope_base='big'"),
+    ApiCase(
+        "head_chunk_zero", "python", lambda _: _model(head_chunk_size=0), ConfigError, "head_chunk_size=0"
+    ),
+    ApiCase(
+        "head_chunk_float",
+        "python",
+        lambda _: _model(head_chunk_size=1.5),
+        ConfigError,
+        "head_chunk_size=1.5",
+    ),
+    ApiCase(
+        "head_backend", "python", lambda _: _model(head_backend="gpu"), ConfigError, "'gpu' is not one of"
+    ),
+    ApiCase("base_loss_weight", "python", lambda _: _model(base_loss_weight=-2.0), ConfigError, ">= 0"),
+    ApiCase(
+        "optimizer_dict_lr", "python", lambda _: _model(optimizer={"lr": 0.0}), ConfigError, "lr must be > 0"
+    ),
+    ApiCase(
+        "optimizer_unknown_key", "python", lambda _: _model(optimizer={"lrate": 1}), TypeError, "'lrate'"
+    ),
+    ApiCase("optimizer_warmup", "python", lambda _: OptimizerConfig(warmup_steps=-3), ConfigError, "-3"),
+    ApiCase(
+        "check_choice", "python", lambda _: check_choice("maen", ("mean",), "x.agg"), ConfigError, "'mean'"
+    ),
+    ApiCase("data_seq_len", "python", lambda p: _data(p, seq_len=0), ConfigError, "data.seq_len=0"),
+    ApiCase("data_vocab", "python", lambda p: _data(p, vocab_size=100), ConfigError, "data.vocab_size=100"),
+    ApiCase(
+        "data_budget", "python", lambda p: _data(p, tokens_per_batch=4), ConfigError, "tokens_per_batch=4"
+    ),
+    ApiCase(
+        "data_val_fraction", "python", lambda p: _data(p, val_fraction=2.0), ConfigError, "val_fraction=2.0"
+    ),
+    ApiCase(
+        "data_no_match", "python", lambda p: _data(p, paths=[str(p / "x*")]), ConfigError, "matches no file"
+    ),
+    # batch contents: the batch key, the offending value and the model's expectation
+    ApiCase(
+        "input_ids_beyond_vocab",
+        "batch",
+        lambda _: _loss(_batch(input_ids=torch.full((2, 6), V))),
+        ValueError,
+        f"batch['input_ids'] holds token id {V}, beyond the model's vocab_size={V}",
+    ),
+    ApiCase(
+        "input_ids_negative",
+        "batch",
+        lambda _: _loss(_batch(input_ids=torch.full((2, 6), -1))),
+        ValueError,
+        "batch['input_ids'] holds token id -1",
+    ),
+    ApiCase(
+        "input_ids_float",
+        "batch",
+        lambda _: _loss(_batch(input_ids=torch.ones(2, 6))),
+        ValueError,
+        "batch['input_ids'] must be an integer [B, T] tensor, got dtype torch.float32",
+    ),
+    ApiCase(
+        "input_ids_bool",
+        "batch",
+        lambda _: _loss(_batch(input_ids=torch.ones(2, 6, dtype=torch.bool))),
+        ValueError,
+        "got dtype torch.bool",
+    ),
+    ApiCase(
+        "input_ids_1d",
+        "batch",
+        lambda _: _loss(_batch(input_ids=torch.ones(6, dtype=torch.long))),
+        ValueError,
+        "and shape (6,)",
+    ),
+    ApiCase(
+        "input_ids_list",
+        "batch",
+        lambda _: _loss(_batch(input_ids=[[1, 2]])),
+        ValueError,
+        "batch['input_ids'] must be a tensor of token ids, got list",
+    ),
+    ApiCase(
+        "input_ids_missing",
+        "batch",
+        lambda _: _model().predict_step({"labels": torch.ones(2, 6).long()}, 0),
+        ValueError,
+        "got NoneType",
+    ),
+    ApiCase(
+        "segment_ids_shape",
+        "batch",
+        lambda _: _loss(_batch(segment_ids=torch.zeros(2, 5, dtype=torch.long))),
+        ValueError,
+        "batch['segment_ids'] has shape (2, 5); the model expects the shape of batch['input_ids'] (2, 6)",
+    ),
+    ApiCase(
+        "position_ids_shape",
+        "batch",
+        lambda _: _loss(_batch(position_ids=torch.zeros(6, dtype=torch.long))),
+        ValueError,
+        "batch['position_ids'] has shape (6,)",
+    ),
+    ApiCase(
+        "position_ids_negative",
+        "batch",
+        lambda _: _loss(_batch(position_ids=torch.full((2, 6), -3))),
+        ValueError,
+        "batch['position_ids'] holds -3",
+    ),
+    ApiCase(
+        "labels_missing",
+        "batch",
+        lambda _: _loss(_batch(labels=None)),
+        KeyError,
+        "batch key 'labels' is missing",
+    ),
+    ApiCase(
+        "labels_beyond_vocab",
+        "batch",
+        lambda _: _loss(_batch(labels=torch.full((2, 6), V + 7))),
+        ValueError,
+        f"target {V + 7} is out of range for vocabulary size V={V}",
+    ),
+    ApiCase(
+        "labels_float",
+        "batch",
+        lambda _: _loss(_batch(labels=torch.ones(2, 6))),
+        ValueError,
+        "got dtype torch.float32",
+    ),
+    ApiCase(
+        "labels_shape",
+        "batch",
+        lambda _: _loss(_batch(labels=torch.ones(2, 5, dtype=torch.long))),
+        ValueError,
+        "does not match",
+    ),
+    ApiCase("nan_output_weight", "batch", lambda _: _nan_weight(), ValueError, "contains 1 non-finite value"),
+    ApiCase(
+        "inf_lm_head", "batch", lambda _: _inf_lm_head(), ValueError, "the output weight (shape (50, 16))"
+    ),
+    ApiCase("nan_hidden", "batch", lambda _: _nan_hidden(), ValueError, "hidden states contain 1 non-finite"),
+    ApiCase(
+        "head_width",
+        "batch",
+        lambda _: FusedLMHead(torch.randn(V, 4))(torch.randn(3, 5), torch.tensor([1, 2, 3])),
+        ValueError,
+        "hidden width 5",
+    ),
+    # checkpoints, through the Python loader the CLI uses
+    ApiCase(
+        "ckpt_empty",
+        "checkpoint",
+        lambda p: load_checkpoint(_ckpt(p, b"")),
+        ConfigError,
+        "model.ckpt is not a",
+    ),
+    ApiCase(
+        "ckpt_truncated",
+        "checkpoint",
+        lambda p: load_checkpoint(_ckpt(p, "TRUNCATED")),
+        ConfigError,
+        "is not a readable checkpoint",
+    ),
+    ApiCase(
+        "ckpt_zeros",
+        "checkpoint",
+        lambda p: load_checkpoint(_ckpt(p, bytes(4096))),
+        ConfigError,
+        "is not a readable checkpoint",
+    ),
+    ApiCase(
+        "ckpt_no_state_dict",
+        "checkpoint",
+        lambda p: load_checkpoint(_ckpt(p, lambda path: torch.save({"epoch": 1}, path))),
+        ConfigError,
+        "is not a Lightning checkpoint (no 'state_dict')",
+    ),
+    ApiCase(
+        "ckpt_directory", "checkpoint", lambda p: load_checkpoint(str(p)), ConfigError, "is not a readable"
+    ),
+    ApiCase(
+        "state_dict_other_vocab",
+        "checkpoint",
+        lambda _: _state_dict_of_other_shape(),
+        RuntimeError,
+        "size mismatch for body.embed.weight",
+    ),
+    # corpus files through the Python API
+    ApiCase(
+        "file_binary", "file", lambda p: _read(p, "a.bin", b"\x00\x01" * 99), ConfigError, "a.bin is a binary"
+    ),
+    ApiCase(
+        "file_bad_utf8",
+        "file",
+        lambda p: _read(p, "a.txt", b"ok \xc3\x28 " * 9),
+        ConfigError,
+        "a.txt is not UTF-8 text (byte 3",
+    ),
+    ApiCase(
+        "jsonl_truncated_line",
+        "file",
+        lambda p: _read(p, "a.jsonl", '{"text": "a"}\n{"text": "b'),
+        ConfigError,
+        "a.jsonl:2 is not valid JSON",
+    ),
+    ApiCase(
+        "jsonl_custom_field",
+        "file",
+        lambda p: _read(p, "a.jsonl", '{"text": "a"}\n', text_field="body"),
+        ConfigError,
+        "a.jsonl:1 has no field data.text_field='body'",
+    ),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", PY_CASES, ids=[f"{c.where}-{c.id}" for c in PY_CASES])
+def test_api_bad_input_raises_one_clear_line(case: ApiCase, tmp_path):
+    with pytest.raises(case.error) as info:
+        case.call(tmp_path)
+    message = str(info.value.args[0]) if info.value.args else str(info.value)
+    assert case.expected in message, message
+    if case.error is not RuntimeError:  # torch's own size-mismatch report lists every tensor
+        assert "\n" not in message, message
+
+
+def test_table_has_at_least_100_distinct_cases():
+    ids = [c.id for c in CLI_CASES] + [f"{c.where}-{c.id}" for c in PY_CASES]
+    assert len(ids) == len(set(ids)) >= 100
