@@ -21,11 +21,11 @@ from lit_losses.data.packing import Pieces, collate_rows, pack_rows
 VOCAB, SEQ_LEN, RANKS, ACCUMULATE = 64, 16, 2, 3
 
 
-def micro_batches(seed: int = 0) -> list[dict]:
-    """``RANKS × ACCUMULATE`` micro-batches with different numbers of rows, documents and tokens."""
+def micro_batches(n: int = RANKS * ACCUMULATE, seed: int = 0) -> list[dict]:
+    """``n`` packed micro-batches with different numbers of rows, documents and valid tokens."""
     g = torch.Generator().manual_seed(seed)
     out = []
-    for _ in range(RANKS * ACCUMULATE):
+    for _ in range(n):
         n_docs = int(torch.randint(1, 7, (1,), generator=g))
         docs = [
             torch.randint(0, VOCAB, (int(torch.randint(2, 24, (1,), generator=g)),), generator=g).tolist()

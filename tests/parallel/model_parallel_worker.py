@@ -26,27 +26,11 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from lit_losses import GlobalStatsLoader, TinyLM
-from lit_losses.data.packing import Pieces, collate_rows, pack_rows
-from tests.aggregation.ddp_step import one_batch
+from tests.aggregation.ddp_step import micro_batches, one_batch
 
 VOCAB, SEQ_LEN, ACCUMULATE = 64, 16, 2
 MODES = ("token-mean", "seq-mean-token-mean")
 REGULARIZERS = [{"name": "z_loss", "weight": 0.1}, {"name": "entropy", "weight": 0.05}]
-
-
-def micro_batches(n: int, seed: int = 0) -> list[dict]:
-    """``n`` packed micro-batches with different numbers of rows, documents and valid tokens."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        n_docs = int(torch.randint(1, 7, (1,), generator=g))
-        docs = [
-            torch.randint(0, VOCAB, (int(torch.randint(2, 24, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n_docs)
-        ]
-        pieces = Pieces.from_documents(docs, SEQ_LEN)
-        out.append(collate_rows(pieces, pack_rows(pieces.lengths.tolist(), SEQ_LEN, packing=True), pad_id=0))
-    return out
 
 
 class ClipRecordingLM(TinyLM):
