@@ -7,6 +7,7 @@ Variants (per-token = a random upstream gradient on every log-probability):
   chunked_ce     lit_losses plain-CE fast path (weighted_ce: gradients in forward)
   matmul3        the bare 3 matmuls of any exact head: logits, grad of hidden, grad of weight
   liger_ce       backend liger: Liger-Kernel's fused linear cross-entropy, plain CE (CUDA, [liger] extra)
+  liger_native   Liger-Kernel's LigerFusedLinearCrossEntropyLoss called directly (the peer, CUDA)
 
 Each (variant, shape) runs in a fresh subprocess so that its peak RSS is its own; peak memory is the
 process high-water mark minus the resident size once inputs are allocated. Time is the best of
@@ -29,8 +30,8 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("naive", "torch_chunked", "chunked", "chunked_ce", "matmul3", "liger_ce")
-CPU_VARIANTS = VARIANTS[:-1]
+VARIANTS = ("naive", "torch_chunked", "chunked", "chunked_ce", "matmul3", "liger_ce", "liger_native")
+CPU_VARIANTS = VARIANTS[:-2]
 DEFAULT_SHAPES = ("2048x512x128256", "4096x1024x65536")
 
 
@@ -39,7 +40,9 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def run_one(variant: str, n: int, d: int, v: int, repeats: int, dtype_name: str, device: str) -> dict:
+def run_one(
+    variant: str, n: int, d: int, v: int, repeats: int, dtype_name: str, device: str, chunk: int | None = None
+) -> dict:
     import torch
 
     from lit_losses.heads import FusedLMHead
@@ -63,13 +66,17 @@ def run_one(variant: str, n: int, d: int, v: int, repeats: int, dtype_name: str,
             )
             (-ce).backward(upstream.to(ce.dtype))
         elif variant == "chunked":
-            lp = FusedLMHead(weight, backend="chunked", check_finite=False)(hidden, targets).logprobs
-            lp.backward(upstream)
+            head = FusedLMHead(weight, backend="chunked", chunk_size=chunk, check_finite=False)
+            head(hidden, targets).logprobs.backward(upstream)
         elif variant in ("chunked_ce", "liger_ce"):  # liger: Liger's fused linear CE, reduction "sum"
             backend = variant.removesuffix("_ce")
-            FusedLMHead(weight, backend=backend, check_finite=False).weighted_ce(
+            FusedLMHead(weight, backend=backend, chunk_size=chunk, check_finite=False).weighted_ce(
                 hidden, targets, 1.0 / n
             ).backward()
+        elif variant == "liger_native":
+            from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+            LigerFusedLinearCrossEntropyLoss()(weight, hidden, targets).backward()
         elif variant == "matmul3":
             with torch.no_grad():
                 logits = hidden @ weight.T
@@ -105,6 +112,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--chunk-size", type=int, default=None, help="head chunk size (default: the head's)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant in this process
     args = parser.parse_args()
 
@@ -113,7 +121,7 @@ def main() -> None:
     if args.one:
         variant, shape = args.one.split(":")
         n, d, v = (int(x) for x in shape.split("x"))
-        print(json.dumps(run_one(variant, n, d, v, args.repeats, args.dtype, args.device)))
+        print(json.dumps(run_one(variant, n, d, v, args.repeats, args.dtype, args.device, args.chunk_size)))
         return
 
     import torch
@@ -138,6 +146,7 @@ def main() -> None:
                 args.dtype,
                 "--device",
                 args.device,
+                *(["--chunk-size", str(args.chunk_size)] if args.chunk_size else []),
             ]
             out = subprocess.run(cmd, capture_output=True, text=True)
             if out.returncode != 0:

@@ -18,7 +18,7 @@ from lit_losses.heads.backend import (
     weight_vector,
 )
 from lit_losses.heads.output import HeadOutput, check_head_inputs, normalize_outputs
-from lit_losses.heads.precision import in_compute_dtype
+from lit_losses.heads.precision import MatmulPrecision, in_compute_dtype
 
 #: The head backends a configuration can name (``auto`` picks among the registered ones).
 Backend = Literal["auto", "chunked", "naive", "torch", "liger"]
@@ -54,16 +54,20 @@ class FusedLMHead:
             (CUDA, plain CE with uniform token weight only), ``auto`` (chunked, and liger for the
             uniform plain-CE fast path when on CUDA with liger installed), or another name registered in
             `HEAD_BACKENDS`.
-        chunk_size: tokens per chunk (default: about 64 MiB of fp32 logits per chunk; on CPU about
+        chunk_size: tokens per chunk (default: about 512 MiB of fp32 logits per chunk; on CPU about
             128 MiB and at most 1024 tokens, see `default_chunk_size`).
         ignore_index: target value of positions without a label.
         accum_dtype: the least precise dtype logits, softmax statistics and gradients are computed in:
             every backend computes in ``promote(hidden, weight, bias, accum_dtype)`` with autocast off and
             returns its outputs in it (`lit_losses.heads.precision`).
         check_finite: raise when hidden states contain NaN/Inf (costs one reduction over ``hidden``).
+        matmul_precision: dtype of the matmul operands: ``full`` (the compute dtype), ``low`` (the
+            low-precision dtype in play — autocast's, or that of bf16/fp16 inputs — accumulated in the
+            compute dtype, on tensor cores), ``auto`` (``low`` on CUDA, ``full`` elsewhere); see
+            `lit_losses.heads.precision`.
 
     Raises:
-        ValueError: unknown ``backend`` or ``chunk_size < 1``.
+        ValueError: unknown ``backend`` or ``matmul_precision``, or ``chunk_size < 1``.
 
     Example:
         >>> import torch
@@ -97,7 +101,10 @@ class FusedLMHead:
         ignore_index: int = -100,
         accum_dtype: torch.dtype = torch.float32,
         check_finite: bool = True,
+        matmul_precision: MatmulPrecision = "auto",
     ) -> None:
+        if matmul_precision not in ("auto", "full", "low"):
+            raise ValueError(f"matmul_precision must be 'auto', 'full' or 'low', got {matmul_precision!r}")
         if backend not in BACKENDS and backend not in HEAD_BACKENDS:
             choices = BACKENDS + tuple(name for name in HEAD_BACKENDS if name not in BACKENDS)
             raise ValueError(f"unknown head backend {backend!r}; choose among {choices}")
@@ -106,6 +113,7 @@ class FusedLMHead:
         self.weight, self.bias = weight, bias
         self.backend, self.chunk_size = backend, chunk_size
         self.ignore_index, self.accum_dtype, self.check_finite = ignore_index, accum_dtype, check_finite
+        self.matmul_precision = matmul_precision
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kwargs) -> FusedLMHead:
@@ -172,7 +180,9 @@ class FusedLMHead:
         check_head_inputs(hidden, targets, self.weight, self.bias, self.ignore_index, self.check_finite)
         valid, h, y = valid_tokens(hidden, targets, self.ignore_index)
         uniform = not isinstance(token_weights, Tensor)
-        route = select_backend(self.backend, "weighted_ce", uniform=uniform, on_cuda=hidden.is_cuda)
+        # CUDA-only kernels (Liger) compute in fp32 at best: float64 stays on the exact chunked path
+        cuda_kernel = hidden.is_cuda and hidden.dtype != torch.float64
+        route = select_backend(self.backend, "weighted_ce", uniform=uniform, on_cuda=cuda_kernel)
         w = token_weights if uniform else token_weights[valid]
         if route.fused:
             with in_compute_dtype(self, h) as (head, h):
@@ -228,6 +238,7 @@ class FusedLMHead:
 
     def forward_logits(self, hidden: Tensor) -> Tensor:
         """Full logits ``h Wᵀ + b`` ``[..., V]`` of hidden states ``[..., D]`` (materialized; inference), in
-        the head's compute dtype."""
+        the head's compute dtype (the product of ``low`` operands is rounded to their dtype first)."""
         with in_compute_dtype(self, hidden) as (head, h):
-            return torch.nn.functional.linear(h, head.weight, head.bias)
+            logits = torch.nn.functional.linear(h, head.weight, head.bias)
+            return logits.to(torch.promote_types(logits.dtype, self.accum_dtype))

@@ -7,9 +7,11 @@ for every token (``token-mean`` / ``token-sum``), computed with ``reduction="sum
 ``backend="auto"`` per-token outputs and per-token weights go to the ``chunked`` backend; with
 ``backend="liger"`` they are refused (`ValueError`) and pointwise losses are computed by ``chunked``.
 
-Liger's kernel computes the logits in the dtype of its inputs; `FusedLMHead` hands it hidden states and
-weight in the head's compute dtype (`lit_losses.heads.precision`: fp32 for low-precision inputs), so its
-logits are fp32 like every backend's. Its gradients are first-order only (double backward is refused).
+Liger's kernel computes the logits in the dtype of its inputs and the softmax in fp32; `FusedLMHead`
+hands it hidden states and weight in the head's operand dtype (`lit_losses.heads.precision`: bf16 under
+``bf16-mixed``/``bf16-true`` on CUDA with the default ``matmul_precision="auto"``, fp32 with ``full``).
+The loss is returned in ``promote(hidden, fp32)``, like every backend's. Its gradients are first-order
+only (double backward is refused).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def liger_uniform_ce_sum(
     loss = first_order_only(
         loss, "head backend 'liger'", "use backend='chunked' for a loss you differentiate twice"
     )
-    return loss.to(hidden.dtype) * token_weight
+    return loss.to(torch.promote_types(hidden.dtype, torch.float32)) * token_weight
 
 
 def liger_weighted_ce(head: HeadConfig, h: Tensor, y: Tensor, token_weights: Tensor | float) -> Tensor:

@@ -7,10 +7,21 @@ computes its logits, softmax statistics and gradients in
     ``compute dtype = promote(hidden, weight, bias, accum_dtype)``
 
 (fp32 for every low-precision combination with the default ``accum_dtype``; float64 inputs stay float64),
-with autocast disabled, in forward and in backward alike. The inputs are cast to it before a backend sees
-them (autograd casts the gradients back to each input's own dtype), so every backend returns its outputs
-in that dtype and its error against float64 is that of an fp32 computation from the same inputs. The
-price of a low-precision *weight* (``bf16-true``) is an fp32 copy of it for the duration of the call.
+with autocast disabled, in forward and in backward alike; every backend returns its outputs in that dtype.
+
+The *operands* of the three matmuls (logits, gradient of hidden, gradient of weight) follow
+``matmul_precision`` (`operand_dtype`):
+
+- ``full``: the compute dtype. The error against float64 is that of an fp32 computation from the same
+  inputs; the price of a low-precision weight (``bf16-true``) is an fp32 copy of it for the call.
+- ``low``: the low-precision dtype in play (autocast's dtype when autocast is on at the call, else that of
+  ``hidden`` or ``weight``), accumulated in the compute dtype (fp32 logits without rounding to bf16 where
+  PyTorch has ``torch.mm(..., out_dtype=...)``, i.e. on CUDA): what autocast, Liger-Kernel and
+  ``F.linear_cross_entropy`` do, on tensor cores. With fp32 or float64 inputs and no autocast this is
+  ``full``.
+- ``auto`` (default): ``low`` on CUDA, ``full`` elsewhere (a CPU computes fp32 matmuls faster than bf16 ones).
+
+Tensors are cast before a backend sees them (autograd casts the gradients back to each input's dtype).
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
@@ -28,6 +39,12 @@ if TYPE_CHECKING:
 
 #: The dtypes a head computes in (quantized or float8 tensors must be dequantized first).
 FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+#: Operands of the head's matmuls: the compute dtype (``full``), the low precision in play (``low``), or
+#: ``low`` on CUDA and ``full`` elsewhere (``auto``); see the module docstring.
+MatmulPrecision = Literal["auto", "full", "low"]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def compute_dtype(
@@ -78,30 +95,69 @@ def compute_dtype(
     return dtype
 
 
+def operand_dtype(
+    hidden: Tensor, weight: Tensor, dtype: torch.dtype, matmul_precision: MatmulPrecision = "auto"
+) -> torch.dtype:
+    """The dtype of the head's matmul operands (see the module docstring); call it before autocast is
+    disabled, since it reads autocast's state.
+
+    Args:
+        hidden: ``[..., D]`` hidden states.
+        weight: ``[V, D]`` output projection.
+        dtype: the compute dtype (`compute_dtype`).
+        matmul_precision: ``auto``, ``full`` or ``low``.
+
+    Returns:
+        ``dtype``, or the low-precision dtype in play (autocast's, else ``hidden``'s, else ``weight``'s).
+
+    Example:
+        >>> import torch
+        >>> h, w = torch.zeros(2, 4, dtype=torch.bfloat16), torch.zeros(8, 4)
+        >>> operand_dtype(h, w, torch.float32, "low"), operand_dtype(h, w, torch.float32, "auto")  # on CPU
+        (torch.bfloat16, torch.float32)
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+        ...     operand_dtype(h.float(), w, torch.float32, "low")
+        torch.bfloat16
+        >>> operand_dtype(h.float(), w, torch.float32, "low")  # fp32 inputs, no autocast: full precision
+        torch.float32
+    """
+    if matmul_precision not in ("auto", "full", "low"):
+        raise ValueError(f"matmul_precision must be one of ('auto', 'full', 'low'), got {matmul_precision!r}")
+    device = hidden.device.type
+    if matmul_precision == "full" or (matmul_precision == "auto" and device != "cuda"):
+        return dtype
+    candidates = [hidden.dtype, weight.dtype]
+    if torch.is_autocast_enabled(device):
+        candidates.insert(0, torch.get_autocast_dtype(device))
+    return next((d for d in candidates if d in _LOW_PRECISION), dtype)
+
+
 @dataclass(frozen=True)
 class CastHead:
-    """A head's settings with its weight and bias in the compute dtype (what a backend is given)."""
+    """A head's settings with its weight and bias in the operand dtype (what a backend is given)."""
 
     weight: Tensor
-    """``[V, D]`` in the compute dtype."""
+    """``[V, D]`` in the operand dtype (`operand_dtype`)."""
     bias: Tensor | None
-    """``[V]`` in the compute dtype, or ``None``."""
+    """``[V]`` in the operand dtype, or ``None``."""
     chunk_size: int | None
     """Tokens per chunk (``None``: from a memory budget)."""
     ignore_index: int
     """Target value of positions without a label."""
     accum_dtype: torch.dtype
-    """Dtype of logits and gradients."""
+    """The least precise dtype of logits, statistics and gradient accumulation."""
     vocab_size: int
     """``V``, the weight's rows."""
 
 
 @contextmanager
 def in_compute_dtype(head: HeadConfig, hidden: Tensor) -> Iterator[tuple[HeadConfig, Tensor]]:
-    """``(head, hidden)`` in the head's `compute_dtype`, with autocast disabled inside the block.
+    """``(head, hidden)`` with the matmul operands in `operand_dtype` (the head's ``matmul_precision``,
+    ``full`` for a head without one), autocast disabled inside the block.
 
     Tensors already in that dtype are passed as they are (no copy); others are cast with ``.to``, which
-    autograd differentiates (gradients come back in each input's dtype).
+    autograd differentiates (gradients come back in each input's dtype). Backends accumulate in
+    ``promote(operands, accum_dtype)``: the compute dtype.
 
     Example:
         >>> import torch
@@ -114,6 +170,7 @@ def in_compute_dtype(head: HeadConfig, hidden: Tensor) -> Iterator[tuple[HeadCon
         torch.float32
     """
     dtype = compute_dtype(hidden, head.weight, head.bias, head.accum_dtype)
+    dtype = operand_dtype(hidden, head.weight, dtype, getattr(head, "matmul_precision", "full"))
     with autocast_off(hidden.device):
         if all(t is None or t.dtype == dtype for t in (hidden, head.weight, head.bias)):
             yield head, hidden

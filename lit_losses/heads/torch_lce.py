@@ -18,7 +18,7 @@ _INSTEAD = "use backend='chunked' or 'naive' for a loss you differentiate twice"
 
 
 def torch_available() -> bool:
-    """True when this PyTorch has `F.linear_cross_entropy` (2.10+)."""
+    """True when this PyTorch has `F.linear_cross_entropy` (not in 2.11 and before)."""
     return hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
 
 
@@ -38,12 +38,12 @@ def torch_lce_logprobs(
         ``[n]`` log-probabilities, differentiable (once) with respect to ``hidden``, ``weight`` and ``bias``.
 
     Raises:
-        RuntimeError: this PyTorch has no `F.linear_cross_entropy` (before 2.10).
+        RuntimeError: this PyTorch has no `F.linear_cross_entropy`.
     """
     if not torch_available():
         raise RuntimeError(
-            f"backend 'torch' needs torch.nn.functional.linear_cross_entropy (torch>=2.10); this is "
-            f"torch {torch.__version__}. Use backend='chunked'."
+            f"backend 'torch' needs torch.nn.functional.linear_cross_entropy, which this PyTorch "
+            f"({torch.__version__}) does not have. Use backend='chunked'."
         )
     options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=chunk_size)
     ce = F.linear_cross_entropy(hidden, weight, targets, linear_bias=bias, reduction="none", options=options)
@@ -56,9 +56,9 @@ def torch_per_token(
     """`torch_lce_logprobs` on the valid positions (the head's ``chunk_size`` as torch's chunk size),
     scattered back to the shape of ``targets`` (0 at ignored positions)."""
     valid, h, y = valid_tokens(hidden, targets, head.ignore_index)
-    return scatter_valid(
-        {"logprobs": torch_lce_logprobs(h, head.weight, head.bias, y, head.chunk_size)}, outputs, valid
-    )
+    logprobs = torch_lce_logprobs(h, head.weight, head.bias, y, head.chunk_size)
+    logprobs = logprobs.to(torch.promote_types(logprobs.dtype, head.accum_dtype))  # low-precision operands
+    return scatter_valid({"logprobs": logprobs}, outputs, valid)
 
 
 #: The ``torch`` backend (log-probabilities only; no fused losses).
@@ -68,6 +68,6 @@ TORCH = register_backend(
         outputs=("logprobs",),
         per_token=torch_per_token,
         available=torch_available,
-        description="torch.nn.functional.linear_cross_entropy (torch>=2.10), logprobs only",
+        description="torch.nn.functional.linear_cross_entropy (recent PyTorch), logprobs only",
     )
 )

@@ -116,12 +116,13 @@ class ShapeLog(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.shapes, self.matmuls = [], 0
+        self.shapes, self.matmuls, self.operand_dtypes = [], 0, set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_):
             self.matmuls += 1
+            self.operand_dtypes |= {a.dtype for a in args[-2:] if isinstance(a, torch.Tensor)}
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 self.shapes.append(tuple(t.shape))
@@ -172,3 +173,48 @@ def test_pointwise_loss_asks_a_backend_only_for_the_values_it_needs():
         torch.testing.assert_close(torch_head.pointwise_loss(hidden, targets, l1, needs=("logprobs",)), ref)
         with pytest.raises(ValueError, match="'torch' cannot give \\['lse'\\]"):
             torch_head.pointwise_loss(hidden, targets, l1, needs=("logprobs", "lse"))
+
+
+def low_precision_reference(hidden, weight, targets):
+    """Log-probabilities from bf16 operands whose products are rounded to bf16, softmax in fp32."""
+    logits = F.linear(hidden.detach().bfloat16(), weight.detach().bfloat16()).float()
+    picked = F.log_softmax(logits, -1).gather(-1, targets.clamp_min(0)[:, None])[:, 0]
+    return torch.where(targets != IGNORE, picked, 0.0)
+
+
+@pytest.mark.parametrize("task", ["per_token", "weighted_ce", "pointwise"])
+def test_low_matmul_precision_multiplies_bf16_operands_and_accumulates_in_fp32(task):
+    """``bf16-mixed`` on the chunked backend with ``matmul_precision="low"``: fp32 weight and hidden under
+    autocast → every matmul takes bf16 operands (tensor cores on CUDA), outputs and statistics stay fp32,
+    gradients come back in fp32, and the values are those of bf16 products (not of fp32 ones)."""
+    hidden, weight, _, targets = problem(torch.float32, torch.float32, bias=False, n=64, v=301)
+    valid = targets != IGNORE
+    log = ShapeLog()
+    with torch.autocast("cpu", dtype=torch.bfloat16), log:
+        head = FusedLMHead(weight, backend="chunked", chunk_size=16, matmul_precision="low")
+        if task == "per_token":
+            loss = -head(hidden, targets, "logprobs").logprobs.sum()
+        elif task == "weighted_ce":
+            loss = head.weighted_ce(hidden, targets, 1.0)
+        else:
+            loss = head.pointwise_loss(hidden, targets, lambda s, e, lp, lse, ent: -lp.sum())
+        loss.backward()
+    assert log.operand_dtypes == {torch.bfloat16}, log.operand_dtypes
+    assert loss.dtype == torch.float32 and hidden.grad.dtype == weight.grad.dtype == torch.float32
+    low = -low_precision_reference(hidden, weight, targets)[valid].sum()
+    full = -reference_logprobs(hidden, weight, None, targets, torch.float64)[valid].sum()
+    loss = float(loss.detach())
+    assert abs(loss - float(low)) < 0.1 * abs(float(full) - float(low)), (loss, low, full)
+
+
+def test_auto_matmul_precision_is_full_precision_on_cpu():
+    hidden, weight, b, targets = problem(torch.bfloat16, torch.float32)
+    values = {}
+    for precision in ("auto", "full", "low"):
+        head = FusedLMHead(weight, b, backend="chunked", chunk_size=16, matmul_precision=precision)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            values[precision] = head(hidden, targets, ("logprobs", "entropy"))
+    assert torch.equal(values["auto"].logprobs, values["full"].logprobs)
+    assert not torch.equal(values["low"].logprobs, values["full"].logprobs)
+    with pytest.raises(ValueError, match="matmul_precision must be 'auto', 'full' or 'low', got 'half'"):
+        FusedLMHead(weight, matmul_precision="half")

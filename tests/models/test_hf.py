@@ -8,7 +8,12 @@ pytest.importorskip("transformers")
 
 from lit_losses import HFCausalLM
 from lit_losses.errors import ConfigError
+from lit_losses.heads import HEAD_BACKENDS
 from tests.models.hf_models import CONFIGS, V, batch_of, hf_config, next_token
+
+NEEDS_TORCH_LCE = pytest.mark.skipif(
+    not HEAD_BACKENDS["torch"].available(), reason="this PyTorch has no F.linear_cross_entropy"
+)
 
 
 def make(model_type, dtype=torch.float32, seed=0, **kwargs):
@@ -93,7 +98,7 @@ def test_output_layer_bias_and_tied_weights_are_the_heads():
     assert bias is None and weight is gpt2.model.transformer.wte.weight  # tied
 
 
-@pytest.mark.parametrize("backend", ["chunked", "naive", "torch"])
+@pytest.mark.parametrize("backend", ["chunked", "naive", pytest.param("torch", marks=NEEDS_TORCH_LCE)])
 def test_regularized_loss_through_every_backend_equals_a_reference(backend):
     """z_loss + entropy (fused or general path) on top of the HF model, against materialized logits (the
     ``torch`` backend gives log-probabilities only: the base loss)."""
