@@ -110,6 +110,22 @@ def test_resume_mid_epoch_reproduces_every_step_and_the_weights(text_corpus, tmp
     assert_same_run(resumed, full, ckpt_step)  # steps are logged 0-based
 
 
+@pytest.mark.slow
+def test_extending_a_run_that_max_steps_stopped_mid_epoch_reproduces_the_longer_run(text_corpus, tmp_path):
+    """``max_steps=3`` stops epoch 0 (7 micro-batches) after 3; Lightning counts the epoch as processed and
+    a checkpoint saved then (``trainer.save_checkpoint`` after the fit, as ``ModelCheckpoint``'s epoch-end
+    save) must still resume at micro-batch 3 of epoch 0: the extended run equals a 9-step run."""
+    full = train(text_corpus, tmp_path / "full", accumulate=1, workers=0, max_steps=9)
+    *_, trainer = train(text_corpus, tmp_path / "first", accumulate=1, workers=0, max_steps=3)
+    trainer.save_checkpoint(tmp_path / "stopped.ckpt")
+    loops = torch.load(tmp_path / "stopped.ckpt", weights_only=True)["loops"]["fit_loop"]
+    assert loops["epoch_progress"]["total"]["processed"] == 1  # what Lightning saves: the epoch "ended"
+    assert loops["state_dict"]["combined_loader"][0]["index"] == 3
+    resumed = train(text_corpus, tmp_path / "resumed", accumulate=1, workers=0, max_steps=9,
+                    ckpt_path=str(tmp_path / "stopped.ckpt"))  # fmt: skip
+    assert_same_run(resumed, full, 3)
+
+
 def test_an_old_checkpoint_without_the_data_position_cannot_resume_mid_epoch(text_corpus, tmp_path):
     """A mid-epoch checkpoint without the loader's position (saved before the loader was resumable)
     raises at the first step instead of training the epoch's first micro-batches again."""
