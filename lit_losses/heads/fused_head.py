@@ -8,6 +8,7 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor, nn
 
+from lit_losses.choices import check_choice
 from lit_losses.heads import chunked, liger, naive, torch_lce
 from lit_losses.heads.backend import (
     HEAD_BACKENDS,
@@ -43,28 +44,22 @@ class FusedLMHead:
     ``head.pointwise_loss`` the same for sums of per-token functions of ``(logprobs, lse, entropy)``.
     Which backend computes a call is decided by `select_backend` from the registered `HeadBackend` s.
 
-    The head holds references, not copies: pass ``model.get_output_embeddings().weight`` (or a tied
-    embedding matrix) and gradients accumulate into that parameter.
+    The head holds references: gradients accumulate into ``model.get_output_embeddings().weight`` (or tied).
 
     Args:
         weight: output projection ``[V, D]``.
         bias: optional ``[V]`` bias.
-        backend: ``chunked`` (pure PyTorch, CPU/CUDA, recompute in backward), ``naive`` (materializes
-            logits; the reference), ``torch`` (`F.linear_cross_entropy`, logprobs only), ``liger``
-            (CUDA, plain CE with uniform token weight only), ``auto`` (chunked, and liger for the
-            uniform plain-CE fast path when on CUDA with liger installed), or another name registered in
-            `HEAD_BACKENDS`.
+        backend: ``chunked`` (pure PyTorch, CPU/CUDA), ``naive`` (materializes logits; the reference),
+            ``torch`` (`F.linear_cross_entropy`, logprobs only), ``liger`` (CUDA, plain CE with one token
+            weight), ``auto`` (chunked; liger for that plain CE on CUDA when installed), or a registered name.
         chunk_size: tokens per chunk (default: about 512 MiB of fp32 logits per chunk; on CPU about
             128 MiB and at most 1024 tokens, see `default_chunk_size`).
         ignore_index: target value of positions without a label.
-        accum_dtype: the least precise dtype logits, softmax statistics and gradients are computed in:
-            every backend computes in ``promote(hidden, weight, bias, accum_dtype)`` with autocast off and
-            returns its outputs in it (`lit_losses.heads.precision`).
+        accum_dtype: the least precise dtype of logits, softmax statistics, gradient accumulation and
+            outputs: ``promote(hidden, weight, bias, accum_dtype)``, autocast off (`heads.precision`).
         check_finite: raise when hidden states contain NaN/Inf (costs one reduction over ``hidden``).
-        matmul_precision: dtype of the matmul operands: ``full`` (the compute dtype), ``low`` (the
-            low-precision dtype in play — autocast's, or that of bf16/fp16 inputs — accumulated in the
-            compute dtype, on tensor cores), ``auto`` (``low`` on CUDA, ``full`` elsewhere); see
-            `lit_losses.heads.precision`.
+        matmul_precision: matmul operands in the compute dtype (``full``), in the bf16/fp16 in play (``low``,
+            tensor cores), or ``low`` on CUDA and ``full`` elsewhere (``auto``); see `operand_dtype`.
 
     Raises:
         ValueError: unknown ``backend`` or ``matmul_precision``, or ``chunk_size < 1``.
@@ -103,8 +98,7 @@ class FusedLMHead:
         check_finite: bool = True,
         matmul_precision: MatmulPrecision = "auto",
     ) -> None:
-        if matmul_precision not in ("auto", "full", "low"):
-            raise ValueError(f"matmul_precision must be 'auto', 'full' or 'low', got {matmul_precision!r}")
+        check_choice(matmul_precision, MatmulPrecision, "matmul_precision")
         if backend not in BACKENDS and backend not in HEAD_BACKENDS:
             choices = BACKENDS + tuple(name for name in HEAD_BACKENDS if name not in BACKENDS)
             raise ValueError(f"unknown head backend {backend!r}; choose among {choices}")
@@ -117,8 +111,7 @@ class FusedLMHead:
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kwargs) -> FusedLMHead:
-        """A head over (references to) the weight and bias of ``linear``, e.g.
-        ``model.get_output_embeddings()``; ``kwargs`` are the other constructor arguments."""
+        """A head over ``linear``'s weight and bias (e.g. ``model.get_output_embeddings()``), ``kwargs``."""
         return cls(linear.weight, linear.bias, **kwargs)
 
     @property
@@ -161,8 +154,7 @@ class FusedLMHead:
     def weighted_ce(self, hidden: Tensor, targets: Tensor, token_weights: Tensor | float) -> Tensor:
         """Plain-CE fast path: ``Σ_t w_t · (−log p_t[y_t])`` over valid positions, gradients fused.
 
-        Backends without a fused plain-CE path (``naive``, ``torch``) compute it from their per-token
-        ``logprobs``.
+        Backends without a fused plain-CE path (``naive``, ``torch``) use their per-token ``logprobs``.
 
         Args:
             hidden: ``[..., D]`` hidden states.
@@ -202,10 +194,9 @@ class FusedLMHead:
         """A loss that is a sum of per-token functions of ``(logprobs, lse, entropy)``, gradients fused.
 
         ``chunk_loss(start, end, logprobs, lse, entropy)`` returns the loss of the valid positions
-        ``[start, end)`` (row-major order of ``targets != ignore_index``) from their 1-D values
-        (``entropy`` is ``None`` unless ``with_entropy``). Each token's loss must depend on that token's
-        values only. The ``chunked`` backend computes every gradient during forward (three matmuls, as
-        the plain-CE fast path; also used for ``auto`` and ``liger``; no double backward); ``naive`` and
+        ``[start, end)`` (row-major order of ``targets != ignore_index``) from their 1-D values (``entropy``
+        ``None`` unless ``with_entropy``); a token's loss depends on its own values only. ``chunked`` (also
+        for ``auto`` and ``liger``) computes every gradient in forward (no double backward); ``naive`` and
         ``torch`` call ``chunk_loss`` once on all tokens from their per-token outputs.
 
         Args:
@@ -237,8 +228,7 @@ class FusedLMHead:
         return chunk_loss(0, int(h.shape[0]), out.logprobs[valid], lse, ent)
 
     def forward_logits(self, hidden: Tensor) -> Tensor:
-        """Full logits ``h Wᵀ + b`` ``[..., V]`` of hidden states ``[..., D]`` (materialized; inference), in
-        the head's compute dtype (the product of ``low`` operands is rounded to their dtype first)."""
+        """Full logits ``h Wᵀ + b`` ``[..., V]`` of ``hidden [..., D]`` (materialized), compute dtype."""
         with in_compute_dtype(self, hidden) as (head, h):
             logits = torch.nn.functional.linear(h, head.weight, head.bias)
             return logits.to(torch.promote_types(logits.dtype, self.accum_dtype))
