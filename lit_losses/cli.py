@@ -4,8 +4,10 @@ The model is any `RegularizedLM` subclass (``model.class_path``, e.g. `lit_losse
 is any LightningDataModule (``data.class_path``, e.g. `lit_losses.TextDataModule`). With a data module
 that has a ``vocab_size`` (as `TextDataModule`), it is linked to ``model.init_args.vocab_size``.
 Closed options are typed as ``Literal`` so that ``--help`` lists their choices. Every configuration
-error, whether jsonargparse's or a `ConfigError` raised while building or training, is reported as one
-``lit-losses: error: …`` line naming the option's path, with exit code 2.
+error, whether jsonargparse's, a `ConfigError` raised while building or training, or Lightning refusing a
+trainer option before the run started (`lit_losses.trainer_errors`), is reported as one
+``lit-losses: error: …`` line naming the option's path, with exit code 2. Each run claims its own log
+folder and config file (`lit_losses.run_dir`).
 """
 
 from __future__ import annotations
@@ -19,13 +21,23 @@ from typing import Any, Literal, NoReturn
 
 import torch
 import yaml
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from lit_losses.data.text import TextDataModule
 from lit_losses.errors import ConfigError
 from lit_losses.module import RegularizedLM
 from lit_losses.registry import closest
 from lit_losses.resume import check_changes, option_changes
+from lit_losses.run_dir import (
+    RunClaim,
+    auto_versions,
+    claim_file,
+    claim_logger_versions,
+    is_global_zero,
+    launched_logger_versions,
+)
+from lit_losses.trainer_errors import RunStarted, lightning_config_error
 
 _KEY = re.compile(r'Parser key "([^"]+)"')
 _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]")
@@ -91,8 +103,28 @@ _NOT_DATA = ("num_workers", "cache_dir")
 
 
 class LitLossesCLI(LightningCLI):
-    """LightningCLI with the data→model vocabulary link, one-line configuration errors, and ``--ckpt_path``
-    that never replaces this run's model options silently (`check_resume_options`)."""
+    """LightningCLI with the data→model vocabulary link, one-line configuration errors, ``--ckpt_path``
+    that never replaces this run's model options silently (`check_resume_options`), and a log folder and
+    config file of its own (`claim_run_dir`).
+
+    Lightning's refusal of a trainer option before the run started is raised as a `ConfigError`. A run
+    that fails gives back the folders it claimed that are still empty, and its config file while empty
+    (nothing written yet) or, when it was refused before it started, in any case.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.run_claim = RunClaim()
+        """The folders and config file this run created to claim its log folder."""
+        self.run_started = RunStarted()
+        try:
+            super().__init__(*args, **kwargs)
+        except Exception as err:
+            translated = None if self.run_started.started else lightning_config_error(err)
+            refused = not self.run_started.started and (translated is not None or config_error_in(err))
+            self.run_claim.release(written=bool(refused))
+            if translated is not None:
+                raise translated from err
+            raise
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults(
@@ -114,8 +146,9 @@ class LitLossesCLI(LightningCLI):
             "--reuse_run_dir",
             type=bool,
             default=False,
-            help="Let 'fit' without a logger write its checkpoints into a trainer.default_root_dir that "
-            "already holds another run's checkpoints (default: refused).",
+            help="Let 'fit' write into a folder that already holds another run's config or checkpoints "
+            "(trainer.default_root_dir without a logger, or a logger's fixed version; default: refused). Its "
+            "config is then saved as config_<n>.yaml, never over another run's.",
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
@@ -127,6 +160,10 @@ class LitLossesCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         check_resume_options(self)
+
+    def after_instantiate_classes(self) -> None:
+        self.trainer.callbacks.append(self.run_started)
+        claim_run_dir(self)
 
 
 _SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
@@ -196,6 +233,48 @@ def check_run_dir(sub: str | None, config: Any, trainer: Any) -> None:
         )
 
 
+def claim_run_dir(cli: LitLossesCLI) -> None:
+    """Give this run a log folder and a config file of its own (`lit_losses.run_dir`): on global rank 0, a
+    version folder created with ``os.mkdir`` for each TensorBoard or CSV logger left to pick its version,
+    and the config file (``config.yaml``) created with ``O_EXCL`` in the run's log folder. A ``fit`` whose
+    folder already holds another run's config is refused unless it resumes (``--ckpt_path``) or
+    ``--reuse_run_dir``; then, as ``validate``, ``test`` and ``predict`` always, its config is saved under
+    the next free name (``config_1.yaml``, …). Nothing is ever overwritten.
+
+    Raises:
+        ConfigError: the folder, the option that chose it and how to choose another.
+    """
+    trainer, sub = cli.trainer, cli.subcommand
+    config = cli.config[sub] if sub else cli.config
+    trainer_config = config.get("trainer") or {}
+    rebuild = auto_versions(trainer_config.get("logger"), trainer.loggers)
+    if not is_global_zero():
+        trainer.loggers = launched_logger_versions(trainer.loggers, rebuild)
+    else:
+        trainer.loggers, _ = claim_logger_versions(trainer.loggers, rebuild, cli.run_claim)
+    for saver in (c for c in trainer.callbacks if isinstance(c, SaveConfigCallback)):
+        saver.overwrite = True  # it writes into the file claimed here (set on every rank: same code path)
+        if not is_global_zero() or trainer.log_dir is None:  # no folder: Lightning's own error follows
+            continue
+        reuse = sub != "fit" or bool(config.get("ckpt_path")) or bool(config.get("reuse_run_dir"))
+        refuse = (
+            f"set another {_run_dir_option(trainer, trainer_config)}, resume with --ckpt_path, or pass "
+            "--reuse_run_dir=true"
+        )
+        cli.run_claim.config_file = claim_file(Path(trainer.log_dir), saver.config_filename, reuse, refuse)
+        saver.config_filename = cli.run_claim.config_file.name
+
+
+def _run_dir_option(trainer: Any, trainer_config: Any) -> str:
+    """The option that chose the run's log folder, for messages."""
+    if not trainer.loggers:
+        return f"trainer.default_root_dir (now {trainer_config.get('default_root_dir')!r})"
+    logger = trainer.loggers[0]
+    if isinstance(logger, TensorBoardLogger | CSVLogger):
+        return f"logger version (now {logger.version!r}; null picks a free one)"
+    return f"logger save_dir (now {logger.save_dir!r})"
+
+
 def check_resume_options(cli: LitLossesCLI) -> None:
     """With ``--ckpt_path``: compare this run's model and data options with the checkpoint's, refuse
     architecture changes (and any change with ``--resume_changes=error``), warn about data changes (the
@@ -240,11 +319,17 @@ def load_checkpoint(ckpt_path: str) -> dict[str, Any]:
     return checkpoint
 
 
-def _fail_on_config_error(err: BaseException) -> None:
-    """Exit with one line if a `ConfigError` caused ``err`` (jsonargparse wraps the ones it meets)."""
+def config_error_in(err: BaseException) -> ConfigError | None:
+    """The `ConfigError` that caused ``err``, if any (jsonargparse wraps the ones it meets)."""
     cause: BaseException | None = err
     while cause is not None and not isinstance(cause, ConfigError):
         cause = cause.__cause__ or cause.__context__
+    return cause
+
+
+def _fail_on_config_error(err: BaseException) -> None:
+    """Exit with one line if a `ConfigError` caused ``err``."""
+    cause = config_error_in(err)
     if cause is not None:
         print(f"lit-losses: error: {cause}", file=sys.stderr)
         sys.exit(2)
@@ -260,7 +345,6 @@ def cli_main(args: list[str] | None = None) -> LitLossesCLI:
             subclass_mode_data=True,
             args=args,
             parser_class=LitLossesParser,
-            save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,
         )
     except Exception as err:

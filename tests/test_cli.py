@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 import warnings
@@ -5,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from lightning.pytorch import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lit_losses.cli import cli_main as main
@@ -117,10 +119,22 @@ def test_unknown_config_key_is_rejected(tmp_path, capsys):
     assert "bogus_key" in capsys.readouterr().err
 
 
+class RankLogDir(Callback):
+    """Writes ``<out>/rank<r>.txt``: the rank's logger version and the trainer's log folder."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        text = f"{trainer.logger.version} {trainer.log_dir}"
+        (Path(self.out) / f"rank{trainer.global_rank}.txt").write_text(text)
+
+
 @pytest.mark.slow
 @pytest.mark.ddp
 def test_two_process_ddp_run_of_the_cli(tmp_path):
     root = tmp_path / "ddp"
+    (root / "tensorboard" / "version_0").mkdir(parents=True)  # an earlier run's: this one claims version_1
     cmd = [
         sys.executable,
         "-m",
@@ -135,11 +149,19 @@ def test_two_process_ddp_run_of_the_cli(tmp_path):
         f"--trainer.logger.init_args.save_dir={root}",
         "--trainer.enable_progress_bar=false",
         *FAST,
+        "--trainer.callbacks+=tests.test_cli.RankLogDir",
+        f"--trainer.callbacks.out={tmp_path}",
     ]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=420)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=420, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "max_steps=6" in proc.stderr + proc.stdout
     assert list(root.rglob("*.ckpt"))
+    # rank 0 claimed version_1 and handed it to rank 1, which would otherwise pick version_2 on its own
+    version_1 = root / "tensorboard" / "version_1"
+    assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == [f"1 {version_1}"] * 2
+    assert sorted(p.name for p in (root / "tensorboard").iterdir()) == ["version_0", "version_1"]
+    assert (version_1 / "config.yaml").exists() and list((version_1 / "checkpoints").glob("*.ckpt"))
 
 
 # ---- --ckpt_path with options that differ from the checkpoint's -----------------------------------------

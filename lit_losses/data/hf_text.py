@@ -5,6 +5,7 @@ give next-token labels (`NextTokenCollator`). Needs the ``[hf]`` extra; nothing 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -70,18 +71,62 @@ class NextTokenCollator:
         return batch
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")
+"""Files of which a tokenizer directory written by ``save_pretrained`` holds at least one."""
+
+
 def load_tokenizer(path: str) -> Any:
-    """``AutoTokenizer.from_pretrained(path)`` of a local directory (`ConfigError` otherwise)."""
+    """``AutoTokenizer.from_pretrained(path)`` of a local directory.
+
+    Raises:
+        ConfigError: one line naming ``data.init_args.tokenizer`` and the directory (and the file, for a
+            JSON file that does not parse) when it is not a directory, holds no tokenizer file, or
+            ``transformers`` cannot load the tokenizer it holds.
+    """
+    where = f"data.init_args.tokenizer {path!r}"
     if not os.path.isdir(path):
         raise ConfigError(
-            f"data.init_args.tokenizer {path!r} is not a local directory (a tokenizer saved with "
-            "save_pretrained; nothing is downloaded at run time)"
+            f"{where} is not a local directory (a tokenizer saved with save_pretrained; nothing is "
+            "downloaded at run time)"
         )
     try:
         from transformers import AutoTokenizer
     except ImportError as err:  # pragma: no cover - depends on the optional extra
         raise ConfigError("HFTextDataModule needs the optional extra: pip install 'lit_losses[hf]'") from err
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as err:  # any failure to load the files the user pointed at is a configuration error
+        raise _tokenizer_error(path, where, err) from err
+
+
+def _tokenizer_error(path: str, where: str, err: Exception) -> ConfigError:
+    """Why the tokenizer directory ``path`` did not load: no tokenizer file, a JSON file that does not
+    parse (named with its line and column), or ``transformers``' own reason on one line."""
+    if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        return ConfigError(
+            f"{where} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save one there with "
+            "tokenizer.save_pretrained(...)"
+        )
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".json") and os.path.isfile(os.path.join(path, name)):
+            _check_json(os.path.join(path, name), where)
+    reason = " ".join(str(err).split()) or "no message"
+    return ConfigError(f"{where}: the tokenizer cannot be loaded ({type(err).__name__}: {reason})")
+
+
+def _check_json(file: str, where: str) -> None:
+    """A JSON file of the tokenizer directory that does not parse is named with its line and column."""
+    try:
+        with open(file, encoding="utf-8") as handle:
+            json.load(handle)
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{where}: {file} is not UTF-8 text (byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError(
+            f"{where}: {file} is not valid JSON ({err.msg}, line {err.lineno} column {err.colno})"
+        ) from None
+    except OSError as err:
+        raise ConfigError(f"{where}: {file} cannot be read ({err.strerror or err})") from None
 
 
 class HFTextDataModule(TextDataModule):
@@ -148,6 +193,15 @@ class HFTextDataModule(TextDataModule):
 
     def prepare_data(self) -> None:
         """Nothing to prepare: the tokenizer is already trained."""
+
+    def _read_documents(self) -> list[str]:
+        """The corpus (`TextDataModule`'s reading); a file that cannot be read is named in the error."""
+        try:
+            return super()._read_documents()
+        except OSError as err:  # e.g. permission denied, or removed since the paths were resolved
+            raise ConfigError(
+                f"data.init_args.paths: {err.filename or '?'} cannot be read ({err.strerror or err})"
+            ) from None
 
     def encode(self, documents: Sequence[str]) -> list[list[int]]:
         """Token ids of each document (with the tokenizer's special tokens and EOS, as configured)."""

@@ -11,6 +11,8 @@ from lit_losses.aggregation import AggMode, check_mode
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
 from lit_losses.registry import closest
+from lit_losses.regularizers.arguments import check_args
+from lit_losses.regularizers.registry import resolve
 from lit_losses.regularizers.scalar import ScalarRule
 from lit_losses.schedule import Schedule
 
@@ -117,7 +119,8 @@ class RegularizerSpec:
 
 def as_spec(value: RegularizerSpec | Mapping[str, Any], where: str) -> RegularizerSpec:
     """``value`` as a `RegularizerSpec` (a dict in the design's form ``{"fn", "weight", "name"}`` or with
-    any other spec field); an unknown or missing field is a `ConfigError` naming ``where``.
+    any other spec field); an unknown or missing field, an unknown term and ``args`` the term does not
+    take (`check_args`) are a `ConfigError` naming ``where``.
 
     Example:
         >>> as_spec({"fn": "z_loss", "weight": 0.1, "name": "z"}, "regularizers[0]").weight
@@ -126,9 +129,19 @@ def as_spec(value: RegularizerSpec | Mapping[str, Any], where: str) -> Regulariz
         Traceback (most recent call last):
         ...
         lit_losses.errors.ConfigError: regularizers[0]: unknown field 'wieght'; did you mean 'weight'? ...
+        >>> as_spec({"name": "entropy", "args": {"mode": "bonuss"}}, "regs[1]")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: regs[1].args.mode='bonuss': regularizer 'entropy' takes one of ...
     """
-    if isinstance(value, RegularizerSpec):
-        return value
+    if not isinstance(value, RegularizerSpec):
+        value = _from_mapping(value, where)
+    entry = resolve(value.fn if value.fn is not None else value.name, where)
+    check_args(entry.target, value.args, where, value.name, value.legacy)
+    return value
+
+
+def _from_mapping(value: Any, where: str) -> RegularizerSpec:
     if not isinstance(value, Mapping):
         raise ConfigError(f"{where} must be a dict of RegularizerSpec fields, got {type(value).__name__}")
     known = [f.name for f in fields(RegularizerSpec)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 import pickle
 from collections.abc import Callable, Iterable, Mapping
@@ -14,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from lit_losses.errors import ConfigError
+from lit_losses.regularizers.arguments import check_args
 from lit_losses.regularizers.registry import RegistryEntry, check_needs, resolve
 from lit_losses.regularizers.sequences import is_coroutine_function, sequences_term, takes_sequences
 from lit_losses.regularizers.spec import RegularizerSpec
@@ -179,18 +179,14 @@ def has_grad_path(out: Tensor, sources: Iterable[Tensor | None]) -> bool:
     return False
 
 
-def _bind(entry: RegistryEntry, args: dict[str, Any], where: str) -> Callable[..., Any]:
-    """``entry`` with ``args`` bound; arguments it does not take are a `ConfigError` now, not at step 1."""
+def _bind(entry: RegistryEntry, spec: RegularizerSpec, where: str) -> Callable[..., Any]:
+    """``entry`` with ``spec.args`` bound; arguments it does not take, or of a type its signature refuses,
+    are a `ConfigError` now (`check_args`), not at step 1."""
+    check_args(entry.target, spec.args, where, spec.name, spec.legacy)
     try:
-        inspect.signature(entry.target).bind_partial(**args)
-    except TypeError as exc:
-        raise ConfigError(f"{where}.args {args!r}: {exc}") from exc
-    except ValueError:  # no readable signature: let the call tell
-        pass
-    try:
-        return entry.build(args)
+        return entry.build(spec.args)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}.args {args!r}: {exc}") from exc
+        raise ConfigError(f"{where}.args {spec.args!r}: {exc}") from exc
 
 
 def _check_executor(spec: RegularizerSpec, fn: Any, is_async: bool, where: str) -> None:
@@ -213,7 +209,7 @@ def build_term(spec: RegularizerSpec) -> Term:
     """Resolve ``spec.fn`` (or its name) in the registry, bind its arguments and tell its form."""
     where = f"regularizer {spec.name!r}"
     entry = resolve(spec.fn if spec.fn is not None else spec.name, where)
-    fn = _bind(entry, spec.args, where)
+    fn = _bind(entry, spec, where)
     sequences = spec.legacy if spec.legacy is not None else takes_sequences(fn)
     needs = check_needs(spec.needs, f"{where}.needs") if spec.needs is not None else entry.needs
     if sequences and "logprobs" not in needs:

@@ -123,7 +123,7 @@ def scaled(data, logprobs_list, scale: float = 1.0):
     [
         ({"fn": async_term, "executor": "thread"}, "'t': executor 'thread' .* is for sync functions"),
         ({"fn": async_term, "run_in_executor": True}, "'t': executor 'thread' .* is for sync functions"),
-        ({"fn": scaled, "args": {"scael": 2.0}}, r"'t'.args \{'scael': 2.0\}: got an unexpected keyword"),
+        ({"fn": scaled, "args": {"scael": 2.0}}, r"\.args\.scael: regularizer 't' takes no argument 'scael'"),
         ({"fn": scaled, "args": [2.0]}, r"'t'.args must be a mapping"),
         ({"fn": scaled, "timeout_s": 0}, r"'t'.timeout_s must be a number of seconds > 0, 'default' or null"),
         ({"fn": scaled, "timeout_s": "soon"}, r"'t'.timeout_s .* got 'soon'"),
