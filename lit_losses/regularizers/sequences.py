@@ -45,8 +45,9 @@ class Datum:
     - ``model_input``: the sequence's input tokens (``datum["input_ids"]``),
     - ``loss_fn_inputs["target_tokens"]``: its targets (labels at its target positions, ignored
       positions left out), aligned with ``logprobs_list[i]``,
-    - ``loss_fn_inputs["weights"]``: the batch's ``weights`` at those targets if it has such a per-token
-      field, else ``1.0`` per target.
+    - ``loss_fn_inputs["weights"]``: the batch's per-token ``weights`` (else ``loss_weights``) at those
+      targets, else ``1.0`` per target; ``loss_fn_inputs["logprobs"]`` and ``["advantages"]``: the
+      batch's ``sampling_logprobs`` and ``advantages`` at those targets, when it has them.
 
     Attributes:
         row: its row in the micro-batch.
@@ -124,14 +125,24 @@ class Datum:
 
     @property
     def loss_fn_inputs(self) -> dict[str, Tensor]:
-        """``{"target_tokens": targets, "weights": per-target weights}`` (the design's names)."""
+        """``{"target_tokens", "weights"[, "logprobs", "advantages"]}`` at the targets."""
         targets = self[LABELS_KEY][self.target_mask]
-        weights = self.get("weights")
-        if isinstance(weights, Tensor) and weights.shape == self.target_mask.shape:
-            weights = weights[self.target_mask].float()
-        else:
-            weights = torch.ones(targets.shape, dtype=torch.float32, device=targets.device)
-        return {"target_tokens": targets, "weights": weights}
+        inputs = {"target_tokens": targets}
+        for name, keys in (("weights", ("weights", "loss_weights")), ("logprobs", ("sampling_logprobs",)),
+                           ("advantages", ("advantages",))):  # fmt: skip
+            value = next((v for v in map(self._at_targets, keys) if v is not None), None)
+            if value is not None:
+                inputs[name] = value
+        if "weights" not in inputs:
+            inputs["weights"] = torch.ones(targets.shape, dtype=torch.float32, device=targets.device)
+        return inputs
+
+    def _at_targets(self, key: str) -> Tensor | None:
+        """The per-token field ``key`` at the sequence's targets (float), or ``None``."""
+        value = self.get(key)
+        if isinstance(value, Tensor) and value.shape == self.target_mask.shape:
+            return value[self.target_mask].float()
+        return None
 
     def __repr__(self) -> str:
         where = f"row={self.row}" + ("" if self.segment is None else f", segment={self.segment}")

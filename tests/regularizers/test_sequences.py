@@ -212,3 +212,24 @@ def test_a_model_with_design_terms_pickles_and_gives_the_same_loss():
     copy = pickle.loads(pickle.dumps(model))  # e.g. a spawned DDP process
     batch = packed_batch()
     assert torch.equal(copy.compute_loss(batch).total, model.compute_loss(batch).total)
+
+
+def test_loss_fn_inputs_carry_the_rl_batch_fields_at_the_targets():
+    """A batch of the RL format: ``loss_weights``, ``sampling_logprobs``, ``advantages`` appear in the
+    design's ``loss_fn_inputs`` (as Tinker names them) at each sequence's targets."""
+    seen = {}
+
+    def record(data, logprobs_list):
+        seen["data"] = data
+        return torch.stack([lp.sum() for lp in logprobs_list]).sum(), {}
+
+    model, batch = model_with(RegularizerSpec(name="record", fn=record)), packed_batch()
+    g = torch.Generator().manual_seed(3)
+    fields = {"loss_weights": "weights", "sampling_logprobs": "logprobs", "advantages": "advantages"}
+    for key in fields:
+        batch[key] = torch.rand(batch["labels"].shape, generator=g)
+    model.compute_loss(batch)
+    for datum in seen["data"]:
+        mask = batch["labels"][datum.row, datum.positions] != -100
+        for key, name in fields.items():
+            assert torch.equal(datum.loss_fn_inputs[name], batch[key][datum.row, datum.positions][mask])
