@@ -8,7 +8,8 @@ The public API, by concept (everything else is importable from its subpackage):
 - fused output head: `FusedLMHead`, `HeadOutput`
 - global-denominator aggregation: `GlobalStatsLoader`, `GlobalStats`, `AggMode`, `aggregate`
 - regularizers: `RegularizerSpec`, `RegularizerSet`, `RegularizerError`, `register_regularizer`
-- data: `TextDataModule`
+- base losses by name (cross-entropy, Tinker's RL losses): `register_base_loss`
+- data: `TextDataModule`, `RLDataModule` (offline RL records)
 - training controller: `TrainingController`, `register_metric_handlers`, `register_operation_handlers`
 - extension points: `Registry`, `ConfigError`; custom gradients: the `autograd` subpackage
 """
@@ -16,13 +17,14 @@ The public API, by concept (everything else is importable from its subpackage):
 from lit_losses import autograd  # the custom-gradient toolkit
 from lit_losses.aggregation import AggMode, GlobalStats, GlobalStatsLoader, aggregate
 from lit_losses.controller import TrainingController, register_metric_handlers, register_operation_handlers
-from lit_losses.data import TextDataModule
+from lit_losses.data import RLDataModule, TextDataModule
 from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.loss import LossContext, LossOutput
 from lit_losses.loss.objective import Objective
 from lit_losses.models import HFCausalLM, TinyLM
 from lit_losses.module import RegularizedLM
+from lit_losses.objectives import register_base_loss
 from lit_losses.optim import OptimizerConfig
 from lit_losses.registry import Registry
 from lit_losses.regularizers import RegularizerError, RegularizerSet, RegularizerSpec, register_regularizer
@@ -42,6 +44,7 @@ __all__ = [
     "LossOutput",
     "Objective",
     "OptimizerConfig",
+    "RLDataModule",
     "Registry",
     "RegularizedLM",
     "RegularizerError",
@@ -53,6 +56,7 @@ __all__ = [
     "TrainingController",
     "aggregate",
     "autograd",
+    "register_base_loss",
     "register_metric_handlers",
     "register_operation_handlers",
     "register_regularizer",

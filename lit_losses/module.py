@@ -15,7 +15,6 @@ from lit_losses.aggregation import (
     accumulation_factor,
     check_window,
     configure_train_loaders,
-    window_ends,
 )
 from lit_losses.choices import check_choice
 from lit_losses.heads import Backend, FusedLMHead, head_for
@@ -24,9 +23,10 @@ from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.custom import CustomLossMixin
 from lit_losses.loss.objective import Objective, batch_tensor
 from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
+from lit_losses.objectives import BaseLossName
 from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.parallel import ModelParallelMixin
-from lit_losses.regularizers import RegularizerSet, RegularizerSpec, TermResult
+from lit_losses.regularizers import RegularizerSpec, TermResult
 from lit_losses.resume import restore_checkpoint_state
 from lit_losses.validation import chunk_size_option
 
@@ -46,11 +46,11 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     states) and ``output_projection() -> (weight [V, D], bias [V] | None)`` (an ``nn.Linear``'s
     parameters or the tied embedding; gradients accumulate into it).
 
-    **The loss** of a micro-batch is ``(w_base · base + Σ_i w_i r_i) × loss_scale`` (`Objective`), ``base =
-    −log p(label)`` aggregated with ``loss_agg`` over the *global* counts of the optimizer step
-    (`GlobalStatsLoader`); ``loss_scale = A × D`` cancels Lightning's ``÷A`` and DDP's ``÷D``. Logged
-    values are exact global values (`StepTelemetry`). Plug points: `global_stats`, `mask_keys`,
-    `head_outputs_needed`, `regularize`.
+    **The loss** of a micro-batch is ``(w_base · base + Σ_i w_i r_i) × loss_scale`` (`Objective`), ``base``
+    the per-token ``base_loss`` (``−log p(label)``, or RL's ``ppo``, …) aggregated with ``loss_agg`` over
+    the *global* counts of the step (`GlobalStatsLoader`); ``loss_scale = A × D`` cancels Lightning's ``÷A``
+    and DDP's ``÷D``. Logged values are exact global values (`StepTelemetry`). Plug points:
+    `global_stats`, `mask_keys`, `head_outputs_needed`, `regularize`.
 
     Args:
         head_backend: output-head backend.
@@ -61,7 +61,10 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         check_finite: check hidden states for NaN/Inf before the head.
         regularizers: loss terms (`RegularizerSpec`; from YAML a list of dicts with its fields).
         regularizer_grad_norm: log each term's gradient norm w.r.t. the per-token log-probabilities.
-        base_loss_weight: weight of the base cross-entropy (0: the regularizers are the whole loss).
+        base_loss_weight: weight of the base loss (0: the regularizers are the whole loss).
+        base_loss: the base loss by name (`lit_losses.objectives`: cross_entropy, ppo, cispo, …).
+        base_loss_args: its parameters (Tinker's ``loss_fn_config``, e.g. ``clip_high_threshold``).
+        loss_agg_norm: the constant ``C`` of ``loss_agg: seq-mean-token-sum-norm`` (required by it).
 
     Example:
         >>> import torch
@@ -83,6 +86,9 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         regularizers: list[RegularizerSpec] | None = None,
         regularizer_grad_norm: bool = False,
         base_loss_weight: float = 1.0,
+        base_loss: BaseLossName | str = "cross_entropy",
+        base_loss_args: dict[str, Any] | None = None,
+        loss_agg_norm: float | None = None,
     ) -> None:
         super().__init__()
         self.head_backend = check_choice(head_backend, Backend, "model.head_backend")
@@ -90,11 +96,12 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         self.head_chunk_size, self.ignore_index = chunk_size_option(head_chunk_size), ignore_index
         self.check_finite = check_finite
         self.optimizer_config = OptimizerConfig.coerce(optimizer)
-        self.regularizer_set = RegularizerSet(regularizers or (), loss_agg, regularizer_grad_norm)
-        self.objective = Objective(self.regularizer_set, loss_agg, base_loss_weight)
-        self.loss_agg, self.base_loss_weight = loss_agg, self.objective.base_loss_weight
-        self.val_telemetry = ValidationTelemetry(loss_agg)
-        self.step_telemetry = StepTelemetry()
+        self.objective = Objective.from_options(
+            regularizers, loss_agg, base_loss_weight, regularizer_grad_norm, base_loss, base_loss_args,
+            loss_agg_norm)  # fmt: skip
+        self.regularizer_set, self.loss_agg = self.objective.regularizers, loss_agg
+        self.base_loss_weight = self.objective.base_loss_weight
+        self.val_telemetry, self.step_telemetry = ValidationTelemetry(loss_agg), StepTelemetry()
 
     @property
     def telemetry(self) -> dict[str, Any]:
@@ -134,7 +141,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         return self.objective.mask_keys()
 
     def head_outputs_needed(self) -> tuple[str, ...]:
-        """Head outputs consumed by the loss terms (the base loss alone needs only ``logprobs``)."""
+        """Head outputs consumed by the loss terms (none: cross-entropy alone, the fast path)."""
         return self.objective.head_outputs_needed()
 
     def regularize(self, ctx: LossContext) -> tuple[Tensor, dict[str, TermResult]]:
@@ -156,17 +163,11 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         out = self.compute_loss(batch, "train")
         check_window(batch, batch_idx, self._trainer)
-        share = out.stats.loss_scale / accumulation_factor(self._trainer)  # its share of the step
-        self.step_telemetry.update(out.logged_values("train"), share, out.terms)
-        if window_ends(self._trainer, batch_idx):
-            self.step_telemetry.log_step(self, self.regularizer_set, self.global_step)
+        self.step_telemetry.record(self, out, batch_idx)  # its share of the step, logged once per step
         return out.total * out.stats.loss_scale
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        out = self.compute_loss(batch, "val")
-        self.val_telemetry.update(out)
-        self.log("val/loss", self.val_telemetry.loss, prog_bar=True, on_step=False, on_epoch=True)
-        self.log("val/loss_total", self.val_telemetry.loss_total, on_step=False, on_epoch=True)
+        self.val_telemetry.record(self, self.compute_loss(batch, "val"))  # val/loss, val/loss_total
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> Tensor:
         """Per-token log-probabilities ``[B, T]`` of the labels (0 at ignored positions)."""
@@ -183,8 +184,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             checkpoint["hyper_parameters"] = plain_data(checkpoint["hyper_parameters"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Check this run's options against the checkpoint's and restore the regularizers' run-time
-        weights and flags (`restore_checkpoint_state`: changed options win, with a warning)."""
+        """Check this run's options against the checkpoint's; restore its run-time state (`resume`)."""
         restore_checkpoint_state(self, checkpoint)
 
     def teardown(self, stage: str) -> None:

@@ -21,9 +21,11 @@ from lit_losses.errors import ConfigError
 from lit_losses.hparams import plain_data
 from lit_losses.optim import OptimizerConfig
 from lit_losses.regularizers import RegularizerSpec
+from lit_losses.stopped_epoch import reopen_stopped_epoch
 
 RUN_OPTIONS = ("head_backend", "head_chunk_size", "loss_agg", "optimizer", "ignore_index", "check_finite",
-               "regularizers", "regularizer_grad_norm", "base_loss_weight")  # fmt: skip
+               "regularizers", "regularizer_grad_norm", "base_loss_weight", "base_loss", "base_loss_args",
+               "loss_agg_norm")  # fmt: skip
 """`RegularizedLM`'s own arguments: what a resumed run may change (the others are the architecture)."""
 
 ARCHITECTURE_HINT = (
@@ -146,13 +148,15 @@ def check_changes(
 
 
 def restore_checkpoint_state(module: Any, checkpoint: dict[str, Any]) -> None:
-    """`RegularizedLM.on_load_checkpoint`: check the options against the checkpoint's, then restore the
+    """`RegularizedLM.on_load_checkpoint`: reopen an epoch that ``max_steps`` stopped early
+    (`reopen_stopped_epoch`), check the options against the checkpoint's, then restore the
     regularizers' run-time weights and flags (those configured as in the checkpoint) and make the
     optimizer state about to be restored follow this run's optimizer options.
 
     Raises:
         ConfigError: an architecture option differs from the checkpoint's.
     """
+    reopen_stopped_epoch(checkpoint)
     saved = checkpoint.get("hyper_parameters") or {}
     changes = option_changes(saved, dict(module.hparams)) if saved else []
     check_changes(changes, "checkpoint")

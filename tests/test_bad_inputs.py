@@ -7,9 +7,11 @@ and checkpoint cases assert the exception type and its one-line message.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from lit_losses.cli import cli_main, load_checkpoint
 from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead
 from lit_losses.optim import OptimizerConfig
+from lit_losses.regularizers import RegularizerSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
 
@@ -97,6 +100,39 @@ CLI_CASES = [
     ),
     CliCase("base_loss_weight_text", (f"{M}base_loss_weight=heavy",), "model.init_args.base_loss_weight"),
     CliCase("regularizer_grad_norm_text", (f"{M}regularizer_grad_norm=sure",), "regularizer_grad_norm"),
+    # base losses by name (lit_losses.objectives)
+    CliCase(
+        "base_loss_unknown",
+        (f"{M}base_loss=ppoo",),
+        "model.base_loss: unknown base loss 'ppoo'; did you mean 'ppo'?",
+    ),
+    CliCase(
+        "base_loss_args_unknown",
+        (f"{M}base_loss=ppo", f"{M}base_loss_args={{clip_low: 0.2}}"),
+        "model.base_loss_args.clip_low: base loss 'ppo' has no parameter 'clip_low'; "
+        "did you mean 'clip_low_threshold'?",
+    ),
+    CliCase(
+        "base_loss_args_negative_clip",
+        (f"{M}base_loss=cispo", f"{M}base_loss_args={{clip_low_threshold: -0.1}}"),
+        "model.base_loss_args.clip_low_threshold=-0.1 must be >= 0",
+    ),
+    CliCase(
+        "base_loss_args_text",
+        (f"{M}base_loss=dro", f"{M}base_loss_args={{beta: strong}}"),
+        "model.base_loss_args.beta='strong' must be a finite number (base loss 'dro')",
+    ),
+    CliCase("base_loss_dro_without_beta", (f"{M}base_loss=dro",), "model.base_loss_args.beta is required"),
+    CliCase(
+        "loss_agg_norm_missing",
+        (f"{M}loss_agg=seq-mean-token-sum-norm",),
+        "model.loss_agg_norm is required by aggregation mode 'seq-mean-token-sum-norm'",
+    ),
+    CliCase(
+        "loss_agg_norm_negative",
+        (f"{M}loss_agg=seq-mean-token-sum-norm", f"{M}loss_agg_norm=-512"),
+        "model.loss_agg_norm must be a finite number > 0",
+    ),
     # optimizer
     CliCase("lr_zero", (f"{OPT}lr=0",), "optimizer.lr must be > 0, got 0"),
     CliCase("lr_negative", (f"{OPT}lr=-0.1",), "optimizer.lr must be > 0, got -0.1"),
@@ -343,6 +379,117 @@ CLI_CASES = [
         ("--config={tmp}/bin.yaml",),
         "bin.yaml: not UTF-8 text",
         files=(("bin.yaml", b"\xff\xfe\x00model"),),
+    ),
+]
+
+# issue #16, last gaps: trainer options Lightning checks when the run sets up, run folders, regularizer
+# arguments, HFTextDataModule's tokenizer directory and files
+HF = ("--data.class_path=lit_losses.data.hf_text.HFTextDataModule", f"{D}tokenizer={{tmp}}/tok")
+WORDS = {"<unk>": 0, "</s>": 1, "the": 2, "quick": 3, "fox": 4, ".": 5}
+TOKENIZER_JSON = {"version": "1.0", "pre_tokenizer": {"type": "Whitespace"}, "added_tokens": []}
+TOKENIZER_JSON["model"] = {"type": "WordLevel", "unk_token": "<unk>", "vocab": WORDS}
+TOKENIZER = (  # a 6-token word-level tokenizer directory, as save_pretrained writes it
+    ("tok/tokenizer.json", json.dumps(TOKENIZER_JSON)),
+    ("tok/tokenizer_config.json", '{"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>"}'),
+)
+REG = "model:\n  init_args:\n    regularizers:\n"
+
+CLI_CASES += [
+    CliCase(
+        "val_check_interval_beyond_batches",
+        (f"{T}val_check_interval=10000",),
+        "trainer.val_check_interval=10000 is larger than the number of training batches per epoch (",
+    ),
+    CliCase(
+        "val_check_interval_fraction_above_one",
+        (f"{T}val_check_interval=1.5",),
+        "trainer.val_check_interval: You have passed invalid value 1.5 for val_check_interval",
+    ),
+    CliCase("devices_zero", (f"{T}accelerator=cpu", f"{T}devices=0"), "trainer.devices: `Trainer(devices="),
+    CliCase(
+        "strategy_typo", (f"{T}strategy=dpp",), "trainer.strategy: You selected an invalid strategy name"
+    ),
+    CliCase("precision_typo", (f"{T}precision=bf17",), "did you mean 'bf16'?"),
+    CliCase(
+        "run_dir_config_taken",
+        (),
+        "run already holds another run's config.yaml; set another trainer.default_root_dir",
+        files=(("run/config.yaml", "seed_everything: 1\n"),),
+    ),
+    CliCase(
+        "logger_version_taken",
+        (
+            f"{T}logger=lightning.pytorch.loggers.TensorBoardLogger",
+            f"{T}logger.init_args.save_dir={{tmp}}/tb",
+            f"{T}logger.init_args.version=0",
+        ),
+        "version_0 already holds another run's config.yaml; set another logger version (now 0;",
+        files=(("tb/lightning_logs/version_0/config.yaml", "seed_everything: 1\n"),),
+    ),
+    CliCase(
+        "yaml_regularizer_args_unknown",
+        ("--config={tmp}/reg.yaml",),
+        "model.regularizers[0].args.mod: regularizer 'entropy' takes no argument 'mod'; did you mean "
+        "'mode'? (its arguments: ['mode'])",
+        files=(("reg.yaml", REG + "      - {name: entropy, args: {mod: bonus}}\n"),),
+    ),
+    CliCase(
+        "yaml_regularizer_args_choice",
+        ("--config={tmp}/reg.yaml",),
+        "model.regularizers[0].args.mode='bonuss': regularizer 'entropy' takes one of ('penalty', 'bonus'); "
+        "did you mean 'bonus'?",
+        files=(("reg.yaml", REG + "      - {name: entropy, args: {mode: bonuss}}\n"),),
+    ),
+    CliCase(
+        "yaml_regularizer_args_second_term",
+        ("--config={tmp}/reg.yaml",),
+        "model.regularizers[1].args.estimator='k4': regularizer 'kl_reference' takes one of ('k1', 'k2', "
+        "'k3')",
+        files=(
+            (
+                "reg.yaml",
+                REG + "      - {name: z_loss}\n      - {name: kl_reference, args: {estimator: k4}}\n",
+            ),
+        ),
+    ),
+    CliCase(
+        "yaml_regularizer_args_type",
+        ("--config={tmp}/reg.yaml",),
+        "model.regularizers[0].args.threshold='high': regularizer 'confidence_penalty' takes float or None, "
+        "got str",
+        files=(("reg.yaml", REG + "      - {name: confidence_penalty, args: {threshold: high}}\n"),),
+    ),
+    CliCase(
+        "hf_tokenizer_missing",
+        HF,
+        "data.init_args.tokenizer '{tmp}/tok' is not a local directory",
+    ),
+    CliCase(
+        "hf_tokenizer_empty_dir",
+        HF,
+        "data.init_args.tokenizer '{tmp}/tok' holds no tokenizer (none of tokenizer.json",
+        files=(("tok/notes.txt", "not a tokenizer"),),
+    ),
+    CliCase(
+        "hf_tokenizer_bad_json",
+        HF,
+        "data.init_args.tokenizer '{tmp}/tok': {tmp}/tok/tokenizer.json is not valid JSON (Expecting "
+        "property name enclosed in double quotes, line 1 column 2)",
+        files=(("tok/tokenizer.json", "{oops"), TOKENIZER[1]),
+    ),
+    CliCase(
+        "hf_jsonl_bad_line",
+        (*HF, f"{D}paths=[{{tmp}}/bad.jsonl]"),
+        "data.paths: {tmp}/bad.jsonl:2 is not valid JSON",
+        files=(*TOKENIZER, ("bad.jsonl", '{"text": "the fox"}\n{"text": fox}\n')),
+        corpus=False,
+    ),
+    CliCase(
+        "hf_jsonl_missing_field",
+        (*HF, f"{D}paths=[{{tmp}}/a.jsonl]"),
+        "data.paths: {tmp}/a.jsonl:1 has no field data.text_field='text'",
+        files=(*TOKENIZER, ("a.jsonl", '{"body": "the fox"}\n')),
+        corpus=False,
     ),
 ]
 
@@ -601,6 +748,30 @@ PY_CASES = [
         "batch key 'labels' is missing",
     ),
     ApiCase(
+        "advantages_missing",
+        "batch",
+        lambda _: _loss(_batch(sampling_logprobs=torch.zeros(2, 6)), base_loss="ppo"),
+        KeyError,
+        "base loss 'ppo' reads batch key 'advantages', which is missing; the batch has keys "
+        "['input_ids', 'labels', 'sampling_logprobs']",
+    ),
+    ApiCase(
+        "sampling_logprobs_shape",
+        "batch",
+        lambda _: _loss(
+            _batch(sampling_logprobs=torch.zeros(2, 5), advantages=torch.ones(2, 6)), base_loss="cispo"
+        ),
+        ValueError,
+        "batch['sampling_logprobs'] has shape (2, 5) but batch['labels'] has shape (2, 6)",
+    ),
+    ApiCase(
+        "base_loss_args_python",
+        "python",
+        lambda _: _model(base_loss="ppo", base_loss_args={"clip_high_threshold": 0.5}),
+        ConfigError,
+        "model.base_loss_args.clip_high_threshold=0.5 must be >= clip_low_threshold=0.8 (base loss 'ppo')",
+    ),
+    ApiCase(
         "labels_beyond_vocab",
         "batch",
         lambda _: _loss(_batch(labels=torch.full((2, 6), V + 7))),
@@ -696,6 +867,109 @@ PY_CASES = [
         lambda p: _read(p, "a.jsonl", '{"text": "a"}\n', text_field="body"),
         ConfigError,
         "a.jsonl:1 has no field data.text_field='body'",
+    ),
+]
+
+
+def _hf(tmp_path: Path, files: tuple[tuple[str, str | bytes], ...] = TOKENIZER, **kwargs) -> None:
+    pytest.importorskip("transformers")
+    from lit_losses.data.hf_text import HFTextDataModule
+
+    for name, content in files:
+        _write(tmp_path, name, content)
+    options = {"paths": [str(tmp_path / "*.jsonl")], "seq_len": 8, "tokens_per_batch": 16, **kwargs}
+    HFTextDataModule(str(tmp_path / "tok"), val_fraction=0.0, cache_dir=str(tmp_path), **options).setup("fit")
+
+
+def _unreadable(tmp_path: Path) -> None:
+    """A corpus file that cannot be read (as root, chmod does not stop a read: the read is made to fail)."""
+    read_bytes = Path.read_bytes
+
+    def denied(path: Path) -> bytes:
+        if path.name == "locked.jsonl":
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_bytes(path)
+
+    with mock.patch.object(Path, "read_bytes", denied):
+        _hf(tmp_path, (*TOKENIZER, ("locked.jsonl", '{"text": "the fox"}\n')))
+
+
+def keyword_scaled(ctx, *, scale: float):
+    return scale * ctx.logprobs
+
+
+PY_CASES += [
+    ApiCase(
+        "regularizer_args_unknown",
+        "python",
+        lambda _: _model(regularizers=[{"name": "entropy", "args": {"mod": "bonus"}}]),
+        ConfigError,
+        "model.regularizers[0].args.mod: regularizer 'entropy' takes no argument 'mod'; did you mean 'mode'?",
+    ),
+    ApiCase(
+        "regularizer_spec_args_choice",
+        "python",
+        lambda _: _model(
+            regularizers=[{"name": "z_loss"}, RegularizerSpec("entropy", args={"mode": "bonuss"})]
+        ),
+        ConfigError,
+        "model.regularizers[1].args.mode='bonuss': regularizer 'entropy' takes one of ('penalty', 'bonus')",
+    ),
+    ApiCase(
+        "regularizer_args_bool_for_float",
+        "python",
+        lambda _: _model(regularizers=[{"name": "logprob_l1", "args": {"target": True}}]),
+        ConfigError,
+        "model.regularizers[0].args.target=True: regularizer 'logprob_l1' takes float, got bool",
+    ),
+    ApiCase(
+        "regularizer_args_missing",
+        "python",
+        lambda _: _model(regularizers=[{"name": "s", "fn": keyword_scaled}]),
+        ConfigError,
+        "model.regularizers[0].args: regularizer 's' needs the argument(s) ['scale'], got []",
+    ),
+    ApiCase(
+        "hf_tokenizer_missing",
+        "file",
+        lambda p: _hf(p, files=()),
+        ConfigError,
+        "/tok' is not a local directory",
+    ),
+    ApiCase(
+        "hf_tokenizer_config_bad_json",
+        "file",
+        lambda p: _hf(p, files=(TOKENIZER[0], ("tok/tokenizer_config.json", '{"eos_token": }'))),
+        ConfigError,
+        "tok/tokenizer_config.json is not valid JSON (Expecting value, line 1 column 15)",
+    ),
+    ApiCase(
+        "hf_tokenizer_unloadable",
+        "file",
+        lambda p: _hf(p, files=(("tok/tokenizer_config.json", '{"tokenizer_class": "NoSuchTokenizer"}'),)),
+        ConfigError,
+        "tok': the tokenizer cannot be loaded (",
+    ),
+    ApiCase(
+        "hf_jsonl_not_json",
+        "file",
+        lambda p: _hf(p, files=(*TOKENIZER, ("a.jsonl", '{"text": "the fox"}\n\n{"text": "a"'))),
+        ConfigError,
+        "a.jsonl:3 is not valid JSON",
+    ),
+    ApiCase(
+        "hf_jsonl_other_field",
+        "file",
+        lambda p: _hf(p, files=(*TOKENIZER, ("a.jsonl", '{"text": "the fox"}\n')), text_field="body"),
+        ConfigError,
+        "a.jsonl:1 has no field data.text_field='body'",
+    ),
+    ApiCase(
+        "hf_file_unreadable",
+        "file",
+        _unreadable,
+        ConfigError,
+        "locked.jsonl cannot be read (Permission denied)",
     ),
 ]
 

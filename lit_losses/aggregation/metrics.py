@@ -50,7 +50,15 @@ def mode_denominator(mode: AggMode, local: MaskStats) -> int:
 
     ``value × denominator`` summed over micro-batches and ranks, divided by the summed denominators,
     is the global value (used for validation logging with torchmetrics' weighted `MeanMetric`). For
-    ``token-sum`` the denominator is 1: the logged value is the mean per micro-batch.
+    ``token-sum`` the denominator is 1: the logged value is the mean per micro-batch. ``token-mean``
+    divides by the valid tokens; every ``seq-*`` mode by the sequences (``seq-mean-token-sum-norm``
+    by ``S · C`` with a constant ``C``, so the sequences are its weight as well).
+
+    Example:
+        >>> from lit_losses.aggregation import MaskStats
+        >>> modes = ("token-mean", "token-sum", "seq-mean-token-sum-norm")
+        >>> [mode_denominator(m, MaskStats(num_tokens=7, num_sequences=2)) for m in modes]
+        [7, 1, 2]
     """
     check_mode(mode)
     if mode == "token-sum":

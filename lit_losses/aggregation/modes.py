@@ -4,16 +4,30 @@ With ``m`` the mask, ``N`` the global number of valid tokens, ``S`` the global n
 with a valid token and ``n_s`` the number of valid tokens of sequence ``s`` (complete within a
 micro-batch), the loss of a micro-batch is ``Σ_t w_t · L_t`` with
 
-=======================  ==================  =========================================
-mode                     ``w_t``             global value
-=======================  ==================  =========================================
-``token-mean``           ``m_t / N``         ``Σ_t L_t / N``
-``token-sum``            ``m_t``             ``Σ_t L_t``
-``seq-mean-token-sum``   ``m_t / S``         ``(1/S) Σ_s Σ_{t∈s} L_t``
-``seq-mean-token-mean``  ``m_t / (S·n_s)``   ``(1/S) Σ_s (1/n_s) Σ_{t∈s} L_t``
-=======================  ==================  =========================================
+===========================  ==================  =========================================
+mode                         ``w_t``             global value
+===========================  ==================  =========================================
+``token-mean``               ``m_t / N``         ``Σ_t L_t / N``
+``token-sum``                ``m_t``             ``Σ_t L_t``
+``seq-mean-token-sum``       ``m_t / S``         ``(1/S) Σ_s Σ_{t∈s} L_t``
+``seq-mean-token-mean``      ``m_t / (S·n_s)``   ``(1/S) Σ_s (1/n_s) Σ_{t∈s} L_t``
+``seq-mean-token-sum-norm``  ``m_t / (S·C)``     ``(1/S) Σ_s Σ_{t∈s} L_t / C``
+===========================  ==================  =========================================
 
 Summed over every micro-batch of every rank these give exactly the loss of the global batch.
+
+``seq-mean-token-sum-norm`` is Dr. GRPO's aggregation ("Understanding R1-Zero-Like Training"), as in
+verl's and ROLL's ``agg_loss``: each sequence's token sum divided by a constant ``C`` (``norm``; in
+lit_losses ``model.loss_agg_norm``, e.g. the maximum response length), averaged over sequences. Their
+``agg_loss`` divides by ``loss_mask.shape[-1]`` (the micro-batch's padded width) unless given a
+constant (verl's ``loss_scale_factor``) and leaves the mean over sequences to the backend's averaging of
+equal-size micro-batches; here ``C`` is always the configured constant and ``S`` the global count, so
+the value does not depend on padding, packing or the split into micro-batches.
+
+**Per-sequence weights** (ROLL's ``agg_loss(..., weights=)``): with ``sample_weights`` ``u`` (one value per
+position, constant over a sequence's tokens so that packing keeps it), ``w_t`` becomes ``u_t · w_t`` in
+every mode: each sequence's contribution is scaled, the denominators ``N``, ``S``, ``n_s`` stay the
+counts (as in ROLL, the weights are not renormalized).
 
 **Contract for loss terms.** A term returns either a per-token (or per-sequence, broadcast over its
 tokens) matrix and a mode, aggregated as above with the global counts; or a scalar, taken as a mean
@@ -23,6 +37,7 @@ their share of the global count (`reweight_mean`), so that it too sums to a glob
 
 from __future__ import annotations
 
+import math
 from typing import Literal, get_args
 
 import torch
@@ -31,8 +46,12 @@ from torch import Tensor
 from lit_losses.aggregation.stats import MaskStats, sequence_ids
 from lit_losses.choices import check_choice
 
-AggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"]
+AggMode = Literal[
+    "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
+NORM_MODE = "seq-mean-token-sum-norm"
+"""The mode that divides by a configured constant (`token_weights`'s ``norm``)."""
 
 
 def check_mode(mode: str, where: str = "agg") -> str:
@@ -41,21 +60,63 @@ def check_mode(mode: str, where: str = "agg") -> str:
 
 
 def token_weights(
-    mask: Tensor, mode: AggMode, stats: MaskStats, segment_ids: Tensor | None = None, dtype=torch.float32
+    mask: Tensor,
+    mode: AggMode,
+    stats: MaskStats,
+    segment_ids: Tensor | None = None,
+    dtype=torch.float32,
+    norm: float | None = None,
+    sample_weights: Tensor | None = None,
 ) -> Tensor:
-    """Per-position weights ``w`` (0 where ``mask`` is False) with ``loss = Σ w · L`` (see module doc)."""
+    """Per-position weights ``w`` (0 where ``mask`` is False) with ``loss = Σ w · L`` (see module doc).
+
+    ``norm`` is the constant ``C`` of ``seq-mean-token-sum-norm`` (required by that mode only);
+    ``sample_weights`` (shaped like ``mask``) multiplies every position's weight.
+    """
     check_mode(mode)
     mask = mask.bool()
     m = mask.to(dtype)
     if mode == "token-sum":
-        return m
-    if mode == "token-mean":
-        return m / max(stats.num_tokens, 1)
-    if mode == "seq-mean-token-sum":
-        return m / max(stats.num_sequences, 1)
-    ids = sequence_ids(mask, segment_ids)
-    lengths = torch.bincount(ids[mask], minlength=int(ids.max()) + 1 if ids.numel() else 1).to(dtype)
-    return m / (lengths[ids].clamp_min(1) * max(stats.num_sequences, 1))
+        w = m
+    elif mode == "token-mean":
+        w = m / max(stats.num_tokens, 1)
+    elif mode == "seq-mean-token-sum":
+        w = m / max(stats.num_sequences, 1)
+    elif mode == NORM_MODE:
+        w = m / (max(stats.num_sequences, 1) * check_norm(norm))
+    else:
+        ids = sequence_ids(mask, segment_ids)
+        lengths = torch.bincount(ids[mask], minlength=int(ids.max()) + 1 if ids.numel() else 1).to(dtype)
+        w = m / (lengths[ids].clamp_min(1) * max(stats.num_sequences, 1))
+    if sample_weights is None:
+        return w
+    if sample_weights.shape != mask.shape:
+        raise ValueError(
+            f"sample_weights shape {tuple(sample_weights.shape)} differs from the mask shape "
+            f"{tuple(mask.shape)}"
+        )
+    return w * torch.where(mask, sample_weights.to(dtype), torch.zeros_like(w))
+
+
+def check_norm(norm: float | None, where: str = "norm") -> float:
+    """``norm`` as a float if it is a finite number > 0 (the constant ``C`` of ``seq-mean-token-sum-norm``).
+
+    Example:
+        >>> check_norm(512)
+        512.0
+        >>> check_norm(None, "model.loss_agg_norm")
+        Traceback (most recent call last):
+        ...
+        ValueError: model.loss_agg_norm is required by aggregation mode 'seq-mean-token-sum-norm' (...
+    """
+    ok = isinstance(norm, int | float) and not isinstance(norm, bool) and math.isfinite(norm) and norm > 0
+    if not ok:
+        need = "is required by" if norm is None else "must be a finite number > 0 for"
+        raise ValueError(
+            f"{where} {need} aggregation mode {NORM_MODE!r} (the constant C of (1/S) Σ_s Σ_t L_t / C, e.g. "
+            f"the maximum response length), got {norm!r}"
+        )
+    return float(norm)
 
 
 def aggregate(
@@ -65,6 +126,8 @@ def aggregate(
     stats: MaskStats,
     segment_ids: Tensor | None = None,
     name: str = "loss",
+    norm: float | None = None,
+    sample_weights: Tensor | None = None,
 ) -> Tensor:
     """``Σ_t w_t · loss_mat_t`` with the weights of ``mode`` (masked positions never contribute).
 
@@ -75,6 +138,8 @@ def aggregate(
         stats: global counts of the mask (`MaskStats`).
         segment_ids: packed-row segments ``[B, T]``; a sequence is a (row, segment) pair.
         name: what ``loss_mat`` is, for error messages.
+        norm: the constant ``C`` of ``seq-mean-token-sum-norm`` (required by that mode only).
+        sample_weights: per-sequence weights stored per position ``[B, T]`` (ROLL's ``weights=``).
 
     Example:
         >>> import torch
@@ -85,21 +150,27 @@ def aggregate(
         tensor(2.)
         >>> aggregate(loss, mask, "seq-mean-token-mean", MaskStats(num_tokens=3, num_sequences=2))  # (2+2)/2
         tensor(2.)
+        >>> aggregate(loss, mask, "seq-mean-token-sum-norm", MaskStats(3, 2), norm=4.0)  # (4+2)/(2·4)
+        tensor(0.7500)
+        >>> weights = torch.tensor([[2.0, 2.0, 2.0], [0.0, 0.0, 0.0]])  # per sequence, stored per token
+        >>> aggregate(loss, mask, "token-mean", MaskStats(3, 2), sample_weights=weights)  # (2·1+2·3+0·2)/3
+        tensor(2.6667)
     """
     if loss_mat.shape != mask.shape:
         raise ValueError(
             f"{name}: loss matrix shape {tuple(loss_mat.shape)} differs from the mask shape "
             f"{tuple(mask.shape)}"
         )
-    w = token_weights(mask, mode, stats, segment_ids, dtype=loss_mat.dtype)
+    w = token_weights(mask, mode, stats, segment_ids, loss_mat.dtype, norm, sample_weights)
     return (w * torch.where(mask.bool(), loss_mat, torch.zeros_like(loss_mat))).sum()
 
 
 def reweight_mean(value: Tensor, mode: AggMode, local: MaskStats, stats: MaskStats) -> Tensor:
     """Share of the global value of a scalar ``value`` that is a mean over this micro-batch's valid units.
 
-    ``token-mean``: ``value · n_local / N``; ``token-sum``: ``value · n_local``; ``seq-*``:
-    ``value · s_local / S``. Summed over the micro-batches of a step this is the global mean (sum).
+    ``token-mean``: ``value · n_local / N``; ``token-sum``: ``value · n_local``; ``seq-*`` (with
+    ``seq-mean-token-sum-norm``: a mean over sequences of ``Σ_t L_t / C``): ``value · s_local / S``.
+    Summed over the micro-batches of a step this is the global mean (sum).
     """
     check_mode(mode)
     if mode == "token-sum":

@@ -1,4 +1,7 @@
-"""Text data: tokenizer, packing into token-budget micro-batches with loss masks."""
+"""Text and offline RL data: tokenizer, RL records, packing into token-budget micro-batches with loss masks.
+
+`lit_losses.data.rollouts` (the RL example's generator) imports the models and is not imported here.
+"""
 
 from lit_losses.data.packing import (
     EpochShuffleSampler,
@@ -8,15 +11,22 @@ from lit_losses.data.packing import (
     collate_rows,
     pack_rows,
 )
+from lit_losses.data.rl import RLDataModule, rl_dataset
+from lit_losses.data.rl_records import parse_record, read_jsonl, write_jsonl
 from lit_losses.data.text import TextDataModule, stdlib_sources
 
 __all__ = [
     "EpochShuffleSampler",
     "MicroBatchDataset",
     "Pieces",
+    "RLDataModule",
     "TextDataModule",
     "batch_rows",
     "collate_rows",
     "pack_rows",
+    "parse_record",
+    "read_jsonl",
+    "rl_dataset",
     "stdlib_sources",
+    "write_jsonl",
 ]

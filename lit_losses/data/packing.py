@@ -11,11 +11,16 @@ Row layout, for pieces ``a`` then ``b``::
     labels        a1 a2 -100 b1 -100 -100      (-100: no next token in the same document)
     segment_ids   1  1  1  2  2  0             (0: padding)
     position_ids  0  1  2  0  1  0
+
+Pieces built with explicit ``labels`` (`Pieces.from_sequences`, e.g. RL records whose prompt tokens have
+no target) use them instead of the next tokens, and their per-token float ``fields`` (e.g.
+``advantages``) travel with the tokens into ``[B, T]`` float32 batch keys, 0.0 outside the pieces.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 from torch import Tensor
@@ -23,11 +28,18 @@ from torch import Tensor
 
 @dataclass
 class Pieces:
-    """Pieces as ``(start, length)`` into one flat token tensor."""
+    """Pieces as ``(start, length)`` into one flat token tensor.
+
+    ``labels`` (optional, aligned with ``tokens``): the target of each position, ``-100`` where there is
+    none; without it a position's target is the next token of its piece. ``fields``: per-token float
+    tensors aligned with ``tokens`` (the value at position ``i`` describes its target).
+    """
 
     tokens: Tensor
     starts: Tensor
     lengths: Tensor
+    labels: Tensor | None = None
+    fields: dict[str, Tensor] = field(default_factory=dict)
 
     @classmethod
     def from_documents(cls, documents: list[list[int]], seq_len: int) -> Pieces:
@@ -43,6 +55,28 @@ class Pieces:
             torch.tensor(flat, dtype=torch.int32),
             torch.tensor(starts, dtype=torch.int64),
             torch.tensor(lengths, dtype=torch.int64),
+        )
+
+    @classmethod
+    def from_sequences(
+        cls, inputs: list[list[int]], labels: list[list[int]], fields: dict[str, list[list[float]]]
+    ) -> Pieces:
+        """One piece per sequence (never cut), with its own ``labels`` and per-token ``fields``.
+
+        Example:
+            >>> adv = {"advantages": [[0.0, 1.5], [-1.0]]}
+            >>> p = Pieces.from_sequences([[5, 6], [7]], [[-100, 9], [8]], adv)
+            >>> p.lengths.tolist(), p.labels.tolist(), p.fields["advantages"].tolist()
+            ([2, 1], [-100, 9, 8], [0.0, 1.5, -1.0])
+        """
+        lengths = [len(seq) for seq in inputs]
+        flat_fields = {k: [v for seq in rows for v in seq] for k, rows in fields.items()}
+        return cls(
+            torch.tensor([tok for seq in inputs for tok in seq], dtype=torch.int32),
+            torch.tensor([0, *accumulate(lengths)][:-1], dtype=torch.int64),
+            torch.tensor(lengths, dtype=torch.int64),
+            torch.tensor([t for seq in labels for t in seq], dtype=torch.int32),
+            {k: torch.tensor(values, dtype=torch.float32) for k, values in flat_fields.items()},
         )
 
     def __len__(self) -> int:
@@ -88,13 +122,19 @@ def collate_rows(pieces: Pieces, rows: list[list[int]], pad_id: int, ignore_inde
     labels = torch.full((B, T), ignore_index, dtype=torch.long)
     segment_ids = torch.zeros((B, T), dtype=torch.long)
     position_ids = torch.zeros((B, T), dtype=torch.long)
+    fields = {key: torch.zeros((B, T), dtype=torch.float32) for key in pieces.fields}
     for b, row in enumerate(rows):
         col = 0
         for seg, p in enumerate(row, start=1):
             start, n = int(pieces.starts[p]), int(pieces.lengths[p])
             toks = pieces.tokens[start : start + n].long()
             input_ids[b, col : col + n] = toks
-            labels[b, col : col + n - 1] = toks[1:]
+            if pieces.labels is None:
+                labels[b, col : col + n - 1] = toks[1:]
+            else:
+                labels[b, col : col + n] = pieces.labels[start : start + n]
+            for key, values in pieces.fields.items():
+                fields[key][b, col : col + n] = values[start : start + n]
             segment_ids[b, col : col + n] = seg
             position_ids[b, col : col + n] = torch.arange(n)
             col += n
@@ -103,6 +143,7 @@ def collate_rows(pieces: Pieces, rows: list[list[int]], pad_id: int, ignore_inde
         "labels": labels,
         "segment_ids": segment_ids,
         "position_ids": position_ids,
+        **fields,
     }
 
 

@@ -83,7 +83,9 @@ class LossOutput:
     """The loss of one micro-batch and its parts (all already normalized by the global counts).
 
     ``total = base_loss_weight · base + regularizer_total``; ``terms`` holds each regularizer's
-    `TermResult` (``value``, ``weight``, ``contribution``, ``error``, ``custom``, ``grad_norm_sq``).
+    `TermResult` (``value``, ``weight``, ``contribution``, ``error``, ``custom``, ``grad_norm_sq``);
+    ``base_metrics`` the base loss's telemetry (e.g. ``clip_fraction``), each already a share of the
+    step's mean (logged as ``<stage>/base_loss/<name>``).
 
     Example:
         >>> import torch
@@ -98,18 +100,22 @@ class LossOutput:
     stats: GlobalStats | None
     terms: dict[str, Any] = field(default_factory=dict)
     num_tokens: int = 0
+    base_metrics: dict[str, Tensor] = field(default_factory=dict)
 
     def logged_values(self, stage: str) -> dict[str, Tensor]:
         """Flat telemetry whose global value is a sum over micro-batches and ranks.
 
         Per term: ``value``, ``contribution``, ``error`` (a count, logged as 0/1) and, when computed,
-        ``grad_norm_sq`` (squared norms add up over micro-batches and ranks; logged as ``grad_norm``).
+        ``grad_norm_sq`` (squared norms add up over micro-batches and ranks; logged as ``grad_norm``);
+        the base loss's ``base_metrics`` as ``<stage>/base_loss/<name>``.
         """
         values = {
             f"{stage}/loss_total": self.total.detach(),
             f"{stage}/base_loss": self.base.detach(),
             f"{stage}/regularizer_total": self.regularizer_total.detach(),
         }
+        for name, value in self.base_metrics.items():
+            values[f"{stage}/base_loss/{name}"] = value.detach()
         for name, term in self.terms.items():
             for key in TELEMETRY_KEYS:
                 if term[key] is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -11,11 +11,13 @@ from lightning.pytorch.utilities.rank_zero import WarningCache
 from torch import Tensor
 
 from lit_losses.aggregation import LABELS_KEY, AggMode, GlobalStats, check_mode, token_weights
+from lit_losses.aggregation.modes import NORM_MODE, check_norm
 from lit_losses.aggregation.stats import batch_segment_ids
 from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.loss.context import LossContext, LossOutput, Stage
-from lit_losses.regularizers import FusedTerms, RegularizerError, RegularizerSet, TermResult
+from lit_losses.objectives import LOSS_WEIGHTS, SAMPLE_WEIGHTS, BaseLossBatch, BoundBaseLoss, token_values
+from lit_losses.regularizers import FusedTerms, RegularizerError, RegularizerSet, RegularizerSpec, TermResult
 
 LossPath = Literal["plain_ce", "fused", "general"]
 Regularize = Callable[[LossContext], tuple[Tensor, dict[str, TermResult]]]
@@ -31,21 +33,34 @@ def batch_tensor(batch: Mapping[str, Any], key: str) -> Tensor:
 class Objective:
     """``total = w_base · base + Σ_i w_i · r_i`` for one micro-batch, normalized by global counts.
 
-    ``base = Σ_t a_t · (−log p_t[y_t])`` with the aggregation weights ``a`` of ``loss_agg`` (see
-    `lit_losses.aggregation.token_weights`); the regularizers are a `RegularizerSet`. `path` is the
-    one place where the computation is chosen:
+    ``base = Σ_t a_t · u_t · v_t · L_t``: the per-token base loss ``L_t`` (``base_loss``, by name:
+    ``cross_entropy`` ``−log p_t[y_t]`` by default, or a policy-gradient loss of `lit_losses.objectives`),
+    weighted by the batch's ``loss_weights`` ``v`` and ``sample_weights`` ``u`` when it has them (1
+    otherwise) and by the aggregation weights ``a`` of ``loss_agg`` (`lit_losses.aggregation.token_weights`);
+    the regularizers are a `RegularizerSet`. `path` is the one place where the computation is chosen:
 
-    - ``plain_ce``: training with the base loss alone: the head's fused cross-entropy fast path
-      (every gradient computed in forward, no logits recompute).
-    - ``fused``: training where every enabled term is pointwise (`RegularizerSet.fusable`): the terms
-      run chunk by chunk inside the head, gradients in forward as well.
+    - ``plain_ce``: training with the ``cross_entropy`` base loss alone: the head's fused cross-entropy
+      fast path (every gradient computed in forward, no logits recompute).
+    - ``fused``: training where the base loss and every enabled term are pointwise (`RegularizerSet.fusable`,
+      e.g. ``ppo`` + ``kl_reference`` + ``entropy``): they run chunk by chunk inside the head, gradients
+      in forward as well.
     - ``general``: anything else (and validation): per-token head outputs with autograd, then the
       terms on a `LossContext`.
+
+    Both pointwise paths evaluate the base loss with the same code on the valid tokens (row-major), so
+    they agree to rounding.
 
     Args:
         regularizers: the loss terms.
         loss_agg: aggregation mode of the base loss.
         base_loss_weight: ``w_base`` (0: the regularizers are the whole loss).
+        base_loss: the base loss by name (`lit_losses.objectives.BASE_LOSSES`) or import path.
+        base_loss_args: its parameters (Tinker's ``loss_fn_config`` names, e.g. ``clip_low_threshold``).
+        loss_agg_norm: the constant ``C`` of ``seq-mean-token-sum-norm`` (required when the base loss or a
+            regularizer aggregates with it); it applies to the regularizers as well.
+
+    Raises:
+        ConfigError: bad options, each naming its ``model.…`` path.
 
     Example:
         >>> import torch
@@ -60,10 +75,23 @@ class Objective:
         >>> out = objective(head, torch.randn(1, 3, 3), batch, GlobalStats.local_only(batch), 0, "train")
         >>> round(float(out.total), 4)  # log 4
         1.3863
+        >>> ppo = Objective(RegularizerSet(), base_loss="ppo", base_loss_args={"clip_high_threshold": 1.28})
+        >>> ppo.path("train", ppo.head_outputs_needed())
+        'fused'
+        >>> batch |= {"sampling_logprobs": torch.full((1, 3), -1.0), "advantages": torch.ones(1, 3)}
+        >>> out = ppo(head, torch.randn(1, 3, 3), batch, GlobalStats.local_only(batch), 0, "train")
+        >>> round(float(out.total), 4), sorted(out.base_metrics)  # ratio e^(1 − log 4) ≈ 0.68: not clipped
+        (-0.6796, ['advantage_logprob', 'advantage_mean', 'approx_kl', 'clip_fraction', 'ratio_mean'])
     """
 
     def __init__(
-        self, regularizers: RegularizerSet, loss_agg: AggMode = "token-mean", base_loss_weight: float = 1.0
+        self,
+        regularizers: RegularizerSet,
+        loss_agg: AggMode = "token-mean",
+        base_loss_weight: float = 1.0,
+        base_loss: str = "cross_entropy",
+        base_loss_args: Mapping[str, Any] | None = None,
+        loss_agg_norm: float | None = None,
     ) -> None:
         check_mode(loss_agg, "model.loss_agg")
         if not isinstance(base_loss_weight, int | float) or isinstance(base_loss_weight, bool):
@@ -77,11 +105,31 @@ class Objective:
             )
         self.regularizers, self.loss_agg = regularizers, loss_agg
         self.base_loss_weight = float(base_loss_weight)
+        self.base_loss = BoundBaseLoss.resolve(base_loss, base_loss_args)
+        self.loss_agg_norm = regularizers.agg_norm = agg_norm_option(loss_agg_norm, loss_agg, regularizers)
         self._warnings = WarningCache()
 
+    @classmethod
+    def from_options(
+        cls,
+        regularizers: Sequence[RegularizerSpec | Mapping[str, Any]] | None = None,
+        loss_agg: AggMode = "token-mean",
+        base_loss_weight: float = 1.0,
+        regularizer_grad_norm: bool = False,
+        base_loss: str = "cross_entropy",
+        base_loss_args: Mapping[str, Any] | None = None,
+        loss_agg_norm: float | None = None,
+    ) -> Objective:
+        """The objective of `RegularizedLM`'s options: its `RegularizerSet` (default mode ``loss_agg``)
+        and base loss, every option checked (a `ConfigError` naming ``model.<option>``)."""
+        terms = RegularizerSet(regularizers or (), loss_agg, regularizer_grad_norm)
+        return cls(terms, loss_agg, base_loss_weight, base_loss, base_loss_args, loss_agg_norm)
+
     def head_outputs_needed(self) -> tuple[str, ...]:
-        """Head outputs consumed by the loss terms (the base loss alone needs only ``logprobs``)."""
+        """Head outputs consumed by the loss terms (empty: ``cross_entropy`` alone, the fast path)."""
         needed = tuple(n for n in self.regularizers.needs() if n != "hidden")
+        if not self.base_loss.plain_ce and self.base_loss_weight > 0 and "logprobs" not in needed:
+            return ("logprobs", *needed)
         if self.base_loss_weight == 0 and not needed:
             return ("logprobs",)
         return needed
@@ -96,7 +144,12 @@ class Objective:
             return "general"
         if not needed:
             return "plain_ce"
-        return "fused" if torch.is_grad_enabled() and self.regularizers.fusable() else "general"
+        if not torch.is_grad_enabled() or not self.base_loss.entry.pointwise:
+            return "general"
+        if self.regularizers.active():
+            return "fused" if self.regularizers.fusable() else "general"
+        # no term: the base loss alone (cross_entropy here only when forced to per-token outputs)
+        return "fused" if not self.base_loss.plain_ce and self.base_loss_weight > 0 else "general"
 
     def __call__(
         self,
@@ -125,9 +178,7 @@ class Objective:
         mask = labels != head.ignore_index
         needed = self.head_outputs_needed() if needed is None else needed
         accum_dtype = torch.promote_types(hidden.dtype, torch.float32)
-        weights = token_weights(
-            mask, self.loss_agg, stats.get(LABELS_KEY), batch_segment_ids(batch), accum_dtype
-        )
+        weights = self.base_weights(batch, mask, stats, accum_dtype)
         if stage == "train" and stats.position == 0 and stats.get(LABELS_KEY).num_tokens == 0:
             self._warnings.warn(
                 f"optimizer step {step} has no valid label in any micro-batch; "
@@ -135,27 +186,73 @@ class Objective:
             )
         num_tokens = stats.get_local(LABELS_KEY).num_tokens
         path = self.path(stage, needed)
+        base_batch = None if self.base_loss.plain_ce else self.base_loss.for_batch(batch, mask, accum_dtype)
         if path == "fused":
-            fused = FusedTerms(
-                self.regularizers, batch, mask, stats, step, weights[mask], self.base_loss_weight
-            )
+            fused = FusedTerms(self.regularizers, batch, mask, stats, step, weights[mask],
+                               self.base_loss_weight, base_loss=base_batch)  # fmt: skip
             total = head.pointwise_loss(
                 hidden, labels, fused, with_entropy="entropy" in needed, needs=("logprobs", *needed)
             )
             base, reg_total, terms = fused.finish()
-            return LossOutput(total, base, reg_total, stats, terms, num_tokens)
+            metrics = base_metrics(base_batch, stats)
+            return LossOutput(total, base, reg_total, stats, terms, num_tokens, metrics)
         if path == "plain_ce":
             base = head.weighted_ce(hidden, labels, weights)
             head_out = HeadOutput()
         else:
             head_out = head(hidden, labels, ("logprobs", *[o for o in needed if o != "logprobs"]))
-            base = -(weights.to(head_out.logprobs.dtype) * head_out.logprobs).sum()
+            base = base_value(base_batch, weights, head_out.logprobs, mask)
         ctx = LossContext(batch, head_out, hidden, mask, stats, step, stage)
         reg_total, terms = (regularize or self.regularizers)(ctx)
         if stage == "train" and self.base_loss_weight == 0 and torch.is_grad_enabled():
             check_something_to_optimize(reg_total, terms, f"step {step}")
         total = (base if self.base_loss_weight == 1.0 else self.base_loss_weight * base) + reg_total
-        return LossOutput(total, base, reg_total, stats, terms, num_tokens)
+        return LossOutput(total, base, reg_total, stats, terms, num_tokens, base_metrics(base_batch, stats))
+
+    def base_weights(
+        self, batch: Mapping[str, Any], mask: Tensor, stats: GlobalStats, dtype: torch.dtype
+    ) -> Tensor:
+        """``a_t · u_t · v_t``: the aggregation weights of ``loss_agg`` (global counts, ``sample_weights``
+        ``u``) times the ``loss_weights`` ``v``; absent keys count as 1 (and cost nothing)."""
+        where = f"base loss {self.base_loss.name!r}"
+        sample = token_values(batch, SAMPLE_WEIGHTS, mask, where) if SAMPLE_WEIGHTS in batch else None
+        segments = batch_segment_ids(batch)
+        weights = token_weights(
+            mask, self.loss_agg, stats.get(LABELS_KEY), segments, dtype, self.loss_agg_norm, sample
+        )
+        if LOSS_WEIGHTS in batch:
+            weights = weights * torch.where(
+                mask, token_values(batch, LOSS_WEIGHTS, mask, where).to(dtype), 0.0
+            )
+        return weights
+
+
+def agg_norm_option(norm: Any, loss_agg: AggMode, regularizers: RegularizerSet) -> float | None:
+    """``model.loss_agg_norm`` checked: required when ``loss_agg`` or a regularizer's ``agg`` is
+    ``seq-mean-token-sum-norm``, else optional; a finite number > 0 when given."""
+    users = ["model.loss_agg"] if loss_agg == NORM_MODE else []
+    for name, term in regularizers.terms.items():
+        if (term.spec.agg or regularizers.default_agg) == NORM_MODE:
+            users.append(f"regularizer {name!r}")
+    if norm is None and not users:
+        return None
+    try:
+        return check_norm(norm, "model.loss_agg_norm")
+    except ValueError as exc:
+        raise ConfigError(f"{exc}; used by {', '.join(users)}" if users else str(exc)) from None
+
+
+def base_value(base_batch: BaseLossBatch | None, weights: Tensor, logprobs: Tensor, mask: Tensor) -> Tensor:
+    """``Σ_t w_t · L_t`` from per-token log-probabilities ``[B, T]`` (the general path)."""
+    if base_batch is None:  # cross_entropy: L = −log p
+        return -(weights.to(logprobs.dtype) * logprobs).sum()
+    valid = logprobs[mask]
+    return (weights[mask].to(valid.dtype) * base_batch(0, valid.shape[0], valid)).sum()
+
+
+def base_metrics(base_batch: BaseLossBatch | None, stats: GlobalStats) -> dict[str, Tensor]:
+    """The base loss's telemetry of one micro-batch, normalized by the step's valid tokens."""
+    return {} if base_batch is None else base_batch.metrics(stats.get(LABELS_KEY).num_tokens)
 
 
 def check_something_to_optimize(total: Tensor, terms: Mapping[str, TermResult], where: str) -> None:

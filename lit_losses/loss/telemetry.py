@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
-from lit_losses.aggregation import AggMode, StepSums, mode_denominator
+from lit_losses.aggregation import AggMode, StepSums, accumulation_factor, mode_denominator, window_ends
 from lit_losses.loss.context import LossOutput
 from lit_losses.regularizers import RegularizerSet, TermResult
 
@@ -27,7 +27,9 @@ class StepTelemetry(nn.Module):
     ``train/base_loss_weight``) and stores the nested `nested` dict:
     ``{loss_total, base_loss: {value, weight, custom}, regularizers: {name: {value, weight,
     contribution, custom, error[, grad_norm]}}, regularizer_total}`` with
-    ``loss_total = base_loss.weight × base_loss.value + regularizer_total``.
+    ``loss_total = base_loss.weight × base_loss.value + regularizer_total``; ``base_loss.custom`` holds
+    the base loss's telemetry (``train/base_loss/<name>``: ``clip_fraction``, ``ratio_mean``,
+    ``approx_kl``, ``advantage_mean``, …), exact means over the step's valid tokens.
 
     Example:
         >>> import torch
@@ -58,6 +60,14 @@ class StepTelemetry(nn.Module):
             {k: v * (squared if k.endswith("/grad_norm_sq") else share) for k, v in values.items()}
         )
         self.last_terms = terms
+
+    def record(self, module: Any, out: LossOutput, batch_idx: int) -> None:
+        """`update` with one training micro-batch of ``module`` (its share: ``loss_scale / (A × D)``) and,
+        when Lightning steps the optimizer after it, `log_step`."""
+        share = out.stats.loss_scale / accumulation_factor(module._trainer)
+        self.update(out.logged_values("train"), share, out.terms)
+        if window_ends(module._trainer, batch_idx):
+            self.log_step(module, getattr(module, "regularizer_set", None), module.global_step)
 
     def log_step(self, module: Any, regularizers: RegularizerSet | None, step: int) -> None:
         """`compute` and log the values with ``module.log`` (``train/loss_total`` on the progress bar)."""
@@ -111,9 +121,11 @@ def nested_telemetry(values: Mapping[str, Tensor], last_terms: Mapping[str, Term
         entry["error"] = get(f"{prefix}/error")
         regularizers[name] = entry
     base_weight = float(values["train/base_loss_weight"]) if "train/base_loss_weight" in values else 1.0
+    prefix = "train/base_loss/"
+    base_custom = {k.removeprefix(prefix): float(v) for k, v in values.items() if k.startswith(prefix)}
     return {
         "loss_total": get("train/loss_total"),
-        "base_loss": {"value": get("train/base_loss"), "weight": base_weight, "custom": {}},
+        "base_loss": {"value": get("train/base_loss"), "weight": base_weight, "custom": base_custom},
         "regularizer_total": get("train/regularizer_total"),
         "regularizers": regularizers,
     }
@@ -141,6 +153,13 @@ class ValidationTelemetry(nn.Module):
         super().__init__()
         self.loss_agg = loss_agg
         self.loss, self.loss_total = MeanMetric(), MeanMetric()
+
+    def record(self, module: Any, out: LossOutput) -> None:
+        """`update` with one validation micro-batch and log ``val/loss`` (on the progress bar) and
+        ``val/loss_total`` with ``module.log``, computed once per epoch."""
+        self.update(out)
+        module.log("val/loss", self.loss, prog_bar=True, on_step=False, on_epoch=True)
+        module.log("val/loss_total", self.loss_total, on_step=False, on_epoch=True)
 
     def update(self, out: LossOutput) -> None:
         """Add one validation micro-batch."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -23,6 +23,8 @@ class FusedTerms:
     returns ``base_loss_weight · base + Σ_i w_i · r_i`` restricted to them, with the same per-token
     aggregation weights as the general path; `finish` returns ``(base, regularizer_total, terms)``
     once the head has seen every chunk. For a `RegularizerSet` whose terms are `fusable`.
+    ``base = Σ_t base_weights_t · L_t`` with ``L_t = base_loss(start, end, logprobs)`` (a pointwise base
+    loss of `lit_losses.objectives`), or ``L_t = −log p_t`` (cross-entropy) without one.
     """
 
     def __init__(
@@ -34,17 +36,18 @@ class FusedTerms:
         step: int,
         base_weights: Tensor,
         base_loss_weight: float,
+        base_loss: Callable[[int, int, Tensor], Tensor] | None = None,
     ) -> None:
-        terms, default_agg = regularizers.terms, regularizers.default_agg
+        terms, default_agg, norm = regularizers.terms, regularizers.default_agg, regularizers.agg_norm
         self.terms, self.active = terms, regularizers.active()
         self.batch, self.stats, self.step = batch, stats, step
-        self.base_weights, self.base_loss_weight = base_weights, base_loss_weight
+        self.base_weights, self.base_loss_weight, self.base_loss = base_weights, base_loss_weight, base_loss
         segment_ids = batch_segment_ids(batch)
         dtype = base_weights.dtype
         self.weights = {
-            t.name: token_weights(mask, t.spec.agg or default_agg, stats.get(LABELS_KEY), segment_ids, dtype)[
-                mask
-            ]
+            t.name: token_weights(
+                mask, t.spec.agg or default_agg, stats.get(LABELS_KEY), segment_ids, dtype, norm
+            )[mask]
             for t in self.active
         }
         self.compact = {
@@ -60,7 +63,10 @@ class FusedTerms:
         chunk_mask = torch.ones(end - start, dtype=torch.bool, device=logprobs.device)
         head = HeadOutput(logprobs, lse, entropy)
         ctx = LossContext(chunk_batch, head, None, chunk_mask, self.stats, self.step, "train")
-        base = -(self.base_weights[start:end] * logprobs).sum()
+        if self.base_loss is None:  # cross-entropy: L = −log p
+            base = -(self.base_weights[start:end] * logprobs).sum()
+        else:
+            base = (self.base_weights[start:end] * self.base_loss(start, end, logprobs)).sum()
         self.base_sum += base.detach()
         loss = self.base_loss_weight * base
         for t in self.active:

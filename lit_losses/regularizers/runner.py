@@ -71,6 +71,8 @@ class RegularizerSet:
             seen.add(s.name)
         self.terms = {t.name: t for t in sorted((build_term(s) for s in specs), key=lambda t: t.name)}
         self.default_agg, self.grad_norm = default_agg, grad_norm
+        self.agg_norm: float | None = None
+        """The constant of ``seq-mean-token-sum-norm`` (set by the `Objective`: ``model.loss_agg_norm``)."""
         self.executors = executors if executors is not None else TermExecutors()
 
     # ---- introspection and run-time control ---------------------------------------------------
@@ -181,7 +183,9 @@ class RegularizerSet:
             if name not in by_name:
                 continue
             try:
-                value, result.custom = aggregate_output(t, by_name[name], ctx, self.default_agg)
+                value, result.custom = aggregate_output(
+                    t, by_name[name], ctx, self.default_agg, self.agg_norm
+                )
             except Exception as exc:
                 self._handle_error(t, exc)
                 result.error = 1.0
@@ -205,7 +209,7 @@ class RegularizerSet:
 
 
 def aggregate_output(
-    term: Term, out: Any, ctx: LossContext, default_agg: AggMode
+    term: Term, out: Any, ctx: LossContext, default_agg: AggMode, norm: float | None = None
 ) -> tuple[Tensor, dict[str, float]]:
     """A term's raw output (or exception) checked and aggregated: ``(value, custom metrics)``."""
     if isinstance(out, BaseException):
@@ -231,7 +235,7 @@ def aggregate_output(
     if scalar:
         value = scalar_value(out.reshape(()), term.spec.scalar, agg, ctx.stats.get_local(key), stats)
     else:
-        value = aggregate(out, mask, agg, stats, batch_segment_ids(ctx.batch), name=term.where)
+        value = aggregate(out, mask, agg, stats, batch_segment_ids(ctx.batch), name=term.where, norm=norm)
     return value.to(torch.promote_types(value.dtype, torch.float32)), custom
 
 

@@ -1,14 +1,18 @@
 """One optimizer step of the tiny LM over a fixed global batch of packed, variable-length micro-batches.
 
-Run as a script (``python tests/aggregation/ddp_step.py MODE LOADER OUT``) so that Lightning's DDP
-launcher can start the second process. ``LOADER``: ``full`` (one process, the global batch as one
+Run as a script (``python tests/aggregation/ddp_step.py MODE LOADER OUT [OBJECTIVE]``) so that Lightning's
+DDP launcher can start the second process. ``LOADER``: ``full`` (one process, the global batch as one
 micro-batch), ``global`` (2 DDP processes × 3 accumulated micro-batches, `GlobalStatsLoader`) or
 ``naive`` (the same split with a plain DataLoader: per-micro-batch normalization). Rank 0 saves the
 parameter gradients seen in ``on_before_optimizer_step`` and the logged ``train/loss_total``.
+``OBJECTIVE``: ``ce`` (cross-entropy, the default) or ``ppo`` (`RL_OBJECTIVE`: ``ppo`` + ``kl_reference`` +
+``entropy`` on micro-batches carrying the RL keys, `with_rl_inputs`); rank 0 then also saves the logged RL
+telemetry ``train/base_loss/<name>``.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 
 import lightning as L
@@ -19,6 +23,16 @@ from lit_losses import GlobalStatsLoader, TinyLM
 from lit_losses.data.packing import Pieces, collate_rows, pack_rows
 
 VOCAB, SEQ_LEN, RANKS, ACCUMULATE = 64, 16, 2, 3
+RL_KEYS = ("sampling_logprobs", "advantages", "sample_weights", "ref_logprobs")
+RL_OBJECTIVE = dict(
+    base_loss="ppo",
+    base_loss_args={"clip_low_threshold": 0.9, "clip_high_threshold": 1.1},
+    loss_agg_norm=float(SEQ_LEN),
+    regularizers=[
+        {"name": "kl_reference", "weight": 0.05},
+        {"name": "entropy", "weight": 0.01, "args": {"mode": "bonus"}},
+    ],
+)
 
 
 def micro_batches(n: int = RANKS * ACCUMULATE, seed: int = 0) -> list[dict]:
@@ -36,10 +50,32 @@ def micro_batches(n: int = RANKS * ACCUMULATE, seed: int = 0) -> list[dict]:
     return out
 
 
+def with_rl_inputs(batches: list[dict], seed: int = 1) -> list[dict]:
+    """``batches`` with the RL keys: sampling log-probabilities near the untrained model's (about
+    ``−log VOCAB``, so that PPO clips some tokens and not others), a per-sequence advantage and sample
+    weight broadcast over each (row, segment), reference log-probabilities; 0.0 where there is no label."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for b in batches:
+        valid = b["labels"] != -100
+        shape = valid.shape
+        seq = b["segment_ids"] + (SEQ_LEN + 1) * torch.arange(shape[0])[:, None]
+        n_seq = int(seq.max()) + 1
+        values = {
+            "sampling_logprobs": -math.log(VOCAB) + 0.2 * torch.randn(shape, generator=g),
+            "advantages": torch.randn(n_seq, generator=g)[seq],
+            "sample_weights": (0.5 + torch.rand(n_seq, generator=g))[seq],
+            "ref_logprobs": -math.log(VOCAB) + 0.2 * torch.randn(shape, generator=g),
+        }
+        out.append({**b, **{k: torch.where(valid, v, 0.0) for k, v in values.items()}})
+    return out
+
+
 def one_batch(batches: list[dict]) -> dict:
     """All rows of ``batches`` in one micro-batch, padded to the longest row."""
     width = max(b["labels"].shape[1] for b in batches)
     fill = {"input_ids": 0, "labels": -100, "segment_ids": 0, "position_ids": 0}
+    fill |= {key: 0.0 for key in RL_KEYS if key in batches[0]}
     return {
         key: torch.cat(
             [torch.nn.functional.pad(b[key], (0, width - b[key].shape[1]), value=v) for b in batches]
@@ -55,13 +91,16 @@ class CaptureFirstStep(L.Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if trainer.global_step == 0 and trainer.is_global_zero:
             grads = {n: p.grad.detach().clone() for n, p in pl_module.named_parameters()}
+            metrics = trainer.callback_metrics
+            telemetry = {k: float(v) for k, v in metrics.items() if k.startswith("train/base_loss/")}
             torch.save(
-                {"grads": grads, "loss": float(trainer.callback_metrics["train/loss_total"])}, self.path
+                {"grads": grads, "loss": float(metrics["train/loss_total"]), "telemetry": telemetry},
+                self.path,
             )
 
 
-def run(mode: str, loader: str, path: str) -> None:
-    batches = micro_batches()
+def run(mode: str, loader: str, path: str, objective: str = "ce") -> None:
+    batches = micro_batches() if objective == "ce" else with_rl_inputs(micro_batches())
     full = loader == "full"
     data = [one_batch(batches)] if full else batches
     if loader == "naive":
@@ -69,7 +108,9 @@ def run(mode: str, loader: str, path: str) -> None:
     else:
         train = GlobalStatsLoader(data, batch_size=None, shuffle=False)
     L.seed_everything(0, verbose=False)
-    model = TinyLM(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, loss_agg=mode, head_backend="chunked")
+    options = RL_OBJECTIVE if objective == "ppo" else {}
+    model = TinyLM(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, loss_agg=mode, head_backend="chunked",
+                   **options)  # fmt: skip
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1 if full else RANKS,
@@ -86,4 +127,4 @@ def run(mode: str, loader: str, path: str) -> None:
 
 
 if __name__ == "__main__":
-    run(*sys.argv[1:4])
+    run(*sys.argv[1:5])

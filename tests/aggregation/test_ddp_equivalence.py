@@ -14,8 +14,8 @@ from tests.aggregation import ddp_step
 SCRIPT = Path(ddp_step.__file__)
 
 
-def run_ddp(mode: str, loader: str, out: Path) -> dict:
-    cmd = [sys.executable, str(SCRIPT), mode, loader, str(out)]
+def run_ddp(mode: str, loader: str, out: Path, objective: str = "ce") -> dict:
+    cmd = [sys.executable, str(SCRIPT), mode, loader, str(out), objective]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=SCRIPT.parents[2])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out)
@@ -45,3 +45,22 @@ def test_ddp_accumulated_step_equals_the_full_batch_step(tmp_path, mode):
     # per-micro-batch normalization (the naive approach) is caught by the same comparison
     assert max_relative_error(naive["grads"], reference["grads"]) > 1e-3
     assert abs(naive["loss"] - reference["loss"]) > 1e-4 * abs(reference["loss"])
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_ddp_ppo_step_equals_the_single_process_step(tmp_path):
+    """``ppo`` + ``kl_reference`` + ``entropy`` in ``seq-mean-token-sum-norm`` with per-sequence weights:
+    2 DDP processes × 3 accumulated micro-batches take the gradient, the loss and the RL telemetry of one
+    process over the global batch."""
+    mode = "seq-mean-token-sum-norm"
+    ddp_step.run(mode, "full", str(tmp_path / "full.pt"), "ppo")
+    reference = torch.load(tmp_path / "full.pt")
+    exact = run_ddp(mode, "global", tmp_path / "global.pt", "ppo")
+
+    assert max_relative_error(exact["grads"], reference["grads"]) < 1e-5
+    assert exact["loss"] == pytest.approx(reference["loss"], rel=1e-6)
+    keys = {f"train/base_loss/{k}" for k in ("clip_fraction", "ratio_mean", "approx_kl", "advantage_mean")}
+    assert keys <= set(reference["telemetry"])
+    assert 0.05 < reference["telemetry"]["train/base_loss/clip_fraction"] < 0.95  # PPO clips some tokens
+    assert exact["telemetry"] == pytest.approx(reference["telemetry"], rel=1e-5, abs=1e-7)

@@ -13,10 +13,15 @@ from lit_losses.aggregation import (
     aggregate,
     count_masks,
     reweight_mean,
+    sequence_ids,
     sum_counts,
 )
+from lit_losses.heads import FusedLMHead
+from lit_losses.loss.objective import Objective
+from lit_losses.regularizers import RegularizerSet
 
 V, F = 5, 3
+NORM = 6.0  # the constant C of seq-mean-token-sum-norm
 
 
 @st.composite
@@ -68,7 +73,7 @@ def micro_loss(batch: dict, weight: torch.Tensor, mode: str, stats: GlobalStats)
     mask = batch["labels"] != -100
     logp = torch.log_softmax(batch["x"] @ weight, dim=-1)
     nll = -logp.gather(-1, batch["labels"].clamp_min(0)[..., None])[..., 0]
-    loss = aggregate(nll, mask, mode, stats.get("labels"), batch["segment_ids"])
+    loss = aggregate(nll, mask, mode, stats.get("labels"), batch["segment_ids"], norm=NORM)
     # a scalar term: the mean over this micro-batch's valid units, re-weighted by their global share
     local = stats.get_local("labels")
     units = local.num_tokens if mode.startswith("token") else local.num_sequences
@@ -154,3 +159,99 @@ def test_bad_inputs_name_the_mode_the_key_and_the_shapes():
         count_masks({"labels": torch.ones(2, 3, dtype=torch.long)}, ("labels", "loss_mask"))
     with pytest.raises(KeyError, match="ref_mask"):
         GlobalStats(count_masks({"labels": torch.ones(2, 3, dtype=torch.long)})).get("ref_mask")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Every base loss (lit_losses.objectives) with kl_reference + entropy, every mode, per-sequence weights:
+# the real `Objective` on D ranks × A micro-batches equals one call on the global batch.
+# ---------------------------------------------------------------------------------------------------
+BASE_LOSS_ARGS = {
+    "cross_entropy": {},
+    "importance_sampling": {},
+    "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    "cispo": {"clip_low_threshold": 0.5, "clip_high_threshold": 1.5},
+    "dro": {"beta": 0.3},
+}
+RL_FLOAT_KEYS = ("sampling_logprobs", "advantages", "loss_weights", "sample_weights", "ref_logprobs")
+
+
+@st.composite
+def rl_micro_batch(draw, packing: bool, weighted: bool) -> dict:
+    """`micro_batch` plus the RL contract's per-token keys (0.0 at ignored positions); the sample weights
+    are one value per sequence (a (row, segment) pair), stored per token."""
+    batch = draw(micro_batch(packing))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    mask = batch["labels"] != -100
+    shape = mask.shape
+
+    def per_token(values: torch.Tensor) -> torch.Tensor:
+        return torch.where(mask, values, torch.zeros_like(values))
+
+    batch["sampling_logprobs"] = per_token(-torch.rand(shape, generator=g, dtype=torch.float64) * 3 - 0.05)
+    batch["advantages"] = per_token(torch.randn(shape, generator=g, dtype=torch.float64))
+    batch["ref_logprobs"] = per_token(-torch.rand(shape, generator=g, dtype=torch.float64) * 3 - 0.05)
+    if weighted:
+        batch["loss_weights"] = per_token(torch.rand(shape, generator=g, dtype=torch.float64) + 0.5)
+        ids = sequence_ids(mask, batch["segment_ids"])
+        per_sequence = torch.rand(int(ids.max()) + 1, generator=g, dtype=torch.float64) * 2
+        batch["sample_weights"] = per_token(per_sequence[ids])
+    return batch
+
+
+def concat_rl(batches: list[dict]) -> dict:
+    out = concat(batches)
+    width = out["labels"].shape[1]
+    for key in RL_FLOAT_KEYS:
+        if key in batches[0]:
+            rows = [torch.nn.functional.pad(b[key], (0, width - b[key].shape[1])) for b in batches]
+            out[key] = torch.cat(rows)
+    return out
+
+
+def objective_loss(batch: dict, weight: torch.Tensor, objective: Objective, stats: GlobalStats):
+    head = FusedLMHead(weight.T, backend="chunked", chunk_size=4)  # several chunks per micro-batch
+    return objective(head, batch["x"], batch, stats, step=0, stage="train").total
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), ranks=st.integers(1, 3), accumulate=st.integers(1, 3), packing=st.booleans())
+@pytest.mark.parametrize("base_loss", sorted(BASE_LOSS_ARGS))
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_every_base_loss_split_into_ranks_and_micro_batches_equals_the_full_batch(
+    data, ranks, accumulate, packing, mode, base_loss
+):
+    weighted = data.draw(st.booleans(), label="sample and loss weights")
+    window = data.draw(st.integers(1, accumulate), label="window")
+    grid = [[data.draw(rl_micro_batch(packing, weighted)) for _ in range(window)] for _ in range(ranks)]
+    terms = [
+        {"name": "kl_reference", "weight": 0.1},
+        {"name": "entropy", "weight": 0.01, "args": {"mode": "bonus"}},
+    ]
+    objective = Objective(
+        RegularizerSet(terms, default_agg=mode), mode, base_loss=base_loss,
+        base_loss_args=BASE_LOSS_ARGS[base_loss], loss_agg_norm=NORM,
+    )  # fmt: skip
+    assert objective.path("train", objective.head_outputs_needed()) == "fused"
+    weight = torch.randn(
+        F, V, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True
+    )
+
+    local = [[count_masks(b) for b in row] for row in grid]
+    totals = sum_counts(c for row in local for c in row)
+    combined = 0.0
+    for d in range(ranks):
+        for a, batch in enumerate(grid[d]):
+            stats = GlobalStats(
+                totals, loss_scale=accumulate * ranks, local=local[d][a], position=a, window=window
+            )
+            loss = objective_loss(batch, weight, objective, stats)
+            combined = combined + loss * stats.loss_scale / accumulate / ranks  # Lightning ÷A, DDP ÷D
+    (grad,) = torch.autograd.grad(combined, weight)
+
+    full = concat_rl([b for row in grid for b in row])
+    reference = objective_loss(full, weight, objective, GlobalStats.local_only(full))
+    (ref_grad,) = torch.autograd.grad(reference, weight)
+
+    assert torch.isfinite(reference)
+    torch.testing.assert_close(combined, reference, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-10)

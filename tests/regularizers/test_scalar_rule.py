@@ -9,6 +9,7 @@ from lit_losses.aggregation import AGG_MODES, GlobalStats, count_masks
 from tests.helpers import EmbeddingLM, random_batch
 
 TOL = dict(rtol=1e-12, atol=1e-12)
+NORM = 7.0  # the constant C of seq-mean-token-sum-norm (model.loss_agg_norm)
 
 
 def per_mode(mode: str):
@@ -22,6 +23,8 @@ def per_mode(mode: str):
             value = torch.cat(seqs).sum()
         elif mode == "seq-mean-token-sum":
             value = torch.stack([s.sum() for s in seqs]).mean()
+        elif mode == "seq-mean-token-sum-norm":
+            value = torch.stack([s.sum() for s in seqs]).mean() / NORM
         else:
             value = torch.stack([s.mean() for s in seqs]).mean()
         return value, {}
@@ -32,7 +35,9 @@ def per_mode(mode: str):
 def model_for(mode: str, rule: str) -> EmbeddingLM:
     torch.manual_seed(0)
     spec = {"name": "r", "fn": per_mode(mode), "agg": mode, "scalar": rule}
-    return EmbeddingLM(regularizers=[spec], loss_agg=mode, head_backend="chunked").double()
+    norm = NORM if mode == "seq-mean-token-sum-norm" else None
+    model = EmbeddingLM(regularizers=[spec], loss_agg=mode, head_backend="chunked", loss_agg_norm=norm)
+    return model.double()
 
 
 def micro_batches(batch: dict, splits=((0, 1), (1, 4))) -> list[dict]:
@@ -61,6 +66,8 @@ def by_hand(model: EmbeddingLM, batch: dict, mode: str) -> torch.Tensor:
         return torch.cat(rows).sum()
     if mode == "seq-mean-token-sum":
         return torch.stack([s.sum() for s in rows]).mean()
+    if mode == "seq-mean-token-sum-norm":
+        return torch.stack([s.sum() for s in rows]).mean() / NORM
     return torch.stack([s.mean() for s in rows]).mean()
 
 

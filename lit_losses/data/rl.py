@@ -1,0 +1,155 @@
+"""`RLDataModule`: offline RL records (JSONL) → packed micro-batches carrying the RL batch keys."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lit_losses.data.packing import MicroBatchDataset, Pieces
+from lit_losses.data.rl_records import RLRow, complete_fields, parse_records, read_jsonl
+from lit_losses.data.text import TextDataModule
+from lit_losses.data.tokenizer import MIN_VOCAB_SIZE
+from lit_losses.errors import ConfigError
+
+
+def rows_dataset(
+    rows: list[RLRow], seq_len: int, tokens_per_batch: int, packing: bool = True, pad_id: int = 0
+) -> MicroBatchDataset:
+    """Micro-batches of RL rows: each row one piece (never split), packed and batched as text is."""
+    pieces = Pieces.from_sequences(
+        [row.input_ids for row in rows],
+        [row.labels for row in rows],
+        {name: [row.fields[name] for row in rows] for name in (rows[0].fields if rows else {})},
+    )
+    return MicroBatchDataset(pieces, seq_len, tokens_per_batch, packing, pad_id)
+
+
+def rl_dataset(
+    records: Iterable[Mapping[str, Any]],
+    seq_len: int,
+    tokens_per_batch: int,
+    vocab_size: int | None = None,
+    packing: bool = True,
+    pad_id: int = 0,
+) -> MicroBatchDataset:
+    """Micro-batches of in-memory records (`lit_losses.data.rl_records` forms), in the order given.
+
+    Item ``i`` is a whole micro-batch: serve it with ``GlobalStatsLoader(dataset, batch_size=None)``.
+    Errors name ``records[i]`` and the field.
+
+    Example:
+        >>> records = [{"tokens": [1, 2, 3], "logprobs": [None, -0.5, -1.0], "advantage": 1.0},
+        ...            {"tokens": [4, 5], "logprobs": [None, -2.0], "advantage": -1.0, "sample_weight": 0.5}]
+        >>> batch = rl_dataset(records, seq_len=4, tokens_per_batch=8)[0]
+        >>> batch["labels"].tolist(), batch["segment_ids"].tolist()
+        ([[2, 3, 5]], [[1, 1, 2]])
+        >>> batch["advantages"].tolist(), batch["sample_weights"].tolist()
+        ([[1.0, 1.0, -1.0]], [[1.0, 1.0, 0.5]])
+    """
+    rows = complete_fields(parse_records(records, vocab_size, seq_len))
+    return rows_dataset(rows, seq_len, tokens_per_batch, packing, pad_id)
+
+
+class RLDataModule(TextDataModule):
+    """Offline RL data: JSONL records of sampled completions → packed micro-batches of the RL batch contract.
+
+    Each line of the ``paths`` files is one record, in the flat form (``tokens``, ``logprobs``,
+    ``advantage``/``advantages``, optional ``completion_mask``/``weights``, ``ref_logprobs``,
+    ``sample_weight``) or Tinker's Datum form (``model_input``, ``loss_fn_inputs``); see
+    `lit_losses.data.rl_records`. A record becomes one next-token row (inputs ``tokens[:-1]``, targets
+    ``tokens[1:]``, ``-100`` where there is no completion token) with the float ``[B, T]`` keys
+    ``sampling_logprobs``, ``advantages`` and, when the data has them, ``loss_weights``,
+    ``sample_weights``, ``ref_logprobs`` (0.0 where there is no target). Records are read and checked
+    at ``setup`` (every error names ``file:line`` and the field), shuffled with ``seed``, split into
+    train/validation, then packed (a record is never split: one longer than ``seq_len`` is an error) into
+    micro-batches of at most ``tokens_per_batch`` tokens. The training loader is a `GlobalStatsLoader`
+    whose epoch order is a seeded permutation sharded over the data-parallel ranks, as `TextDataModule`'s.
+
+    Args:
+        paths: JSONL file globs (required; e.g. ``data/rollouts.jsonl``, which
+            ``python -m lit_losses.data.rollouts`` writes).
+        vocab_size: the model's vocabulary size (linked to ``model.init_args.vocab_size`` by the CLI);
+            every token id must be below it.
+        seq_len: longest row, in tokens: a record holds at most ``seq_len + 1`` tokens.
+        tokens_per_batch: token budget of a micro-batch (rows × longest row, ≥ ``seq_len``).
+        packing: pack several records per row (else one record per row).
+        val_fraction: fraction of records held out for validation.
+        max_records: use only the first records (after the seeded shuffle); ``None``: all.
+        seed: seed of the record shuffle and of each epoch's micro-batch order.
+        pad_id: input token id at padding positions (no target, segment 0).
+        num_workers: DataLoader workers.
+
+    Example:
+        >>> import json, pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "rollouts.jsonl"
+        >>> records = [{"tokens": [2, 5, 6, 1], "logprobs": [None, None, -1.5, -0.25], "advantage": 0.5},
+        ...            {"tokens": [2, 7, 1], "logprobs": [None, -2.5, -0.125], "advantage": -0.5}]
+        >>> _ = path.write_text("".join(json.dumps(r) + "\\n" for r in records))
+        >>> data = RLDataModule(paths=[str(path)], vocab_size=8, seq_len=5, tokens_per_batch=10)
+        >>> data.setup("fit")
+        >>> batch = data.train_set[0]
+        >>> sorted(batch)
+        ['advantages', 'input_ids', 'labels', 'position_ids', 'sampling_logprobs', 'segment_ids']
+        >>> batch["labels"].tolist(), batch["sampling_logprobs"].tolist()
+        ([[-100, 6, 1, 7, 1]], [[0.0, -1.5, -0.25, -2.5, -0.125]])
+    """
+
+    def __init__(
+        self,
+        paths: list[str] | None = None,
+        vocab_size: int = 32,
+        seq_len: int = 128,
+        tokens_per_batch: int = 1024,
+        packing: bool = True,
+        val_fraction: float = 0.0,
+        max_records: int | None = None,
+        seed: int = 0,
+        pad_id: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        if not paths:
+            raise ConfigError(
+                "data.paths: give the JSONL files of RL records (e.g. data/rollouts.jsonl, written by "
+                "python -m lit_losses.data.rollouts)"
+            )
+        if vocab_size < 1:
+            raise ConfigError(f"data.vocab_size={vocab_size} must be >= 1")
+        if not 0 <= pad_id < vocab_size:
+            raise ConfigError(
+                f"data.pad_id={pad_id} must be a token id in [0, {vocab_size}) (data.vocab_size)"
+            )
+        if max_records is not None and max_records < 1:
+            raise ConfigError(f"data.max_records={max_records} must be >= 1")
+        # the parent's lower bound on vocab_size is its byte-level BPE's; records carry their token ids
+        super().__init__(paths=paths, vocab_size=max(vocab_size, MIN_VOCAB_SIZE), seq_len=seq_len,
+                         tokens_per_batch=tokens_per_batch, packing=packing, val_fraction=val_fraction,
+                         seed=seed, num_workers=num_workers)  # fmt: skip
+        self.hparams.clear()  # the parent saved its text options; these are this class's
+        self.save_hyperparameters()
+        self.vocab_size, self.max_records, self.pad_id = vocab_size, max_records, pad_id
+
+    def prepare_data(self) -> None:
+        """Nothing to prepare: records are already tokenized."""
+
+    def read_rows(self) -> list[RLRow]:
+        """Every record of ``paths`` as a row, checked, shuffled with ``seed``, cut to ``max_records``."""
+        rows = [row for src in self.sources for row in read_jsonl(src, self.vocab_size, self.seq_len)]
+        if not rows:
+            raise ConfigError(
+                f"data.paths: no record in {len(self.sources)} file(s) ({', '.join(self.sources)})"
+            )
+        rows = complete_fields(rows)
+        random.Random(self.seed).shuffle(rows)
+        return rows[: self.max_records] if self.max_records else rows
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        train_rows, val_rows = self._split(self.read_rows())
+
+        def build(rows: list[RLRow]) -> MicroBatchDataset:
+            return rows_dataset(rows, self.seq_len, self.tokens_per_batch, self.packing, self.pad_id)
+
+        self.train_set = build(train_rows)
+        self.val_set = build(val_rows) if val_rows else None

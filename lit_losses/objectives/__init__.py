@@ -1,0 +1,42 @@
+"""Base losses by name: Tinker's loss types as per-token functions of the current log-probability.
+
+`registry` (`register_base_loss`, `BASE_LOSSES`, `BaseLoss`: a function ``fn(logprobs, inputs,
+**params)`` and the batch keys it reads) → `builtins` (``cross_entropy``, ``importance_sampling``,
+``ppo``, ``cispo``, ``dro``) → `bound` (`BoundBaseLoss`: a base loss with checked parameters, the
+``model.base_loss`` / ``model.base_loss_args`` options; `BaseLossBatch`: bound to one micro-batch, with
+its RL telemetry); `inputs` names and checks the batch keys of RL micro-batches. `lit_losses.loss.objective`
+runs a base loss on the head's fused pointwise path (gradients in forward) or on the general path.
+"""
+
+from lit_losses.objectives import builtins
+from lit_losses.objectives.bound import TELEMETRY, BaseLossBatch, BoundBaseLoss
+from lit_losses.objectives.builtins import BaseLossName
+from lit_losses.objectives.inputs import (
+    ADVANTAGES,
+    LOSS_WEIGHTS,
+    REF_LOGPROBS,
+    RL_KEYS,
+    SAMPLE_WEIGHTS,
+    SAMPLING_LOGPROBS,
+    token_values,
+)
+from lit_losses.objectives.registry import BASE_LOSSES, BaseLoss, BaseLossArgError, register_base_loss
+
+__all__ = [
+    "ADVANTAGES",
+    "BASE_LOSSES",
+    "LOSS_WEIGHTS",
+    "REF_LOGPROBS",
+    "RL_KEYS",
+    "SAMPLE_WEIGHTS",
+    "SAMPLING_LOGPROBS",
+    "TELEMETRY",
+    "BaseLoss",
+    "BaseLossArgError",
+    "BaseLossBatch",
+    "BaseLossName",
+    "BoundBaseLoss",
+    "builtins",
+    "register_base_loss",
+    "token_values",
+]

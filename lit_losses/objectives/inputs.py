@@ -1,0 +1,83 @@
+"""The batch keys of RL objectives and their checks: per-token float tensors aligned with ``labels``.
+
+Position ``t`` of each describes the target ``labels[b, t]`` (0.0 where ``labels`` is ``ignore_index``):
+
+==================  ==========================================================================
+key                 meaning
+==================  ==========================================================================
+sampling_logprobs   ``log q(y_t)``: the log-probability of the label under the policy that sampled
+                    it (Tinker's ``logprobs``)
+advantages          ``A_t``: per-token advantage (a sequence's advantage broadcast over its tokens)
+loss_weights        optional, Tinker's per-token ``weights`` (absent: 1 at every valid position)
+sample_weights      optional, the per-sequence weight of ROLL's ``agg_loss(..., weights=)``, stored
+                    per token (constant over a sequence's tokens, so that packing keeps it)
+ref_logprobs        optional, reference-policy log-probabilities (the ``kl_reference`` regularizer)
+==================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+SAMPLING_LOGPROBS = "sampling_logprobs"
+ADVANTAGES = "advantages"
+LOSS_WEIGHTS = "loss_weights"
+SAMPLE_WEIGHTS = "sample_weights"
+REF_LOGPROBS = "ref_logprobs"
+RL_KEYS = (SAMPLING_LOGPROBS, ADVANTAGES, LOSS_WEIGHTS, SAMPLE_WEIGHTS, REF_LOGPROBS)
+"""The per-token float keys of an RL micro-batch (padded with 0.0, packed like ``labels``)."""
+
+
+def token_values(batch: Mapping[str, Any], key: str, mask: Tensor, reader: str) -> Tensor:
+    """``batch[key]`` checked as a per-token tensor aligned with ``labels`` (``mask``'s shape), finite at
+    every valid position.
+
+    Args:
+        batch: the micro-batch.
+        key: the batch key.
+        mask: ``labels != ignore_index`` ``[B, T]``.
+        reader: who reads it, for messages (``"base loss 'ppo'"``).
+
+    Raises:
+        KeyError: the key is missing (the message names it, ``reader`` and the keys the batch has).
+        ValueError: not a real-valued tensor, a shape other than ``labels``'s (both shapes named), or a
+            NaN/Inf at a position with a label.
+
+    Example:
+        >>> import torch
+        >>> mask = torch.tensor([[True, False]])
+        >>> token_values({"advantages": torch.tensor([[0.5, float("nan")]])}, "advantages", mask, "ppo")
+        tensor([[0.5000,    nan]])
+        >>> token_values({"labels": mask}, "advantages", mask, "base loss 'ppo'")
+        Traceback (most recent call last):
+        ...
+        KeyError: "base loss 'ppo' reads batch key 'advantages', which is missing; the batch has keys [...]"
+    """
+    if key not in batch:
+        raise KeyError(
+            f"{reader} reads batch key {key!r}, which is missing; the batch has keys {sorted(batch)}"
+        )
+    value = batch[key]
+    if not isinstance(value, Tensor) or value.is_complex() or value.dtype == torch.bool:
+        got = f"dtype {value.dtype}" if isinstance(value, Tensor) else type(value).__name__
+        raise ValueError(f"batch[{key!r}] read by {reader} must be a real-valued [B, T] tensor, got {got}")
+    if value.shape != mask.shape:
+        raise ValueError(
+            f"batch[{key!r}] has shape {tuple(value.shape)} but batch['labels'] has shape "
+            f"{tuple(mask.shape)}; {reader} reads one value per label"
+        )
+    if not bool(torch.isfinite(value[mask]).all()):
+        bad = int((~torch.isfinite(value[mask])).sum())
+        raise ValueError(
+            f"batch[{key!r}] holds {bad} non-finite value(s) (NaN/Inf) at positions with a label"
+        )
+    return value
+
+
+def valid_values(batch: Mapping[str, Any], key: str, mask: Tensor, reader: str, dtype: torch.dtype) -> Tensor:
+    """`token_values` at the valid positions, row-major (the fused head's token order), in ``dtype``."""
+    return token_values(batch, key, mask, reader)[mask].to(dtype)
