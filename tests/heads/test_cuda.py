@@ -95,9 +95,9 @@ def test_auto_takes_liger_for_uniform_plain_ce_and_chunked_otherwise(monkeypatch
     not liger_available(), reason="needs the [liger] extra"))])  # fmt: skip
 def test_bf16_mixed_on_cuda_multiplies_bf16_operands_with_fp32_products(backend):
     """``bf16-mixed`` (fp32 weight and hidden, autocast on): the default ``matmul_precision="auto"`` hands
-    the matmuls bf16 operands (tensor cores) and the chunked kernel keeps their products in fp32
-    (``torch.mm(..., out_dtype=float32)``): the loss and gradients are those of fp32 logits of the
-    bf16-rounded operands."""
+    the matmuls bf16 operands (tensor cores); the chunked kernel keeps their products in fp32
+    (``torch.mm(..., out_dtype=float32)``), Liger's kernel rounds them to bf16 (its own design): the loss
+    and gradients are those of the cross-entropy of these logits of the bf16-rounded operands."""
     hidden, weight, _, targets = problem()
     w = 1.0 / int((targets != -100).sum())
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -106,7 +106,10 @@ def test_bf16_mixed_on_cuda_multiplies_bf16_operands_with_fp32_products(backend)
     assert loss.dtype == grads[0].dtype == grads[1].dtype == torch.float32
     h16, w16 = (x.detach().bfloat16().float().requires_grad_() for x in (hidden, weight))
     valid = targets != -100
-    ref = F.cross_entropy((h16 @ w16.T)[valid], targets[valid])  # fp32 logits of the bf16 operands
+    logits = h16 @ w16.T  # fp32 products of the bf16 operands
+    if backend == "liger":
+        logits = logits + (logits.detach().bfloat16().float() - logits.detach())  # rounded, same gradient
+    ref = F.cross_entropy(logits[valid], targets[valid])
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
     for g, r in zip(grads, torch.autograd.grad(ref, (h16, w16)), strict=True):
         torch.testing.assert_close(g / r.abs().max(), r / r.abs().max(), rtol=0, atol=1e-2)
