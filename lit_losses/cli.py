@@ -1,8 +1,9 @@
 """``lit-losses``: the LightningCLI entry point (``fit``, ``validate``, ``predict``, ``test``).
 
 The model is any `RegularizedLM` subclass (``model.class_path``, e.g. `lit_losses.TinyLM`); the data
-is any LightningDataModule (``data.class_path``, e.g. `lit_losses.TextDataModule`). With a data module
-that has a ``vocab_size`` (as `TextDataModule`), it is linked to ``model.init_args.vocab_size``.
+is a `TextDataModule` or a subclass (``data.class_path``: `lit_losses.TextDataModule`,
+`lit_losses.data.RLDataModule`, `lit_losses.data.hf_text.HFTextDataModule`), whose ``vocab_size`` is
+linked to ``model.init_args.vocab_size``.
 Closed options are typed as ``Literal`` so that ``--help`` lists their choices. Every configuration
 error, whether jsonargparse's, a `ConfigError` raised while building or training, or Lightning refusing a
 trainer option before the run started (`lit_losses.trainer_errors`), is reported as one

@@ -7,7 +7,9 @@ import warnings
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.utilities.rank_zero import WarningCache
 
+import lit_losses.module
 from lit_losses import GlobalStatsLoader, TinyLM
 from lit_losses.aggregation import GLOBAL_STATS_KEY, GlobalStats, count_masks, sum_counts
 from lit_losses.errors import ConfigError
@@ -119,7 +121,9 @@ def test_a_step_without_valid_labels_has_zero_loss_and_zero_gradients():
     assert all(torch.equal(g, torch.zeros_like(g)) for g in record.grads[0])
 
 
-def test_plain_loader_with_accumulation_warns_about_local_normalization():
+def test_plain_loader_with_accumulation_warns_about_local_normalization(monkeypatch):
+    # the warning is given once per process: start from a fresh cache whatever ran before
+    monkeypatch.setattr(lit_losses.module, "_WARNINGS", WarningCache())
     model = tiny_model()
     trainer = quiet_trainer(max_steps=1, accumulate_grad_batches=2)
     with pytest.warns(UserWarning, match="normalized by its own counts"):
