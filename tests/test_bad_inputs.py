@@ -881,7 +881,7 @@ def _hf(tmp_path: Path, files: tuple[tuple[str, str | bytes], ...] = TOKENIZER, 
     HFTextDataModule(str(tmp_path / "tok"), val_fraction=0.0, cache_dir=str(tmp_path), **options).setup("fit")
 
 
-def _unreadable(tmp_path: Path) -> None:
+def _unreadable(tmp_path: Path, hf: bool = True) -> None:
     """A corpus file that cannot be read (as root, chmod does not stop a read: the read is made to fail)."""
     read_bytes = Path.read_bytes
 
@@ -891,7 +891,11 @@ def _unreadable(tmp_path: Path) -> None:
         return read_bytes(path)
 
     with mock.patch.object(Path, "read_bytes", denied):
-        _hf(tmp_path, (*TOKENIZER, ("locked.jsonl", '{"text": "the fox"}\n')))
+        if hf:
+            _hf(tmp_path, (*TOKENIZER, ("locked.jsonl", '{"text": "the fox"}\n')))
+            return
+        (tmp_path / "locked.jsonl").write_text('{"text": "the fox"}\n')
+        TextDataModule(paths=[str(tmp_path / "*.jsonl")], cache_dir=str(tmp_path)).prepare_data()
 
 
 def keyword_scaled(ctx, *, scale: float):
@@ -968,6 +972,13 @@ PY_CASES += [
         "hf_file_unreadable",
         "file",
         _unreadable,
+        ConfigError,
+        "locked.jsonl cannot be read (Permission denied)",
+    ),
+    ApiCase(
+        "text_file_unreadable",
+        "file",
+        lambda p: _unreadable(p, hf=False),
         ConfigError,
         "locked.jsonl cannot be read (Permission denied)",
     ),

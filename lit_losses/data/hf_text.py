@@ -194,15 +194,6 @@ class HFTextDataModule(TextDataModule):
     def prepare_data(self) -> None:
         """Nothing to prepare: the tokenizer is already trained."""
 
-    def _read_documents(self) -> list[str]:
-        """The corpus (`TextDataModule`'s reading); a file that cannot be read is named in the error."""
-        try:
-            return super()._read_documents()
-        except OSError as err:  # e.g. permission denied, or removed since the paths were resolved
-            raise ConfigError(
-                f"data.init_args.paths: {err.filename or '?'} cannot be read ({err.strerror or err})"
-            ) from None
-
     def encode(self, documents: Sequence[str]) -> list[list[int]]:
         """Token ids of each document (with the tokenizer's special tokens and EOS, as configured)."""
         tok = self.hf_tokenizer

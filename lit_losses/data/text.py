@@ -39,8 +39,12 @@ def default_cache_dir() -> Path:
 
 
 def read_text_file(src: str) -> str:
-    """The UTF-8 text of a corpus file; a binary or undecodable file is a `ConfigError` naming it."""
-    data = Path(src).read_bytes()
+    """The UTF-8 text of a corpus file; an unreadable, binary or undecodable file is a `ConfigError` naming
+    it."""
+    try:
+        data = Path(src).read_bytes()
+    except OSError as err:  # e.g. permission denied, or removed since the paths were resolved
+        raise ConfigError(f"data.paths: {src} cannot be read ({err.strerror or err})") from None
     if b"\x00" in data[:8192]:
         raise ConfigError(f"data.paths: {src} is a binary file (it holds NUL bytes), not UTF-8 text")
     try:
