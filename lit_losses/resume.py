@@ -28,6 +28,10 @@ RUN_OPTIONS = ("head_backend", "head_chunk_size", "loss_agg", "optimizer", "igno
                "loss_agg_norm")  # fmt: skip
 """`RegularizedLM`'s own arguments: what a resumed run may change (the others are the architecture)."""
 
+#: Options added after the first release, with their defaults: a checkpoint written before they existed
+#: trained with these values, so their absence from it is no change.
+ADDED_OPTION_DEFAULTS = {"base_loss": "cross_entropy", "base_loss_args": None, "loss_agg_norm": None}
+
 ARCHITECTURE_HINT = (
     "the model's architecture cannot change when resuming: give the checkpointed run's options (its "
     "config.yaml), or load the weights into a new run instead of resuming"
@@ -116,6 +120,8 @@ def option_changes(
         if key.startswith("_"):
             continue
         before, after = saved.get(key, _ABSENT), given.get(key, _ABSENT)
+        if before is _ABSENT and key in ADDED_OPTION_DEFAULTS and _same(after, ADDED_OPTION_DEFAULTS[key]):
+            continue  # a checkpoint from before the option existed, resumed with its default
         if before is not _ABSENT:
             before = _canonical(key, before)
         if after is not _ABSENT:

@@ -12,7 +12,8 @@ import torch
 from lightning.pytorch.loggers.logger import Logger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_losses import RegularizerSpec, TextDataModule, TinyLM, TrainingController
+from lit_losses import RegularizedLM, RegularizerSpec, TextDataModule, TinyLM, TrainingController
+from lit_losses.resume import ADDED_OPTION_DEFAULTS, option_changes
 from tests.helpers import LossRecorder, quiet_trainer, seed, tiny_setup
 
 REPO = Path(__file__).resolve().parents[1]
@@ -269,3 +270,17 @@ def test_resuming_with_another_architecture_is_refused(tmp_path):
             GlobalStatsLoader(micro_batches(), batch_size=None),
             ckpt_path=str(tmp_path / "last.ckpt"),
         )
+
+
+def test_options_added_since_a_checkpoint_are_no_change_at_their_defaults():
+    """A checkpoint written before ``base_loss``/``base_loss_args``/``loss_agg_norm`` existed trained with
+    their defaults: resuming it with them is silent; with another value it is a change."""
+    import inspect
+
+    defaults = inspect.signature(RegularizedLM.__init__).parameters
+    assert {k: defaults[k].default for k in ADDED_OPTION_DEFAULTS} == ADDED_OPTION_DEFAULTS
+    saved = {"d_model": 32, "loss_agg": "token-mean"}
+    given = {**saved, "base_loss": "cross_entropy", "base_loss_args": None, "loss_agg_norm": None}
+    assert option_changes(saved, given) == []
+    changes = option_changes(saved, {**given, "base_loss": "ppo"})
+    assert [str(c) for c in changes] == ["model.init_args.base_loss: added ('ppo')"]
