@@ -22,6 +22,7 @@ from typing import Any, Literal, NoReturn
 
 import torch
 import yaml
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
@@ -226,12 +227,20 @@ def check_run_dir(sub: str | None, config: Any, trainer: Any) -> None:
     if trainer.get("logger") is not False or trainer.get("enable_checkpointing") is False:
         return
     root = Path(trainer.get("default_root_dir") or ".")
+    if slurm_requeue(root):
+        return
     if any((root / "checkpoints").glob("*.ckpt")):
         raise ConfigError(
             f"trainer.default_root_dir={str(root)!r} already holds another run's checkpoints in "
             f"{root / 'checkpoints'}; choose a new folder, resume with --ckpt_path, "
             "or pass --reuse_run_dir=true"
         )
+
+
+def slurm_requeue(root: Path) -> bool:
+    """Whether this is a SLURM job that Lightning resumes by itself from ``root``'s ``hpc_ckpt_*.ckpt``
+    (an auto-requeued job: the same folder, no ``--ckpt_path``), which is no second run."""
+    return SLURMEnvironment.detect() and any(root.glob("hpc_ckpt_*.ckpt"))
 
 
 def claim_run_dir(cli: LitLossesCLI) -> None:
@@ -258,6 +267,7 @@ def claim_run_dir(cli: LitLossesCLI) -> None:
         if not is_global_zero() or trainer.log_dir is None:  # no folder: Lightning's own error follows
             continue
         reuse = sub != "fit" or bool(config.get("ckpt_path")) or bool(config.get("reuse_run_dir"))
+        reuse = reuse or slurm_requeue(Path(trainer.default_root_dir))
         refuse = (
             f"set another {_run_dir_option(trainer, trainer_config)}, resume with --ckpt_path, or pass "
             "--reuse_run_dir=true"

@@ -28,8 +28,9 @@ def reopen_stopped_epoch(checkpoint: dict[str, Any]) -> bool:
         checkpoint: a Lightning checkpoint dict, before Lightning restores its loops from it.
 
     Returns:
-        Whether the checkpoint was changed: its epoch was counted as processed while a train loader's
-        saved position is inside that epoch's pass.
+        Whether the checkpoint was changed: its epoch was counted as processed while every train loader's
+        saved position is inside that epoch's pass (with several loaders, a shorter one restarts its pass
+        within an epoch: the epoch ended if any pass did).
 
     Example:
         >>> progress = {"ready": 1, "started": 1, "processed": 1, "completed": 0}
@@ -39,6 +40,11 @@ def reopen_stopped_epoch(checkpoint: dict[str, Any]) -> bool:
         >>> reopen_stopped_epoch(ckpt), ckpt["loops"]["fit_loop"]["epoch_progress"]["total"]["processed"]
         (True, 0)
         >>> reopen_stopped_epoch(ckpt)  # now a mid-epoch checkpoint: nothing more to do
+        False
+        >>> passes = [{"index": 4, "length": 4}, {"index": 1, "length": 3}]  # two loaders, max_size_cycle
+        >>> ended = {"epoch_progress": {"total": dict(progress), "current": dict(progress)},
+        ...          "state_dict": {"combined_loader": passes}}
+        >>> reopen_stopped_epoch({"loops": {"fit_loop": ended}})  # the longest pass ended: so did the epoch
         False
     """
     fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
@@ -50,8 +56,8 @@ def reopen_stopped_epoch(checkpoint: dict[str, Any]) -> bool:
     ended = total["ready"] == total["started"] == total["processed"] and total["completed"] >= epoch
     states = (fit_loop.get("state_dict") or {}).get("combined_loader") or []
     positions = [LoaderPosition.from_state(s) for s in states if isinstance(s, dict) and "index" in s]
-    inside = [p for p in positions if not p.finished and p.index > 0 and p.epoch in (None, epoch)]
-    if not ended or not inside:
+    inside = [not p.finished and p.index > 0 and p.epoch in (None, epoch) for p in positions]
+    if not ended or not positions or not all(inside):  # one finished pass: the epoch did end
         return False
     for counters in (total, current):
         counters["processed"] = counters["completed"] = counters["started"] - 1

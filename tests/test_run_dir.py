@@ -187,3 +187,17 @@ def test_lightning_refusal_once_training_ran_is_left_as_it_is(tmp_path, monkeypa
     with pytest.raises(MisconfigurationException, match=r"Trainer\(devices=0\)"):
         cli_main(fit_args(tmp_path))
     assert (tmp_path / "run" / "config.yaml").exists()  # a run that started keeps its folder
+
+
+def test_a_slurm_requeue_that_lightning_resumes_is_not_a_second_run(tmp_path, monkeypatch):
+    """An auto-requeued SLURM job runs again in the same folder without --ckpt_path: Lightning resumes it
+    from ``hpc_ckpt_*.ckpt`` by itself, so its folder is its own (outside SLURM, or without such a
+    checkpoint, the folder stays refused)."""
+    from lit_losses.cli import slurm_requeue
+
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"")
+    assert not slurm_requeue(tmp_path)  # not under SLURM
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    assert slurm_requeue(tmp_path)
+    assert not slurm_requeue(tmp_path / "elsewhere")

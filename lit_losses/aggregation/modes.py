@@ -16,13 +16,13 @@ mode                         ``w_t``             global value
 
 Summed over every micro-batch of every rank these give exactly the loss of the global batch.
 
-``seq-mean-token-sum-norm`` is Dr. GRPO's aggregation ("Understanding R1-Zero-Like Training"), as in
-verl's and ROLL's ``agg_loss``: each sequence's token sum divided by a constant ``C`` (``norm``; in
-lit_losses ``model.loss_agg_norm``, e.g. the maximum response length), averaged over sequences. Their
-``agg_loss`` divides by ``loss_mask.shape[-1]`` (the micro-batch's padded width) unless given a
-constant (verl's ``loss_scale_factor``) and leaves the mean over sequences to the backend's averaging of
-equal-size micro-batches; here ``C`` is always the configured constant and ``S`` the global count, so
-the value does not depend on padding, packing or the split into micro-batches.
+``seq-mean-token-sum-norm`` is Dr. GRPO's aggregation ("Understanding R1-Zero-Like Training"): each
+sequence's token sum divided by a constant ``C`` (``norm``; in lit_losses ``model.loss_agg_norm``, e.g.
+the maximum response length), averaged over the step's sequences. verl's and ROLL's ``agg_loss`` mode of
+this name sums over a micro-batch's sequences and divides by ``loss_mask.shape[-1]`` (the padded width)
+unless given a constant (verl's ``loss_scale_factor``), leaving the averaging to how the backend combines
+equal-size micro-batches; here ``C`` is always the configured constant and ``S`` the global count, so the
+value does not depend on padding, packing or the split into micro-batches.
 
 **Per-sequence weights** (ROLL's ``agg_loss(..., weights=)``): with ``sample_weights`` ``u`` (one value per
 position, constant over a sequence's tokens so that packing keeps it), ``w_t`` becomes ``u_t · w_t`` in

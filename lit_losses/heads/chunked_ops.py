@@ -96,17 +96,23 @@ class _Scratch:
         """``h Wᵀ + b`` in the accumulation dtype, written into work tensor ``"logits"``."""
         out = self.take("logits", h.shape[0])
         if h.dtype != out.dtype:
-            out.copy_(_mm_in(h, weight.t(), out.dtype))
+            out.copy_(mm_in(h, weight.t(), out.dtype))
             return out if bias is None else out.add_(bias)
         if bias is None:
             return torch.mm(h, weight.t(), out=out)
         return torch.addmm(bias, h, weight.t(), out=out)
 
 
-def _mm_in(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
+def mm_in(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
     """``a @ b`` of low-precision operands as a ``dtype`` tensor: on CUDA the product is not rounded to the
     operands' dtype (``torch.mm(..., out_dtype=...)``, cuBLAS accumulates in fp32); elsewhere, or on a
-    PyTorch without ``out_dtype``, it is computed in the operands' dtype and cast."""
+    PyTorch without ``out_dtype``, it is computed in the operands' dtype and cast.
+
+    Example:
+        >>> a, b = torch.ones(2, 3, dtype=torch.bfloat16), torch.ones(3, 4, dtype=torch.bfloat16)
+        >>> mm_in(a, b, torch.float32).dtype, float(mm_in(a, b, torch.float32)[0, 0])
+        (torch.float32, 3.0)
+    """
     if a.dtype == dtype:
         return torch.mm(a, b)
     if a.is_cuda:
@@ -125,9 +131,9 @@ def _matmul_into(out: Tensor, a: Tensor, b: Tensor, accumulate: bool) -> None:
         else:
             torch.mm(a, b, out=out)
     elif accumulate:
-        out.add_(_mm_in(a, b, out.dtype))
+        out.add_(mm_in(a, b, out.dtype))
     else:
-        out.copy_(_mm_in(a, b, out.dtype))
+        out.copy_(mm_in(a, b, out.dtype))
 
 
 def _accum_dtype(x: Tensor, accum_dtype: torch.dtype) -> torch.dtype:

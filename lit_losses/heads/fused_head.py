@@ -18,6 +18,7 @@ from lit_losses.heads.backend import (
     valid_tokens,
     weight_vector,
 )
+from lit_losses.heads.chunked_ops import mm_in
 from lit_losses.heads.output import HeadOutput, check_head_inputs, normalize_outputs
 from lit_losses.heads.precision import MatmulPrecision, in_compute_dtype
 
@@ -58,7 +59,7 @@ class FusedLMHead:
         accum_dtype: the least precise dtype of logits, softmax statistics, gradient accumulation and
             outputs: ``promote(hidden, weight, bias, accum_dtype)``, autocast off (`heads.precision`).
         check_finite: raise when hidden states contain NaN/Inf (costs one reduction over ``hidden``).
-        matmul_precision: matmul operands in the compute dtype (``full``), in the bf16/fp16 in play (``low``,
+        matmul_precision: matmul operands in the compute dtype (``full``), in bf16 when in play (``low``,
             tensor cores), or ``low`` on CUDA and ``full`` elsewhere (``auto``); see `operand_dtype`.
 
     Raises:
@@ -120,11 +121,8 @@ class FusedLMHead:
         return self.weight.shape[0]
 
     def resolve_backend(self, outputs: Sequence[str]) -> str:
-        """The name of the backend that computes the per-token ``outputs`` (for ``auto``: chunked).
-
-        Raises:
-            ValueError: that backend cannot give ``outputs`` (the message names those that can).
-        """
+        """The name of the backend that computes the per-token ``outputs`` (for ``auto``: chunked); a
+        `ValueError` naming those that can when it cannot give them."""
         return select_backend(self.backend, "per_token", outputs=outputs).backend.name
 
     def __call__(
@@ -230,5 +228,6 @@ class FusedLMHead:
     def forward_logits(self, hidden: Tensor) -> Tensor:
         """Full logits ``h Wᵀ + b`` ``[..., V]`` of ``hidden [..., D]`` (materialized), compute dtype."""
         with in_compute_dtype(self, hidden) as (head, h):
-            logits = torch.nn.functional.linear(h, head.weight, head.bias)
-            return logits.to(torch.promote_types(logits.dtype, self.accum_dtype))
+            dtype = torch.promote_types(h.dtype, self.accum_dtype)
+            logits = mm_in(h.reshape(-1, h.shape[-1]), head.weight.t(), dtype).reshape(*h.shape[:-1], -1)
+            return logits if head.bias is None else logits + head.bias.to(dtype)

@@ -16,6 +16,7 @@ only (double backward is refused).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -49,7 +50,12 @@ def _liger_function() -> Any:
 
 
 def liger_uniform_ce_sum(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, token_weight: float
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    token_weight: float,
+    accum_dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """``token_weight · Σ_t CE_t`` with Liger's fused linear cross-entropy (``reduction="sum"``).
 
@@ -59,6 +65,8 @@ def liger_uniform_ce_sum(
         bias: optional ``[V]`` bias.
         targets: ``[n]`` token ids, all valid.
         token_weight: the one weight of every token.
+        accum_dtype: dtype of Liger's weight- and bias-gradient accumulators (passed where this Liger
+            release takes it: otherwise they follow the weight's dtype, bf16 under bf16 operands).
 
     Returns:
         The scalar loss; Liger computes its gradients in forward.
@@ -69,7 +77,8 @@ def liger_uniform_ce_sum(
     if hidden.device.type != "cuda":
         raise RuntimeError(f"backend 'liger' needs CUDA tensors, got hidden on {hidden.device}")
     fn = _liger_function()
-    out = fn(hidden, weight, targets, bias=bias, reduction="sum")
+    accum = {"accum_dtype": accum_dtype} if "accum_dtype" in inspect.signature(fn).parameters else {}
+    out = fn(hidden, weight, targets, bias=bias, reduction="sum", **accum)
     loss = out[0] if isinstance(out, tuple) else out
     loss = first_order_only(
         loss, "head backend 'liger'", "use backend='chunked' for a loss you differentiate twice"
@@ -80,7 +89,8 @@ def liger_uniform_ce_sum(
 def liger_weighted_ce(head: HeadConfig, h: Tensor, y: Tensor, token_weights: Tensor | float) -> Tensor:
     """The plain cross-entropy of valid tokens ``h [n, D]``, ``y [n]`` with one weight for every token
     (`liger_uniform_ce_sum`; per-token weights are refused earlier, by `select_backend`)."""
-    return liger_uniform_ce_sum(h, head.weight, head.bias, y, float(token_weights))
+    accum = torch.promote_types(head.weight.dtype, head.accum_dtype)
+    return liger_uniform_ce_sum(h, head.weight, head.bias, y, float(token_weights), accum)
 
 
 #: The ``liger`` backend: the plain-CE fast path with one weight for every token, on CUDA. ``auto`` takes it

@@ -14,11 +14,12 @@ The *operands* of the three matmuls (logits, gradient of hidden, gradient of wei
 
 - ``full``: the compute dtype. The error against float64 is that of an fp32 computation from the same
   inputs; the price of a low-precision weight (``bf16-true``) is an fp32 copy of it for the call.
-- ``low``: the low-precision dtype in play (autocast's dtype when autocast is on at the call, else that of
+- ``low``: bf16 when bf16 is in play (autocast's dtype when autocast is on at the call, else that of
   ``hidden`` or ``weight``), accumulated in the compute dtype (fp32 logits without rounding to bf16 where
   PyTorch has ``torch.mm(..., out_dtype=...)``, i.e. on CUDA): what autocast, Liger-Kernel and
-  ``F.linear_cross_entropy`` do, on tensor cores. With fp32 or float64 inputs and no autocast this is
-  ``full``.
+  ``F.linear_cross_entropy`` do, on tensor cores. fp16 is never used for operands: the fused paths form
+  the logit gradient in forward, already scaled by the token weights (about 1/N) and later by a
+  GradScaler's factor, which fp16's range cannot hold; fp16 in play, fp32 or float64 inputs: ``full``.
 - ``auto`` (default): ``low`` on CUDA, ``full`` elsewhere (a CPU computes fp32 matmuls faster than bf16 ones).
 
 Tensors are cast before a backend sees them (autograd casts the gradients back to each input's dtype).
@@ -43,8 +44,6 @@ FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Operands of the head's matmuls: the compute dtype (``full``), the low precision in play (``low``), or
 #: ``low`` on CUDA and ``full`` elsewhere (``auto``); see the module docstring.
 MatmulPrecision = Literal["auto", "full", "low"]
-
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def compute_dtype(
@@ -108,7 +107,8 @@ def operand_dtype(
         matmul_precision: ``auto``, ``full`` or ``low``.
 
     Returns:
-        ``dtype``, or the low-precision dtype in play (autocast's, else ``hidden``'s, else ``weight``'s).
+        ``dtype``, or bf16 when it is in play (autocast's dtype, ``hidden``'s or ``weight``'s) and ``dtype``
+        is not float64.
 
     Example:
         >>> import torch
@@ -120,16 +120,20 @@ def operand_dtype(
         torch.bfloat16
         >>> operand_dtype(h.float(), w, torch.float32, "low")  # fp32 inputs, no autocast: full precision
         torch.float32
+        >>> operand_dtype(h.half(), w, torch.float32, "low")  # fp16 operands: never (its range)
+        torch.float32
     """
     if matmul_precision not in ("auto", "full", "low"):
         raise ValueError(f"matmul_precision must be one of ('auto', 'full', 'low'), got {matmul_precision!r}")
     device = hidden.device.type
     if matmul_precision == "full" or (matmul_precision == "auto" and device != "cuda"):
         return dtype
+    if dtype == torch.float64:
+        return dtype
     candidates = [hidden.dtype, weight.dtype]
     if torch.is_autocast_enabled(device):
         candidates.insert(0, torch.get_autocast_dtype(device))
-    return next((d for d in candidates if d in _LOW_PRECISION), dtype)
+    return torch.bfloat16 if torch.bfloat16 in candidates else dtype
 
 
 @dataclass(frozen=True)
