@@ -103,6 +103,8 @@ def lightning_config_error(err: BaseException) -> ConfigError | None:
         return None
     if not _raised_by_lightning(err):
         return None
+    if err.__cause__ is not None and not _raised_by_lightning(err.__cause__):
+        return None  # Lightning re-raising a model's, a data module's or a callback's error: theirs
     message = " ".join(str(err).split())
     match = _VAL_CHECK.search(message)
     if match:

@@ -189,6 +189,25 @@ def test_lightning_refusal_once_training_ran_is_left_as_it_is(tmp_path, monkeypa
     assert (tmp_path / "run" / "config.yaml").exists()  # a run that started keeps its folder
 
 
+def test_lightning_refusal_raised_from_your_own_error_keeps_its_traceback():
+    """Lightning re-raising a user's error (``raise MisconfigurationException(...) from err``) is the user's
+    bug, not an option: it is not turned into one line."""
+    import lightning as L
+
+    from lit_losses.trainer_errors import lightning_config_error
+
+    try:
+        L.Trainer(accelerator="cpu", devices=0)
+    except Exception as exc:
+        refusal = exc
+    assert lightning_config_error(refusal) is not None  # Lightning's own: one line
+    try:
+        raise ValueError("a bug in the user's code")
+    except ValueError as user_error:
+        refusal.__cause__ = user_error
+    assert lightning_config_error(refusal) is None
+
+
 def test_a_slurm_requeue_that_lightning_resumes_is_not_a_second_run(tmp_path, monkeypatch):
     """An auto-requeued SLURM job runs again in the same folder without --ckpt_path: Lightning resumes it
     from ``hpc_ckpt_*.ckpt`` by itself, so its folder is its own (outside SLURM, or without such a
