@@ -105,8 +105,9 @@ class _Scratch:
 
 def mm_in(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
     """``a @ b`` of low-precision operands as a ``dtype`` tensor: on CUDA the product is not rounded to the
-    operands' dtype (``torch.mm(..., out_dtype=...)``, cuBLAS accumulates in fp32); elsewhere, or on a
-    PyTorch without ``out_dtype``, it is computed in the operands' dtype and cast.
+    operands' dtype (``torch.mm(..., out_dtype=...)``, cuBLAS accumulates in fp32); elsewhere, on a
+    PyTorch without ``out_dtype``, or where autograd records the product, it is computed in the operands'
+    dtype and cast.
 
     Example:
         >>> a, b = torch.ones(2, 3, dtype=torch.bfloat16), torch.ones(3, 4, dtype=torch.bfloat16)
@@ -115,7 +116,8 @@ def mm_in(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
     """
     if a.dtype == dtype:
         return torch.mm(a, b)
-    if a.is_cuda:
+    recorded = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+    if a.is_cuda and not recorded:  # the out_dtype product has no derivative (the kernels run without one)
         try:
             return torch.mm(a, b, out_dtype=dtype)
         except (TypeError, RuntimeError, NotImplementedError):  # PyTorch before 2.8, or a dtype cuBLAS lacks

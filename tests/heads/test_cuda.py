@@ -113,3 +113,18 @@ def test_bf16_mixed_on_cuda_multiplies_bf16_operands_with_fp32_products(backend)
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
     for g, r in zip(grads, torch.autograd.grad(ref, (h16, w16)), strict=True):
         torch.testing.assert_close(g / r.abs().max(), r / r.abs().max(), rtol=0, atol=1e-2)
+
+
+def test_forward_logits_under_bf16_autocast_on_cuda_is_differentiable():
+    """``forward_logits`` with bf16 operands stays differentiable (the fp32-product kernel has no
+    derivative: it is used only where autograd does not record)."""
+    hidden, weight, _, _ = problem()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = FusedLMHead(weight).forward_logits(hidden)
+    logits.square().mean().backward()
+    assert logits.dtype == torch.float32 and hidden.grad is not None and weight.grad is not None
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        exact = FusedLMHead(weight).forward_logits(hidden)
+    torch.testing.assert_close(
+        exact, hidden.detach().bfloat16().float() @ weight.detach().bfloat16().float().T
+    )
