@@ -93,6 +93,23 @@ def micro_loss(batch: dict, weight: torch.Tensor, mode: str, stats: GlobalStats)
     return loss
 
 
+def split_step_loss(grid, accumulate, loss_of):
+    """The step's loss as it is trained when ``grid[d][a]`` is micro-batch ``a`` of rank ``d``: counted as
+    `GlobalStatsLoader` does (every micro-batch, summed over the window, all-reduced over ranks), each
+    ``loss_of(batch, stats)`` × ``loss_scale``, ÷ A (Lightning's accumulation), ÷ D (DDP's average)."""
+    ranks, window = len(grid), len(grid[0])
+    local = [[count_masks(b) for b in row] for row in grid]
+    totals = sum_counts(c for row in local for c in row)
+    combined = 0.0
+    for d, row in enumerate(grid):
+        for a, batch in enumerate(row):
+            stats = GlobalStats(
+                totals, loss_scale=accumulate * ranks, local=local[d][a], position=a, window=window
+            )
+            combined = combined + loss_of(batch, stats) * stats.loss_scale / accumulate / ranks
+    return combined
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), ranks=st.integers(1, 3), accumulate=st.integers(1, 3), packing=st.booleans())
 @pytest.mark.parametrize("mode", AGG_MODES)
@@ -104,18 +121,7 @@ def test_split_into_ranks_and_micro_batches_equals_the_full_batch(data, ranks, a
         F, V, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True
     )
 
-    # what GlobalStatsLoader does: count every micro-batch, sum over the window, all-reduce over ranks
-    local = [[count_masks(b) for b in row] for row in grid]
-    totals = sum_counts(c for row in local for c in row)
-    combined = 0.0
-    for d in range(ranks):
-        rank_loss = 0.0
-        for a, batch in enumerate(grid[d]):
-            stats = GlobalStats(
-                totals, loss_scale=accumulate * ranks, local=local[d][a], position=a, window=window
-            )
-            rank_loss = rank_loss + micro_loss(batch, weight, mode, stats) * stats.loss_scale / accumulate
-        combined = combined + rank_loss / ranks  # DDP averages the gradients over ranks
+    combined = split_step_loss(grid, accumulate, lambda batch, stats: micro_loss(batch, weight, mode, stats))
     (grad,) = torch.autograd.grad(combined, weight)
 
     full = concat([b for row in grid for b in row])
@@ -236,16 +242,7 @@ def test_every_base_loss_split_into_ranks_and_micro_batches_equals_the_full_batc
         F, V, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True
     )
 
-    local = [[count_masks(b) for b in row] for row in grid]
-    totals = sum_counts(c for row in local for c in row)
-    combined = 0.0
-    for d in range(ranks):
-        for a, batch in enumerate(grid[d]):
-            stats = GlobalStats(
-                totals, loss_scale=accumulate * ranks, local=local[d][a], position=a, window=window
-            )
-            loss = objective_loss(batch, weight, objective, stats)
-            combined = combined + loss * stats.loss_scale / accumulate / ranks  # Lightning ÷A, DDP ÷D
+    combined = split_step_loss(grid, accumulate, lambda b, stats: objective_loss(b, weight, objective, stats))
     (grad,) = torch.autograd.grad(combined, weight)
 
     full = concat_rl([b for row in grid for b in row])
