@@ -15,7 +15,9 @@ Variants:
 
 The RL variants run chunk by chunk inside the fused head with every gradient computed in forward (three
 matmuls, no logits recompute), as the CE fast path does; the policy loss and the KL add O(tokens) work,
-the entropy element-wise passes over each chunk of logits. Target (issue #17): ppo_kl_entropy ≤ 1.10 × ce.
+the entropy element-wise passes over each chunk of logits (one softmax, a centering, a row dot and two
+passes forming the logit gradient, against the CE path's log-softmax and exp). Target (issue #17):
+ppo_kl_entropy ≤ 1.10 × ce.
 
     python benchmarks/rl_step.py --repeats 15 [--threads 2] [--device cuda]
 """

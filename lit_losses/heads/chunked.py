@@ -42,10 +42,14 @@ __all__ = [
 ]
 
 
-def chunk_size_for(head: HeadConfig, n_tokens: int) -> int:
+def chunk_size_for(head: HeadConfig, n_tokens: int, with_entropy: bool = False) -> int:
     """The head's ``chunk_size``, or `default_chunk_size` for ``n_tokens`` valid tokens on the weight's
-    device."""
-    return head.chunk_size or default_chunk_size(n_tokens, head.vocab_size, device=head.weight.device)
+    device; half as many tokens ``with_entropy``, whose passes keep two ``[chunk, V]`` work tensors
+    (logits and probabilities): the same memory as one chunk of the other paths."""
+    if head.chunk_size:
+        return head.chunk_size
+    bytes_per_elem = 8 if with_entropy else 4
+    return default_chunk_size(n_tokens, head.vocab_size, bytes_per_elem, device=head.weight.device)
 
 
 def chunked_per_token(
@@ -64,8 +68,9 @@ def chunked_per_token(
     """
     valid, h, y = valid_tokens(hidden, targets, head.ignore_index)
     logprobs, lse, entropy = ChunkedLogProbs.apply(
-        h, head.weight, head.bias, y, "entropy" in outputs, chunk_size_for(head, h.shape[0]), head.accum_dtype
-    )
+        h, head.weight, head.bias, y, "entropy" in outputs,
+        chunk_size_for(head, h.shape[0], "entropy" in outputs), head.accum_dtype,
+    )  # fmt: skip
     return scatter_valid({"logprobs": logprobs, "lse": lse, "entropy": entropy}, outputs, valid)
 
 
@@ -110,7 +115,7 @@ def chunked_pointwise(
         y,
         chunk_loss,
         with_entropy,
-        chunk_size_for(head, h.shape[0]),
+        chunk_size_for(head, h.shape[0], with_entropy),
         head.accum_dtype,
     )
 

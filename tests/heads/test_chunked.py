@@ -1,10 +1,13 @@
 """The chunked backend and the dispatcher against the naive reference (float64 and float32)."""
 
+import math
+
 import pytest
 import torch
 
 from lit_losses.heads import FusedLMHead
-from lit_losses.heads.chunked import ChunkedLogProbs
+from lit_losses.heads.chunked import ChunkedLogProbs, chunk_size_for, default_chunk_size
+from lit_losses.heads.chunked_ops import _row_dot
 from lit_losses.heads.torch_lce import torch_available
 
 ALL = ("logprobs", "lse", "entropy")
@@ -153,14 +156,16 @@ def test_direct_op_without_entropy_returns_an_empty_entropy():
 
 
 # ---- the folded projections (CPU): repeated targets, extreme logits, mixed precision ------------
-PATHS = ["per_token", "weighted_ce", "pointwise", "pointwise_entropy"]
+PATHS = ["per_token", "per_token_entropy", "weighted_ce", "pointwise", "pointwise_entropy"]
 
 
 def _loss(path, head, hidden, targets, upstream):
     """A loss through one chunked entry point, built from per-token values and ``upstream`` weights."""
-    if path == "per_token":
-        out = head(hidden, targets, ("logprobs", "lse"))
-        return (upstream[0] * out.logprobs + upstream[1] * out.lse).sum()
+    if path in ("per_token", "per_token_entropy"):
+        with_entropy = path == "per_token_entropy"
+        out = head(hidden, targets, ("logprobs", "lse", "entropy") if with_entropy else ("logprobs", "lse"))
+        loss = (upstream[0] * out.logprobs + upstream[1] * out.lse).sum()
+        return loss + (upstream[2] * out.entropy).sum() if with_entropy else loss
     if path == "weighted_ce":
         return head.weighted_ce(hidden, targets, upstream[0].abs())
     valid = targets != head.ignore_index
@@ -234,6 +239,56 @@ def test_bf16_gradients_match_the_fp32_reference(path):
         assert got.dtype == torch.bfloat16
         scale = ref.abs().max()
         torch.testing.assert_close(got.float() / scale, ref / scale, rtol=0, atol=2e-2)
+
+
+# ---- the entropy passes: row dot, centering, degenerate rows, chunk memory ---------------------
+@pytest.mark.parametrize("shape", [(7, 320), (5, 101), (3, 64), (4, 0)])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_row_dot_is_each_rows_dot_product(shape, contiguous):
+    """Blocked where V is a multiple of the block, ``vecdot`` otherwise (odd V, empty rows, strided views)."""
+    g = torch.Generator().manual_seed(1)
+    a, b = (torch.randn(shape[::-1] if not contiguous else shape, generator=g) for _ in range(2))
+    if not contiguous:
+        a, b = a.t(), b.t()
+    ref = (a.double() * b.double()).sum(1)
+    torch.testing.assert_close(_row_dot(a, b).double(), ref, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["per_token_entropy", "pointwise_entropy"])
+def test_entropy_of_uniform_and_one_hot_rows(path):
+    """Equal logits give H = log V; a row whose target owns all the mass gives H = 0 (not negative, not NaN)
+    and the plain NLL gradient, in fp32, against float64."""
+    hidden = torch.zeros(6, 4)
+    hidden[3:, 0] = 1.0
+    weight = torch.zeros(50, 4)
+    weight[7, 0] = 400.0  # rows 3-5: logit 400 at token 7, 0 elsewhere
+    targets = torch.tensor([1, 2, 3, 7, 7, 7])
+    upstream = [
+        torch.randn(6, generator=torch.Generator().manual_seed(i), dtype=torch.float64) for i in range(3)
+    ]
+    results = {}
+    for dtype in (torch.float64, torch.float32):
+        h, w = (x.to(dtype).requires_grad_() for x in (hidden, weight))
+        head = FusedLMHead(w, backend="naive" if dtype == torch.float64 else "chunked", chunk_size=4)
+        entropy = head(h, targets, ("entropy",)).entropy
+        loss = _loss(path, head, h, targets, [u.to(dtype) for u in upstream])
+        results[dtype] = (entropy.double(), *(x.double() for x in torch.autograd.grad(loss, (h, w))))
+    entropy = results[torch.float32][0]
+    torch.testing.assert_close(
+        entropy[:3], torch.full((3,), math.log(50), dtype=torch.float64), rtol=0, atol=1e-6
+    )
+    assert entropy[3:].abs().max() < 1e-6
+    for got, ref in zip(results[torch.float32], results[torch.float64], strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_entropy_paths_halve_the_tokens_per_chunk():
+    """The entropy passes keep logits and probabilities (two ``[chunk, V]`` tensors): half the tokens of a
+    default chunk, the same memory as the other paths."""
+    head = FusedLMHead(torch.zeros(128256, 8))
+    assert chunk_size_for(head, 4096) == default_chunk_size(4096, 128256) == 261
+    assert chunk_size_for(head, 4096, with_entropy=True) == 130
+    assert chunk_size_for(FusedLMHead(torch.zeros(128256, 8), chunk_size=64), 4096, with_entropy=True) == 64
 
 
 # ---- bad input -------------------------------------------------------------------------------
