@@ -22,6 +22,7 @@ from lit_losses.cli import cli_main, load_checkpoint
 from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead
 from lit_losses.optim import OptimizerConfig
+from lit_losses.parallel import PipelineLoss
 from lit_losses.regularizers import RegularizerSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
@@ -981,6 +982,35 @@ PY_CASES += [
         lambda p: _unreadable(p, hf=False),
         ConfigError,
         "locked.jsonl cannot be read (Permission denied)",
+    ),
+]
+
+
+NORM = "seq-mean-token-sum-norm"
+PY_CASES += [  # seq-mean-token-sum-norm without its constant, from the APIs that build their own terms
+    ApiCase(
+        "custom_call_loss_agg_norm_missing",
+        "python",
+        lambda _: _model().forward_backward_custom(
+            _batch(), regularizers=[{"name": "z", "fn": "z_loss", "agg": NORM}]
+        ),
+        ConfigError,
+        "forward_backward_custom: model.loss_agg_norm is required by aggregation mode "
+        "'seq-mean-token-sum-norm'",
+    ),
+    ApiCase(
+        "pipeline_loss_agg_norm_missing",
+        "python",
+        lambda _: PipelineLoss(lambda: None, 2, loss_agg=NORM),
+        ConfigError,
+        "PipelineLoss: model.loss_agg_norm is required by aggregation mode 'seq-mean-token-sum-norm'",
+    ),
+    ApiCase(
+        "pipeline_loss_agg_norm_zero",
+        "python",
+        lambda _: PipelineLoss(lambda: None, 2, loss_agg=NORM, loss_agg_norm=0),
+        ConfigError,
+        "PipelineLoss: model.loss_agg_norm must be a finite number > 0",
     ),
 ]
 

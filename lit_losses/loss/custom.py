@@ -16,8 +16,9 @@ import torch
 from torch import Tensor
 
 from lit_losses.aggregation import GlobalStats
+from lit_losses.errors import ConfigError
 from lit_losses.loss.context import LossContext
-from lit_losses.loss.objective import batch_tensor, check_something_to_optimize
+from lit_losses.loss.objective import agg_norm_option, batch_tensor, check_something_to_optimize
 from lit_losses.regularizers import RegularizerSet, RegularizerSpec, TermResult
 from lit_losses.regularizers.spec import as_spec
 
@@ -33,7 +34,8 @@ def forward_backward_custom(
     """Forward, the design's loss functions, backward: returns the design's metrics.
 
     Args:
-        model: a `RegularizedLM` (its ``forward_hidden``, ``output_projection`` and ``loss_agg``).
+        model: a `RegularizedLM` (its ``forward_hidden``, ``output_projection``, ``loss_agg`` and, for
+            terms aggregated with ``seq-mean-token-sum-norm``, ``loss_agg_norm``: the constant ``C``).
         data: a batch dict (``input_ids``, ``labels``, optionally ``segment_ids``, …) or a list of
             sequences, each a dict with ``input_ids`` and ``labels`` (``ignore_index``: no target) or in
             the design's form, ``model_input`` and ``loss_fn_inputs["target_tokens"]`` (and
@@ -46,6 +48,10 @@ def forward_backward_custom(
     Returns:
         ``{"loss_total", "base_loss": {"value", "weight", "custom"} (with ``loss_fn``), "regularizers":
         {name: {"value", "weight", "contribution", "custom", "error"}}, "regularizer_total"}`` (floats).
+
+    Raises:
+        ConfigError: a regularizer aggregated with ``seq-mean-token-sum-norm`` (its ``agg``, or the
+            model's ``loss_agg``) while the model has no ``loss_agg_norm``.
 
     Example:
         >>> import torch
@@ -103,6 +109,7 @@ class _CustomCall:
         self.terms = RegularizerSet(specs, model.loss_agg, executors=executors)
         base = [RegularizerSpec(BASE_NAME, fn=loss_fn, legacy=True)] if loss_fn is not None else []
         self.base = RegularizerSet(base, model.loss_agg, executors=executors)
+        self.terms.agg_norm = self.base.agg_norm = _agg_norm(model, self.terms)
         batch = dict(data) if isinstance(data, Mapping) else collate(data, model.ignore_index)
         labels = batch_tensor(batch, "labels")
         needs = {"logprobs", *self.terms.needs(), *self.base.needs()} - {"hidden"}
@@ -140,6 +147,15 @@ class _CustomCall:
             self.model.manual_backward(total)
         else:
             total.backward()
+
+
+def _agg_norm(model: Any, terms: RegularizerSet) -> float | None:
+    """The constant ``C`` of ``seq-mean-token-sum-norm`` for the call's terms: ``model.loss_agg_norm``
+    (the model's `Objective` holds it), a `ConfigError` naming the terms that need it when it is unset."""
+    try:
+        return agg_norm_option(model.objective.loss_agg_norm, model.loss_agg, terms)
+    except ConfigError as exc:
+        raise ConfigError(f"forward_backward_custom: {exc}") from None
 
 
 def _entry(result: TermResult) -> dict[str, Any]:

@@ -50,6 +50,11 @@ class PipelineLoss:
         process_group: the data-parallel group whose replicas' counts make the global batch (``None``:
             this pipeline alone).
         base_loss_weight: weight of the base loss.
+        loss_agg_norm: the constant ``C`` of ``seq-mean-token-sum-norm`` (``(1/S) Σ_s Σ_{t∈s} L_t / C``),
+            required when ``loss_agg`` or a regularizer's ``agg`` is that mode.
+
+    Raises:
+        ConfigError: bad options (``loss_agg_norm`` missing where that mode needs it, …).
 
     Example:
         >>> import torch
@@ -78,11 +83,16 @@ class PipelineLoss:
         ignore_index: int = -100,
         process_group: Any = None,
         base_loss_weight: float = 1.0,
+        loss_agg_norm: float | None = None,
     ) -> None:
         if n_microbatches < 1:
             raise ConfigError(f"PipelineLoss: n_microbatches must be >= 1, got {n_microbatches}")
         self.output_projection, self.n_microbatches = output_projection, n_microbatches
-        self.objective = Objective(RegularizerSet(regularizers or (), loss_agg), loss_agg, base_loss_weight)
+        terms = RegularizerSet(regularizers or (), loss_agg)
+        try:
+            self.objective = Objective(terms, loss_agg, base_loss_weight, loss_agg_norm=loss_agg_norm)
+        except ConfigError as exc:
+            raise ConfigError(f"PipelineLoss: {exc}") from None
         other = [k for k in self.objective.mask_keys() if k != LABELS_KEY]
         if other:
             raise ConfigError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import lightning as L
@@ -9,6 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from lit_losses.errors import ConfigError
 from lit_losses.loss.custom import collate
 from tests.helpers import EmbeddingLM, quiet_trainer
 
@@ -127,3 +129,66 @@ def test_manual_optimization_in_a_lightning_fit_takes_the_reference_step():
     assert model.recorded[0]["loss_total"] == pytest.approx(float(expected.detach()), rel=1e-6)
     for p, p0, g in zip(model.parameters(), before, grads, strict=True):
         torch.testing.assert_close(p.detach(), p0 - 0.1 * g, rtol=1e-5, atol=1e-6)
+
+
+NORM = "seq-mean-token-sum-norm"
+
+
+def token_nll(ctx):
+    """A per-token matrix ``−log p_t`` (the ``fn(ctx)`` form), aggregated in the term's mode."""
+    return -ctx.logprobs
+
+
+def dr_grpo(per_token: torch.Tensor, labels: torch.Tensor, segment_ids: torch.Tensor, norm: float):
+    """Naive ``(1/S) Σ_s Σ_{t∈s} L_t / C``: a sequence is a (row, segment) pair with a target."""
+    sequences: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for b in range(labels.shape[0]):
+        for t in range(labels.shape[1]):
+            if labels[b, t] != -100:
+                sequences.setdefault((b, int(segment_ids[b, t])), []).append(per_token[b, t])
+    return sum(torch.stack(v).sum() / norm for v in sequences.values()) / len(sequences)
+
+
+def packed_batch() -> dict:
+    """Two packed rows: 5 sequences with a target (row 0, segment 2 has none)."""
+    return {
+        "input_ids": torch.tensor([[1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 1, 2, 3, 4]]),
+        "labels": torch.tensor([[2, 3, -100, 5, -100, -100, 8], [9, 10, 1, -100, 3, 4, 5]]),
+        "segment_ids": torch.tensor([[0, 0, 0, 1, 2, 2, 3], [0, 0, 0, 0, 1, 1, 1]]),
+    }
+
+
+@pytest.mark.parametrize("call", ["sync", "async"])
+@pytest.mark.parametrize(
+    ("model_agg", "term_agg"), [(NORM, None), ("token-mean", NORM)], ids=["model-mode", "term-agg"]
+)
+def test_seq_mean_token_sum_norm_uses_the_models_loss_agg_norm(model_agg, term_agg, call):
+    torch.manual_seed(0)
+    model = EmbeddingLM(head_backend="chunked", loss_agg=model_agg, loss_agg_norm=7.0).double()
+    batch = packed_batch()
+    logp = model.reference_head(batch)[0]
+    mask = batch["labels"] != -100
+    # loss_fn's scalar is used as returned; the per-token term is (1/S) Σ_s Σ_t L_t / C with S = 5, C = 7
+    expected_term = dr_grpo(-logp, batch["labels"], batch["segment_ids"], 7.0)
+    expected = -logp[mask].mean() + 0.5 * expected_term
+    assert dr_grpo(torch.ones_like(logp), batch["labels"], batch["segment_ids"], 1.0) == 10 / 5  # 10 targets
+    grads = torch.autograd.grad(expected, list(model.parameters()))
+    spec = {"fn": token_nll, "weight": 0.5, "name": "tok", **({"agg": term_agg} if term_agg else {})}
+    args = (batch, nll, [spec])
+    if call == "sync":
+        metrics = model.forward_backward_custom(*args)
+    else:
+        metrics = asyncio.run(model.forward_backward_custom_async(*args))
+    assert metrics["regularizers"]["tok"]["value"] == pytest.approx(float(expected_term.detach()), rel=1e-12)
+    assert metrics["loss_total"] == pytest.approx(float(expected.detach()), rel=1e-12)
+    for p, r in zip(model.parameters(), grads, strict=True):
+        torch.testing.assert_close(p.grad, r, rtol=1e-10, atol=1e-12)
+
+
+def test_norm_mode_without_loss_agg_norm_names_the_regularizer():
+    model = make_model()  # token-mean, no loss_agg_norm
+    spec = {"fn": token_nll, "weight": 0.5, "name": "tok", "agg": NORM}
+    with pytest.raises(ConfigError, match=r"^forward_backward_custom: model\.loss_agg_norm is required .*"
+                       r"used by regularizer 'tok'$"):  # fmt: skip
+        model.forward_backward_custom(packed_batch(), loss_fn=nll, regularizers=[spec])
+    assert all(p.grad is None for p in model.parameters())  # refused before any backward

@@ -29,27 +29,50 @@ def split_losses(loss_fn, hidden, target, n):
     return [loss_fn(h, t) for h, t in zip(hidden.tensor_split(n), target.tensor_split(n), strict=True)]
 
 
+def dr_grpo(per_token, labels, segment_ids, norm):
+    """Naive ``(1/S) Σ_s Σ_{t∈s} L_t / C``: a sequence is a (row, segment) pair with a target."""
+    sequences: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for b in range(labels.shape[0]):
+        for t in range(labels.shape[1]):
+            if labels[b, t] != -100:
+                sequences.setdefault((b, int(segment_ids[b, t])), []).append(per_token[b, t])
+    return sum(torch.stack(v).sum() / norm for v in sequences.values()) / len(sequences)
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-sum-norm"])
 @pytest.mark.parametrize("scale_grads", [True, False])
-def test_micro_batch_gradients_add_up_to_the_whole_batch(scale_grads):
+def test_micro_batch_gradients_add_up_to_the_whole_batch(scale_grads, loss_agg):
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(13, 5, generator=g, dtype=torch.float64, requires_grad=True)
     hidden = torch.randn(6, 7, 5, generator=g, dtype=torch.float64, requires_grad=True)
     labels = torch.randint(0, 13, (6, 7), generator=g)
     labels[torch.rand(6, 7, generator=g) < 0.4] = -100
-    loss_fn = PipelineLoss(lambda: (weight, None), n_microbatches=3, scale_grads=scale_grads)
-    losses = split_losses(loss_fn, hidden, loss_fn.target(labels), 3)
+    logits = hidden @ weight.T
+    logp = torch.log_softmax(logits, -1)
+    valid = labels != -100
+    if loss_agg == "token-mean":
+        loss_fn = PipelineLoss(lambda: (weight, None), n_microbatches=3, scale_grads=scale_grads)
+        target = loss_fn.target(labels)
+        reference = -logp[valid].gather(1, labels[valid][:, None]).mean()
+    else:  # Dr. GRPO on packed rows, with a z_loss term in the same mode: both divided by C = 5
+        segment_ids = torch.cumsum(torch.rand(6, 7, generator=g) < 0.3, dim=1)
+        z_loss = [{"name": "z_loss", "weight": 0.1}]
+        loss_fn = PipelineLoss(lambda: (weight, None), n_microbatches=3, loss_agg=loss_agg,
+                               regularizers=z_loss, scale_grads=scale_grads, loss_agg_norm=5.0)  # fmt: skip
+        target = loss_fn.target(labels, segment_ids)
+        nll = -logp.gather(-1, labels.clamp_min(0)[..., None])[..., 0]
+        lse_sq = torch.logsumexp(logits, -1).square()
+        reference = dr_grpo(nll + 0.1 * lse_sq, labels, segment_ids, 5.0)
+    losses = split_losses(loss_fn, hidden, target, 3)
     # the schedule sums the micro-batch gradients, then divides them by n when scale_grads
     total = sum(losses) / (3 if scale_grads else 1)
     got = torch.autograd.grad(total, (hidden, weight))
-    valid = labels != -100
-    logp = torch.log_softmax(hidden @ weight.T, -1)
-    reference = -logp[valid].gather(1, labels[valid][:, None]).mean()
     for a, b in zip(got, torch.autograd.grad(reference, (hidden, weight)), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(loss_fn.step_loss(losses), reference.detach(), rtol=1e-12, atol=0)
 
 
-def test_target_must_come_first_and_regularizer_masks_must_be_labels():
+def test_target_must_come_first_and_bad_options_are_refused():
     loss_fn = PipelineLoss(lambda: (torch.zeros(3, 2), None), n_microbatches=2)
     with pytest.raises(RuntimeError, match=r"call loss_fn\.target\(labels\) before"):
         loss_fn(torch.zeros(1, 2, 2), torch.zeros(1, 2, dtype=torch.long))
@@ -57,3 +80,12 @@ def test_target_must_come_first_and_regularizer_masks_must_be_labels():
         PipelineLoss(lambda: None, 2, regularizers=[{"name": "z_loss", "mask_key": "answer_mask"}])
     with pytest.raises(ConfigError, match="n_microbatches must be >= 1, got 0"):
         PipelineLoss(lambda: None, 0)
+    with pytest.raises(ConfigError, match=r"^PipelineLoss: model\.loss_agg_norm is required .*used by "
+                       r"model\.loss_agg$"):  # fmt: skip
+        PipelineLoss(lambda: None, 2, loss_agg="seq-mean-token-sum-norm")
+    with pytest.raises(ConfigError, match=r"loss_agg_norm is required .*used by regularizer 'z'$"):
+        PipelineLoss(
+            lambda: None, 2, regularizers=[{"name": "z", "fn": "z_loss", "agg": "seq-mean-token-sum-norm"}]
+        )
+    with pytest.raises(ConfigError, match=r"loss_agg_norm must be a finite number > 0 .*got -1"):
+        PipelineLoss(lambda: None, 2, loss_agg="seq-mean-token-sum-norm", loss_agg_norm=-1)
