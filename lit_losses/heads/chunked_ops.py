@@ -4,7 +4,7 @@ chunk's logit gradient onto hidden, weight and bias.
 
 Notation for one token: ``z = W h + b`` (logits), ``lse = log Σ_v e^{z_v}``, ``p = softmax(z)``,
 ``ℓ = z_y − lse`` (log-probability of the target ``y``), ``H = lse − Σ_v p_v z_v = −Σ_v p_v log p_v``
-(entropy).
+(entropy, computed in the second form: a sum of non-negative terms).
 Given upstream gradients ``(g_ℓ, g_lse, g_H)`` the logit gradient is
 
     ∂/∂z_v = g_ℓ (δ_vy − p_v) + g_lse p_v − g_H p_v (z_v − lse + H)
@@ -19,11 +19,10 @@ work per logit is then one fused, in-place ``log_softmax`` in forward (``ℓ`` i
 ``lse = z_y − ℓ``) and one fused ``softmax`` in backward (the fast paths: ``log_softmax`` and ``exp``);
 ``[chunk, V]`` work tensors are allocated once per pass (`_Scratch`).
 
-With the entropy, ``∂/∂z`` has a term in ``p_v log p_v`` that no folding removes; those passes
-(`_softmax_stats_`) take one fused ``softmax`` into a second work tensor (one exponential per logit),
-center the logits on ``lse`` in place, read ``Σ_v p_v z̃_v`` with a blocked row dot (`_row_dot`) and form
-``∂/∂z = p ⊙ [(c + g_H Σ p z̃) − g_H z̃]`` in two element-wise passes (`_entropy_logit_grad_`): the
-precision of ``−Σ p log p`` at any logit size. Two work tensors, so half the tokens per default chunk
+With the entropy, ``∂/∂z`` has a term in ``p_v log p_v`` that no folding removes: those passes keep
+``log p`` (the in-place ``log_softmax``) and ``p = exp(log p)`` in a second work tensor, read
+``H = −Σ_v p_v log p_v`` with a blocked row dot (`_row_dot`) and form ``∂/∂z`` in two element-wise passes
+(`_entropy_logit_grad_`). Two work tensors, so on CPU half the tokens per default chunk
 (`lit_losses.heads.chunked.chunk_size_for`).
 
 Inputs of lower precision (bf16/fp16) accumulate in ``accum_dtype`` (fp32 by default); float64
@@ -186,11 +185,6 @@ def _softmax_(z: Tensor, log: bool = False) -> Tensor:
     return fn(z, 1, out=z) if z.device.type == "cpu" else fn(z, 1)
 
 
-def _softmax_into(z: Tensor, out: Tensor) -> Tensor:
-    """``softmax`` of the rows of ``z`` (kept), written into ``out`` on CPU."""
-    return torch.softmax(z, 1, out=out) if z.device.type == "cpu" else torch.softmax(z, 1)
-
-
 def _target_log_probs_(z: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(ℓ, lse, log p)`` of one chunk of logits ``z``, which is overwritten by ``log p`` on CPU.
 
@@ -201,12 +195,6 @@ def _target_log_probs_(z: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tens
     log_p = _softmax_(z, log=True)
     logprobs = log_p[rows, targets]
     return logprobs, z_target - logprobs, log_p
-
-
-def _reliable_prob(dtype: torch.dtype) -> float:
-    """Smallest probability whose logarithm `_softmax_stats` reads off the softmax: below it ``p`` may
-    have lost mantissa bits to underflow (``2^24`` times the smallest normal number of ``dtype``)."""
-    return torch.finfo(dtype).tiny * 2.0**24
 
 
 #: Columns per block of `_row_dot` (measured at ``[1024, 32768]`` fp32 on 2 cores: 64 is the fastest of
@@ -227,55 +215,25 @@ def _row_dot(a: Tensor, b: Tensor) -> Tensor:
         True
     """
     n, V = a.shape
-    blocked = (
-        a.device.type == "cpu" and V and V % ROW_DOT_BLOCK == 0 and a.is_contiguous() and b.is_contiguous()
-    )
+    blocked = a.device.type == "cpu" and n and V and V % ROW_DOT_BLOCK == 0
+    blocked = blocked and a.is_contiguous() and b.is_contiguous()
     if not blocked:
         return torch.linalg.vecdot(a, b, dim=1)
     return torch.bmm(a.view(-1, 1, ROW_DOT_BLOCK), b.view(-1, ROW_DOT_BLOCK, 1)).view(n, -1).sum(1)
 
 
-def _softmax_stats_(z: Tensor, targets: Tensor, out: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``(ℓ, lse, p, H, s̃)`` of one chunk of logits ``z``, which is overwritten by the centered logits
-    ``z̃ = z − lse``; ``p = softmax(z)`` is written into ``out`` on CPU, and ``s̃ = Σ_v p_v z̃_v``.
-
-    One fused softmax, one subtraction and one row dot (`_row_dot`), one exponential per logit (the
-    log-softmax path takes two): ``ℓ = log p_y`` is read off the softmax and ``lse = z_y − ℓ``. The logits
-    are centered before the dot so that ``z̃`` is small where ``p`` is large, which keeps the precision of
-    ``−Σ p log p`` at logits of any size: with ``r = (z_y − ℓ) − lse``, the rounding residual of the stored
-    ``lse`` (formed in float64), ``H = r − s̃``, and ``log p + H = z̃ − s̃`` (`_entropy_logit_grad_`) does
-    not depend on ``r`` at all. Rows whose ``p_y`` is too small to carry a full mantissa
-    (`_reliable_prob`) take ``ℓ`` and ``H = −Σ p log p`` from a ``log_softmax`` of their logits.
-    """
-    rows = torch.arange(z.shape[0], device=z.device)
-    p = _softmax_into(z, out)
-    z_target, p_target = z[rows, targets], p[rows, targets]
-    logprobs = p_target.log()
-    lse = z_target - logprobs
-    tiny = (p_target < _reliable_prob(z.dtype)).nonzero().squeeze(1)
-    if tiny.numel():  # rare: log p of these rows from their logits
-        log_p_tiny = torch.log_softmax(z[tiny], 1)
-        logprobs[tiny] = log_p_tiny.gather(1, targets[tiny, None]).squeeze(1)
-        lse[tiny] = z_target[tiny] - logprobs[tiny]
-    wide = z.dtype if z.device.type == "mps" else torch.float64  # MPS has no float64
-    residual = z_target.to(wide) - logprobs.to(wide) - lse.to(wide)
-    centered_mean = _row_dot(p, z.sub_(lse[:, None]))
-    entropy = (residual - centered_mean.to(wide)).to(z.dtype)
-    if tiny.numel():
-        entropy[tiny] = -_row_dot(p[tiny], log_p_tiny)
-    return logprobs, lse, p, entropy, centered_mean
+def _probs_and_entropy(log_p: Tensor, out: Tensor) -> tuple[Tensor, Tensor]:
+    """``(p, H)`` of one chunk: ``p = exp(log p)`` written into ``out`` and ``H = −Σ_v p_v log p_v``
+    (a sum of non-negative terms, read with `_row_dot`)."""
+    p = torch.exp(log_p, out=out)
+    return p, -_row_dot(p, log_p)
 
 
-def _entropy_logit_grad_(z: Tensor, p: Tensor, coef: Tensor, g_ent: Tensor, mean: Tensor) -> Tensor:
-    """``∂/∂z`` without its target term from logits ``z`` centered by any per-row constant and their
-    mean ``Σ_v p_v z_v`` (``mean``), written over ``z`` in two passes (``addcmul`` then ``mul``).
-
-    ``log p_v + H = z_v − Σ_u p_u z_u`` whatever the centering, so the module docstring's
-    ``p ⊙ [coef − g_H (log p + H)]`` is ``p ⊙ [(coef + g_H · mean) − g_H z]`` (``z = log p``,
-    ``mean = −H`` is one such centering).
-    """
-    shift = (coef + g_ent * mean)[:, None]
-    return torch.addcmul(shift, z, -g_ent[:, None], out=z).mul_(p)
+def _entropy_logit_grad_(log_p: Tensor, p: Tensor, coef: Tensor, g_ent: Tensor, entropy: Tensor) -> Tensor:
+    """``∂/∂z`` without its target term: ``p ⊙ [coef − g_H (log p + H)]``, written over ``log_p`` in two
+    passes (``addcmul`` then ``mul``)."""
+    shift = (coef - g_ent * entropy)[:, None]
+    return torch.addcmul(shift, log_p, -g_ent[:, None], out=log_p).mul_(p)
 
 
 def _backprop_probs(

@@ -2,7 +2,7 @@
 computed chunk by chunk without materializing ``[N, V]`` logits (kernels and notation:
 `lit_losses.heads.chunked_ops`).
 
-`ChunkedLogProbs` keeps only ``O(N)`` state (``lse``) besides its inputs, and its backward recomputes the
+`ChunkedLogProbs` keeps only ``O(N)`` state (``H``) besides its inputs, and its backward recomputes the
 logits chunk by chunk, folding each token's upstream gradient into ``∂/∂z`` before the weight-gradient
 matmul: four ``N·D·V`` matmuls in all, the fewest an exact per-token head can do without storing
 ``[N, V]`` (``∂/∂W`` contracts ``p`` over tokens with the upstream gradient, known only in backward).
@@ -37,13 +37,11 @@ from lit_losses.heads.chunked_ops import (
     _chunk_loss_grads,
     _entropy_logit_grad_,
     _gradient_buffers,
-    _row_dot,
+    _probs_and_entropy,
     _save_gradients,
     _scaled_gradients,
     _Scratch,
     _softmax_,
-    _softmax_into,
-    _softmax_stats_,
     _target_log_probs_,
     differentiable_grads,
 )
@@ -58,7 +56,7 @@ class ChunkedLogProbs(torch.autograd.Function):
     """``(hidden [n, D], weight [V, D], bias [V] | None, targets [n]) → (logprobs, lse, entropy) [n]``.
 
     Every target must be valid (the caller compacts away ignored positions). ``entropy`` is an empty
-    tensor unless ``with_entropy``. Forward computes the logits chunk by chunk and keeps ``lse``; backward
+    tensor unless ``with_entropy``. Forward computes the logits chunk by chunk and keeps ``H``; backward
     recomputes them and projects ``∂/∂z`` (`lit_losses.heads.chunked_ops`) onto hidden, weight and bias.
 
     ``apply(hidden, weight, bias, targets, with_entropy, chunk_size, accum_dtype)``:
@@ -90,24 +88,22 @@ class ChunkedLogProbs(torch.autograd.Function):
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             z = scratch.logits(hidden[s:e], weight, bias)
+            logprobs[s:e], lse[s:e], log_p = _target_log_probs_(z, targets[s:e])
             if with_entropy:
-                probs = scratch.take("probs", e - s)
-                logprobs[s:e], lse[s:e], _, entropy[s:e], _ = _softmax_stats_(z, targets[s:e], probs)
-            else:
-                logprobs[s:e], lse[s:e], _ = _target_log_probs_(z, targets[s:e])
+                _, entropy[s:e] = _probs_and_entropy(log_p, scratch.take("probs", e - s))
         return logprobs, lse, entropy
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
         hidden, weight, bias, targets, with_entropy, chunk_size, accum_dtype = inputs
-        ctx.save_for_backward(hidden, weight, bias, targets, output[1])
+        ctx.save_for_backward(hidden, weight, bias, targets, output[2])
         ctx.with_entropy, ctx.chunk_size, ctx.accum_dtype = with_entropy, chunk_size, accum_dtype
         if not with_entropy:
             ctx.mark_non_differentiable(output[2])
 
     @staticmethod
     def backward(ctx: Any, g_lp: Tensor | None, g_lse: Tensor | None, g_ent: Tensor | None):
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        hidden, weight, bias, targets, entropy = ctx.saved_tensors
         needs = ctx.needs_input_grad[:3]
         with autocast_off(hidden.device):
             if torch.is_grad_enabled():  # create_graph=True: a differentiable recompute (exact 2nd order)
@@ -115,11 +111,13 @@ class ChunkedLogProbs(torch.autograd.Function):
                 grads = differentiable_grads(hidden, weight, bias, targets, g_lp, g_lse, g_ent,
                                              ctx.chunk_size, ctx.accum_dtype, needs)  # fmt: skip
             else:
-                grads = ChunkedLogProbs._backward(ctx, hidden, weight, bias, targets, lse, g_lp, g_lse, g_ent)
+                grads = ChunkedLogProbs._backward(
+                    ctx, hidden, weight, bias, targets, entropy, g_lp, g_lse, g_ent
+                )
         return *grads, None, None, None, None
 
     @staticmethod
-    def _backward(ctx: Any, hidden, weight, bias, targets, lse, g_lp, g_lse, g_ent):
+    def _backward(ctx: Any, hidden, weight, bias, targets, entropy, g_lp, g_lse, g_ent):
         acc = _accum_dtype(hidden, ctx.accum_dtype)
         n, chunk = hidden.shape[0], ctx.chunk_size
         zeros = hidden.new_zeros(n, dtype=acc)
@@ -136,10 +134,9 @@ class ChunkedLogProbs(torch.autograd.Function):
             if not use_entropy:
                 _backprop_probs(_softmax_(z), coef, y, g_lp[s:e], h, weight, (gh, grad_w, grad_b))
                 continue
-            # centered by the forward's lse; log p + H = z̃ − Σ p z̃ whatever the centering (chunked_ops)
-            p = _softmax_into(z, scratch.take("probs", e - s))
-            mean = _row_dot(p, z.sub_(lse[s:e, None]))
-            dz = _entropy_logit_grad_(z, p, coef, g_ent[s:e].to(acc), mean)
+            log_p = _softmax_(z, log=True)
+            p = torch.exp(log_p, out=scratch.take("probs", e - s))
+            dz = _entropy_logit_grad_(log_p, p, coef, g_ent[s:e].to(acc), entropy[s:e])
             _backprop_chunk(dz, y, g_lp[s:e], h, weight, (gh, grad_w, grad_b))
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
@@ -236,17 +233,16 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
             e = min(s + chunk_size, n)
             h, y, gh = hidden[s:e], targets[s:e], None if grad_h is None else grad_h[s:e]
             z = scratch.logits(h, weight, bias)
+            lp_c, lse_c, log_p = _target_log_probs_(z, y)
             if with_entropy:
-                lp_c, lse_c, p, ent_c, mean_c = _softmax_stats_(z, y, scratch.take("probs", e - s))
-                values = (lp_c, lse_c, ent_c)
-                loss_c, (g_lp, g_lse, g_ent) = _chunk_loss_grads(chunk_loss, s, e, values, acc)
+                p, ent_c = _probs_and_entropy(log_p, scratch.take("probs", e - s))
+                loss_c, (g_lp, g_lse, g_ent) = _chunk_loss_grads(chunk_loss, s, e, (lp_c, lse_c, ent_c), acc)
             else:
-                lp_c, lse_c, log_p = _target_log_probs_(z, y)
                 p = log_p.exp_()
                 loss_c, (g_lp, g_lse) = _chunk_loss_grads(chunk_loss, s, e, (lp_c, lse_c), acc)
             coef = g_lse - g_lp
             if with_entropy and bool(g_ent.ne(0).any()):
-                dz = _entropy_logit_grad_(z, p, coef, g_ent, mean_c)
+                dz = _entropy_logit_grad_(log_p, p, coef, g_ent, ent_c)
                 _backprop_chunk(dz, y, g_lp, h, weight, (gh, grad_w, grad_b))
             else:
                 _backprop_probs(p, coef, y, g_lp, h, weight, (gh, grad_w, grad_b))

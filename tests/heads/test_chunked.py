@@ -242,7 +242,7 @@ def test_bf16_gradients_match_the_fp32_reference(path):
 
 
 # ---- the entropy passes: row dot, centering, degenerate rows, chunk memory ---------------------
-@pytest.mark.parametrize("shape", [(7, 320), (5, 101), (3, 64), (4, 0)])
+@pytest.mark.parametrize("shape", [(7, 320), (5, 101), (3, 64), (4, 0), (0, 64)])
 @pytest.mark.parametrize("contiguous", [True, False])
 def test_row_dot_is_each_rows_dot_product(shape, contiguous):
     """Blocked where V is a multiple of the block, ``vecdot`` otherwise (odd V, empty rows, strided views)."""
@@ -282,9 +282,30 @@ def test_entropy_of_uniform_and_one_hot_rows(path):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_entropy_paths_halve_the_tokens_per_chunk():
-    """The entropy passes keep logits and probabilities (two ``[chunk, V]`` tensors): half the tokens of a
-    default chunk, the same memory as the other paths."""
+def test_entropy_of_near_one_hot_rows_does_not_depend_on_the_target():
+    """H ≈ 1e-22 whether the target is the likely token or one at log p ≈ −60: H is read relative to each
+    row's most probable token, not the target (never negative, never off by the target's rounding)."""
+    n, d, V = 64, 8, 256
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.zeros(n, d)
+    hidden[:, 0], hidden[:, 1] = 1.0, torch.rand(n, generator=g)
+    weight = torch.zeros(V, d)
+    weight[:, 0] = -29.7 + 0.01 * torch.randn(V, generator=g)
+    weight[5, 0] = 30.3
+    weight[:, 1] = 0.001 * torch.randn(V, generator=g)
+    head = FusedLMHead(weight, backend="chunked", chunk_size=16)
+    ref = FusedLMHead(weight.double(), backend="naive")(
+        hidden.double(), torch.full((n,), 9), "entropy"
+    ).entropy
+    for target in (5, 9):
+        entropy = head(hidden, torch.full((n,), target), ("entropy",)).entropy
+        assert entropy.min() >= 0
+        torch.testing.assert_close(entropy.double(), ref, rtol=1e-4, atol=1e-12)
+
+
+def test_entropy_paths_halve_the_tokens_per_chunk_on_cpu():
+    """The entropy passes keep logits and probabilities (two ``[chunk, V]`` tensors): on CPU half the
+    tokens of a default chunk, the same memory as the other paths; an explicit chunk size is kept."""
     head = FusedLMHead(torch.zeros(128256, 8))
     assert chunk_size_for(head, 4096) == default_chunk_size(4096, 128256) == 261
     assert chunk_size_for(head, 4096, with_entropy=True) == 130
