@@ -90,3 +90,13 @@ def random_batch(vocab_size: int = 11, B: int = 3, T: int = 7, seed: int = 0) ->
     labels = torch.randint(0, vocab_size, (B, T), generator=g)
     labels[torch.rand(B, T, generator=g) < 0.25] = -100
     return {"input_ids": torch.randint(0, vocab_size, (B, T), generator=g), "labels": labels}
+
+
+def dr_grpo(per_token: torch.Tensor, labels: torch.Tensor, segment_ids: torch.Tensor, norm: float):
+    """Naive ``(1/S) Σ_s Σ_{t∈s} L_t / C``: a sequence is a (row, segment) pair with a target."""
+    sequences: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for b in range(labels.shape[0]):
+        for t in range(labels.shape[1]):
+            if labels[b, t] != -100:
+                sequences.setdefault((b, int(segment_ids[b, t])), []).append(per_token[b, t])
+    return sum(torch.stack(v).sum() / norm for v in sequences.values()) / len(sequences)

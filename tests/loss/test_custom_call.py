@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from lit_losses.errors import ConfigError
 from lit_losses.loss.custom import collate
-from tests.helpers import EmbeddingLM, quiet_trainer
+from tests.helpers import EmbeddingLM, dr_grpo, quiet_trainer
 
 
 def sparsity(data, logprobs_list):
@@ -137,16 +137,6 @@ NORM = "seq-mean-token-sum-norm"
 def token_nll(ctx):
     """A per-token matrix ``−log p_t`` (the ``fn(ctx)`` form), aggregated in the term's mode."""
     return -ctx.logprobs
-
-
-def dr_grpo(per_token: torch.Tensor, labels: torch.Tensor, segment_ids: torch.Tensor, norm: float):
-    """Naive ``(1/S) Σ_s Σ_{t∈s} L_t / C``: a sequence is a (row, segment) pair with a target."""
-    sequences: dict[tuple[int, int], list[torch.Tensor]] = {}
-    for b in range(labels.shape[0]):
-        for t in range(labels.shape[1]):
-            if labels[b, t] != -100:
-                sequences.setdefault((b, int(segment_ids[b, t])), []).append(per_token[b, t])
-    return sum(torch.stack(v).sum() / norm for v in sequences.values()) / len(sequences)
 
 
 def packed_batch() -> dict:

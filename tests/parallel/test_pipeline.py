@@ -9,6 +9,7 @@ import torch
 
 from lit_losses.errors import ConfigError
 from lit_losses.parallel import PipelineLoss
+from tests.helpers import dr_grpo
 from tests.parallel import pipeline_worker
 from tests.parallel.launch import launch
 
@@ -27,16 +28,6 @@ def test_two_stage_gpipe_step_equals_the_unsplit_model(tmp_path):
 def split_losses(loss_fn, hidden, target, n):
     """What a schedule does at the last stage: the loss of each of ``n`` micro-batches."""
     return [loss_fn(h, t) for h, t in zip(hidden.tensor_split(n), target.tensor_split(n), strict=True)]
-
-
-def dr_grpo(per_token, labels, segment_ids, norm):
-    """Naive ``(1/S) Σ_s Σ_{t∈s} L_t / C``: a sequence is a (row, segment) pair with a target."""
-    sequences: dict[tuple[int, int], list[torch.Tensor]] = {}
-    for b in range(labels.shape[0]):
-        for t in range(labels.shape[1]):
-            if labels[b, t] != -100:
-                sequences.setdefault((b, int(segment_ids[b, t])), []).append(per_token[b, t])
-    return sum(torch.stack(v).sum() / norm for v in sequences.values()) / len(sequences)
 
 
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-sum-norm"])
