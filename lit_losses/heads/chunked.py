@@ -45,7 +45,7 @@ __all__ = [
 def chunk_size_for(head: HeadConfig, n_tokens: int, with_entropy: bool = False) -> int:
     """The head's ``chunk_size``, or `default_chunk_size` for ``n_tokens`` valid tokens on the weight's
     device; on CPU half as many tokens ``with_entropy``, whose passes keep two ``[chunk, V]`` work tensors
-    (logits and probabilities): the memory of one chunk of the other paths, and no page faults of a second
+    (``log p`` and ``p``): the memory of one chunk of the other paths, and no page faults of a second
     buffer (measured, `benchmarks/rl_step.py`). Accelerators keep the full chunk: their matmuls need the
     tokens (`lit_losses.heads.chunked_ops.DEFAULT_CHUNK_BYTES`)."""
     if head.chunk_size:

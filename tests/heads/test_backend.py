@@ -104,9 +104,9 @@ def output_cases():
 
 
 # ---- per-token outputs -------------------------------------------------------------------------
-def check_per_token(name, outputs, dtype, bias):
+def check_per_token(name, outputs, dtype, bias, v=101):
     _, device = usable(name)
-    *leaves, targets = problem(dtype, bias, device)
+    *leaves, targets = problem(dtype, bias, device, v=v)
     ref_leaves = float64_leaves(leaves)
     out = FusedLMHead(leaves[1], leaves[2], backend=name, chunk_size=8)(leaves[0], targets, outputs)
     ref = reference(*ref_leaves, targets)
@@ -131,6 +131,13 @@ def check_per_token(name, outputs, dtype, bias):
 @pytest.mark.parametrize(("name", "outputs"), output_cases())
 def test_per_token_outputs_match_the_reference(name, outputs, dtype, bias):
     check_per_token(name, outputs, dtype, bias)
+
+
+@pytest.mark.parametrize("name", ["chunked", "vocab_parallel"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_entropy_with_a_vocabulary_the_blocked_row_dot_reads(name, dtype):
+    """V = 192, a multiple of the 64-column blocks of the entropy's row dot (V = 101 above takes vecdot)."""
+    check_per_token(name, ("logprobs", "lse", "entropy"), dtype, True, v=192)
 
 
 @pytest.mark.parametrize("name", HEAD_BACKENDS.names())
