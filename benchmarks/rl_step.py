@@ -14,12 +14,16 @@ Variants:
   ppo             base_loss: ppo alone (the fused pointwise path)
   ppo_kl          ppo + kl_reference (k3, weight 0.05)
   ppo_kl_entropy  ppo + kl_reference + entropy (bonus, weight 0.01), the PPO/GRPO objective
+  ppo_kl_entropy_eager  the same with the eager entropy passes (LIT_LOSSES_COMPILE_KERNELS=0)
 
 The RL variants run chunk by chunk inside the fused head with every gradient computed in forward (three
 matmuls, no logits recompute), as the CE fast path does; the policy loss and the KL add O(tokens) work,
-the entropy element-wise passes over each chunk of logits (one softmax, a centering, a row dot and two
-passes forming the logit gradient, against the CE path's log-softmax and exp). Target (issue #17):
-ppo_kl_entropy ≤ 1.10 × ce.
+the entropy two element-wise passes over each chunk of log-probabilities (the compiled kernels of
+`lit_losses.heads.entropy_kernels`: one read for H, one read-write for the logit gradient) on top of the
+CE path's log-softmax and exp; the eager passes form p in a second buffer, read a row dot and form the
+logit gradient in two passes, on half-size chunks. The first step of each variant is reported apart (it
+includes the kernels' compile, a few seconds once per process, less when Inductor's disk cache has
+them). Target (issue #17): ppo_kl_entropy ≤ 1.10 × ce.
 
     python benchmarks/rl_step.py --repeats 15 [--threads 2] [--device cuda]
 """
@@ -28,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import statistics
 import time
+from unittest import mock
 
 import torch
 
@@ -45,7 +51,10 @@ VARIANTS = {
     "ppo": PPO,
     "ppo_kl": {**PPO, "regularizers": [KL]},
     "ppo_kl_entropy": {**PPO, "regularizers": [KL, ENTROPY]},
+    "ppo_kl_entropy_eager": {**PPO, "regularizers": [KL, ENTROPY]},
 }
+EAGER = {"ppo_kl_entropy_eager"}  # these variants run with the environment EAGER_ENV
+EAGER_ENV = {"LIT_LOSSES_COMPILE_KERNELS": "0"}
 
 
 def rl_batch(rows: int = 16, width: int = 256, vocab: int = VOCAB) -> dict:
@@ -97,15 +106,19 @@ def main() -> None:
     paths = {n: m.objective.path("train", m.head_outputs_needed()) for n, m in models.items()}
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     times: dict[str, list[float]] = {k: [] for k in models}
+    first: dict[str, float] = {}
     for r in range(args.repeats + 2):
         for name, model in models.items():
             model.zero_grad(set_to_none=True)
             sync()
             start = time.perf_counter()
-            model.compute_loss(data).total.backward()
+            with mock.patch.dict(os.environ, EAGER_ENV if name in EAGER else {}):
+                model.compute_loss(data).total.backward()
             sync()
             if r >= 2:  # warm-up
                 times[name].append(time.perf_counter() - start)
+            elif r == 0:
+                first[name] = time.perf_counter() - start
     print(
         f"{platform.machine()} · torch {torch.__version__} · {torch.get_num_threads()} threads · "
         f"device {args.device} · repeats {args.repeats} · {int((data['labels'] != -100).sum())} valid "
@@ -118,6 +131,10 @@ def main() -> None:
         med = statistics.median(t)
         print(f"| {name} | {paths[name]} | {med * 1e3:.1f} | {med / base:.3f} | {min(t) * 1e3:.1f} | "
               f"{min(t) / best:.3f} |")  # fmt: skip
+    print(
+        "first step (ms; includes the kernels' compile unless Inductor's disk cache has them): "
+        + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in first.items())
+    )
 
 
 if __name__ == "__main__":

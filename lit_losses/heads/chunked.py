@@ -23,6 +23,7 @@ from lit_losses.heads.backend import (
     weight_vector,
 )
 from lit_losses.heads.chunked_ops import default_chunk_size
+from lit_losses.heads.entropy_kernels import compiled_kernels_for
 from lit_losses.heads.functions import ChunkedLogProbs, ChunkedPointwiseLoss, ChunkedWeightedCE
 
 if TYPE_CHECKING:
@@ -44,15 +45,20 @@ __all__ = [
 
 def chunk_size_for(head: HeadConfig, n_tokens: int, with_entropy: bool = False) -> int:
     """The head's ``chunk_size``, or `default_chunk_size` for ``n_tokens`` valid tokens on the weight's
-    device; on CPU half as many tokens ``with_entropy``, whose passes keep two ``[chunk, V]`` work tensors
-    (``log p`` and ``p``): the memory of one chunk of the other paths, and no page faults of a second
-    buffer (measured, `benchmarks/rl_step.py`). Accelerators keep the full chunk: their matmuls need the
-    tokens (`lit_losses.heads.chunked_ops.DEFAULT_CHUNK_BYTES`)."""
+    device.
+
+    On CPU ``with_entropy``, the eager entropy passes keep two ``[chunk, V]`` work tensors (``log p`` and
+    ``p``), so they get half as many tokens: the memory of one chunk of the other paths, and no page faults
+    of a second buffer (measured, `benchmarks/rl_step.py`). Chunks that the compiled entropy kernels take
+    (`lit_losses.heads.entropy_kernels`) keep one work tensor and the full size, as accelerators do: their
+    matmuls need the tokens (`lit_losses.heads.chunked_ops.DEFAULT_CHUNK_BYTES`)."""
     if head.chunk_size:
         return head.chunk_size
     device = head.weight.device
-    bytes_per_elem = 8 if with_entropy and device.type == "cpu" else 4
-    return default_chunk_size(n_tokens, head.vocab_size, bytes_per_elem, device=device)
+    rows = default_chunk_size(n_tokens, head.vocab_size, device=device)
+    if with_entropy and device.type == "cpu" and not compiled_kernels_for(device, rows, head.vocab_size):
+        rows = default_chunk_size(n_tokens, head.vocab_size, bytes_per_elem=8, device=device)
+    return rows
 
 
 def chunked_per_token(

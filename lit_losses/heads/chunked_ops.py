@@ -19,10 +19,12 @@ work per logit is then one fused, in-place ``log_softmax`` in forward (``ℓ`` i
 ``lse = z_y − ℓ``) and one fused ``softmax`` in backward (the fast paths: ``log_softmax`` and ``exp``);
 ``[chunk, V]`` work tensors are allocated once per pass (`_Scratch`).
 
-With the entropy, ``∂/∂z`` has a term in ``p_v log p_v`` that no folding removes: those passes keep
-``log p`` (the in-place ``log_softmax``) and ``p = exp(log p)`` in a second work tensor, read
-``H = −Σ_v p_v log p_v`` with a blocked row dot (`_row_dot`) and form ``∂/∂z`` in two element-wise passes
-(`_entropy_logit_grad_`). Two work tensors, so on CPU half the tokens per default chunk
+With the entropy, ``∂/∂z`` has a term in ``p_v log p_v`` that no folding removes. On CPU chunks of at
+least `lit_losses.heads.entropy_kernels.COMPILE_MIN_LOGITS` logits, two compiled kernels read ``log p``
+(the in-place ``log_softmax``) once for ``H = −Σ_v p_v log p_v`` and once to write ``∂/∂z`` over it
+(`lit_losses.heads.entropy_kernels`). Otherwise the passes are eager: ``p = exp(log p)`` in a second work
+tensor, ``H`` read with a blocked row dot (`_row_dot`) and ``∂/∂z`` formed in two element-wise passes
+(`_entropy_logit_grad_`); with two work tensors, a default chunk on CPU holds half the tokens
 (`lit_losses.heads.chunked.chunk_size_for`).
 
 Inputs of lower precision (bf16/fp16) accumulate in ``accum_dtype`` (fp32 by default); float64
@@ -35,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+from lit_losses.heads import entropy_kernels
 
 if TYPE_CHECKING:
     from lit_losses.heads.backend import ChunkLoss
@@ -222,18 +226,33 @@ def _row_dot(a: Tensor, b: Tensor) -> Tensor:
     return torch.bmm(a.view(-1, 1, ROW_DOT_BLOCK), b.view(-1, ROW_DOT_BLOCK, 1)).view(n, -1).sum(1)
 
 
-def _probs_and_entropy(log_p: Tensor, out: Tensor) -> tuple[Tensor, Tensor]:
-    """``(p, H)`` of one chunk: ``p = exp(log p)`` written into ``out`` and ``H = −Σ_v p_v log p_v``
-    (a sum of non-negative terms, read with `_row_dot`)."""
-    p = torch.exp(log_p, out=out)
+def _probs_and_entropy(log_p: Tensor, scratch: _Scratch, compiled: bool) -> tuple[Tensor | None, Tensor]:
+    """``(p, H)`` of one chunk, ``H = −Σ_v p_v log p_v`` (a sum of non-negative terms).
+
+    ``compiled``: one fused read of ``log p`` (`entropy_kernels`) and ``p`` is not formed (``None``).
+    Otherwise ``p = exp(log p)`` is written into work tensor ``"probs"`` and ``H`` read with `_row_dot`.
+    """
+    if compiled and (entropy := entropy_kernels.entropy(log_p)) is not None:
+        return None, entropy
+    p = torch.exp(log_p, out=scratch.take("probs", log_p.shape[0]))
     return p, -_row_dot(p, log_p)
 
 
-def _entropy_logit_grad_(log_p: Tensor, p: Tensor, coef: Tensor, g_ent: Tensor, entropy: Tensor) -> Tensor:
-    """``∂/∂z`` without its target term: ``p ⊙ [coef − g_H (log p + H)]``, written over ``log_p`` in two
-    passes (``addcmul`` then ``mul``)."""
-    shift = (coef - g_ent * entropy)[:, None]
-    return torch.addcmul(shift, log_p, -g_ent[:, None], out=log_p).mul_(p)
+def _entropy_logit_grad_(
+    log_p: Tensor, p: Tensor | None, coef: Tensor, g_ent: Tensor, entropy: Tensor, scratch: _Scratch
+) -> Tensor:
+    """``∂/∂z`` without its target term, ``p ⊙ [coef − g_H (log p + H)]``, written over ``log_p``.
+
+    Without ``p`` (the compiled path of `_probs_and_entropy`), one fused read-write of ``log p``
+    (`entropy_kernels`); with it, or if that kernel cannot be compiled, two eager passes (``addcmul`` then
+    ``mul``).
+    """
+    a = coef - g_ent * entropy
+    if p is None:
+        if (dz := entropy_kernels.entropy_logit_grad_(log_p, a, -g_ent)) is not None:
+            return dz
+        p = torch.exp(log_p, out=scratch.take("probs", log_p.shape[0]))
+    return torch.addcmul(a[:, None], log_p, -g_ent[:, None], out=log_p).mul_(p)
 
 
 def _backprop_probs(

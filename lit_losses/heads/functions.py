@@ -45,6 +45,7 @@ from lit_losses.heads.chunked_ops import (
     _target_log_probs_,
     differentiable_grads,
 )
+from lit_losses.heads.entropy_kernels import compiled_kernels_for
 from lit_losses.heads.higher_order import refuse_double_backward
 from lit_losses.heads.precision import autocast_off
 
@@ -85,12 +86,13 @@ class ChunkedLogProbs(torch.autograd.Function):
         lse = hidden.new_empty(n, dtype=acc)
         entropy = hidden.new_empty(n if with_entropy else 0, dtype=acc)
         scratch = _Scratch(weight.shape[0], acc, hidden.device)
+        compiled = with_entropy and compiled_kernels_for(hidden.device, min(n, chunk_size), weight.shape[0])
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             z = scratch.logits(hidden[s:e], weight, bias)
             logprobs[s:e], lse[s:e], log_p = _target_log_probs_(z, targets[s:e])
             if with_entropy:
-                _, entropy[s:e] = _probs_and_entropy(log_p, scratch.take("probs", e - s))
+                _, entropy[s:e] = _probs_and_entropy(log_p, scratch, compiled)
         return logprobs, lse, entropy
 
     @staticmethod
@@ -126,6 +128,7 @@ class ChunkedLogProbs(torch.autograd.Function):
         use_entropy = ctx.with_entropy and g_ent is not None
         grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
         scratch = _Scratch(weight.shape[0], acc, hidden.device)
+        compiled = use_entropy and compiled_kernels_for(hidden.device, min(n, chunk), weight.shape[0])
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
             h, y, gh = hidden[s:e], targets[s:e], None if grad_h is None else grad_h[s:e]
@@ -135,8 +138,8 @@ class ChunkedLogProbs(torch.autograd.Function):
                 _backprop_probs(_softmax_(z), coef, y, g_lp[s:e], h, weight, (gh, grad_w, grad_b))
                 continue
             log_p = _softmax_(z, log=True)
-            p = torch.exp(log_p, out=scratch.take("probs", e - s))
-            dz = _entropy_logit_grad_(log_p, p, coef, g_ent[s:e].to(acc), entropy[s:e])
+            p = None if compiled else torch.exp(log_p, out=scratch.take("probs", e - s))
+            dz = _entropy_logit_grad_(log_p, p, coef, g_ent[s:e].to(acc), entropy[s:e], scratch)
             _backprop_chunk(dz, y, g_lp[s:e], h, weight, (gh, grad_w, grad_b))
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
@@ -229,22 +232,24 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
         grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
         total = hidden.new_zeros((), dtype=acc)
         scratch = _Scratch(weight.shape[0], acc, hidden.device)
+        compiled = with_entropy and compiled_kernels_for(hidden.device, min(n, chunk_size), weight.shape[0])
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             h, y, gh = hidden[s:e], targets[s:e], None if grad_h is None else grad_h[s:e]
             z = scratch.logits(h, weight, bias)
             lp_c, lse_c, log_p = _target_log_probs_(z, y)
             if with_entropy:
-                p, ent_c = _probs_and_entropy(log_p, scratch.take("probs", e - s))
+                p, ent_c = _probs_and_entropy(log_p, scratch, compiled)
                 loss_c, (g_lp, g_lse, g_ent) = _chunk_loss_grads(chunk_loss, s, e, (lp_c, lse_c, ent_c), acc)
             else:
                 p = log_p.exp_()
                 loss_c, (g_lp, g_lse) = _chunk_loss_grads(chunk_loss, s, e, (lp_c, lse_c), acc)
             coef = g_lse - g_lp
             if with_entropy and bool(g_ent.ne(0).any()):
-                dz = _entropy_logit_grad_(log_p, p, coef, g_ent, ent_c)
+                dz = _entropy_logit_grad_(log_p, p, coef, g_ent, ent_c, scratch)
                 _backprop_chunk(dz, y, g_lp, h, weight, (gh, grad_w, grad_b))
             else:
+                p = log_p.exp_() if p is None else p
                 _backprop_probs(p, coef, y, g_lp, h, weight, (gh, grad_w, grad_b))
             total += loss_c
         _save_gradients(ctx, (grad_h, grad_w, grad_b), weight, bias)

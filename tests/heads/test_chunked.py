@@ -5,12 +5,61 @@ import math
 import pytest
 import torch
 
-from lit_losses.heads import FusedLMHead
+from lit_losses.heads import FusedLMHead, chunked_ops, entropy_kernels
 from lit_losses.heads.chunked import ChunkedLogProbs, chunk_size_for, default_chunk_size
 from lit_losses.heads.chunked_ops import _row_dot
 from lit_losses.heads.torch_lce import torch_available
 
 ALL = ("logprobs", "lse", "entropy")
+ENTROPY_PATHS = ["per_token_entropy", "pointwise_entropy"]
+
+
+@pytest.fixture(scope="session")
+def can_compile():
+    """Whether ``torch.compile`` builds CPU kernels here (it needs a C++ compiler)."""
+    try:
+        entropy_kernels._compiled(entropy_kernels._entropy_kernel)(torch.zeros(2, 4))
+    except Exception as err:
+        return f"{type(err).__name__}: {err}".splitlines()[0]
+    return None
+
+
+@pytest.fixture
+def compiled_kernels(monkeypatch, can_compile):
+    """The compiled entropy kernels for every chunk of at least ``COMPILE_MIN_LOGITS`` logits, with a
+    fresh failure state; yields the names of the kernels that ran (returned a result)."""
+    if can_compile:
+        pytest.skip(f"torch.compile cannot build CPU kernels here: {can_compile}")
+    calls: list[str] = []
+    monkeypatch.setenv(entropy_kernels.ENV_SWITCH, "1")
+    monkeypatch.setattr(entropy_kernels, "_failed", [])
+    monkeypatch.setattr(entropy_kernels, "_warned", set())
+    run = entropy_kernels._run
+
+    def counted(kernel, *args):
+        out = run(kernel, *args)
+        if out is not None:
+            calls.append(kernel.__name__)
+        return out
+
+    monkeypatch.setattr(entropy_kernels, "_run", counted)
+    yield calls
+    assert not entropy_kernels._failed
+
+
+@pytest.fixture(params=["eager", "compiled"])
+def entropy_kernel(request, monkeypatch):
+    """The chunked head's entropy passes eager, or through the compiled kernels on every chunk of at
+    least 2 rows (their size threshold lowered to 1 logit); the compiled case checks that they ran.
+    Yields the names of the kernels that ran."""
+    if request.param == "eager":
+        monkeypatch.setenv(entropy_kernels.ENV_SWITCH, "0")
+        yield []
+        return
+    calls = request.getfixturevalue("compiled_kernels")
+    monkeypatch.setattr(entropy_kernels, "COMPILE_MIN_LOGITS", 1)
+    yield calls
+    assert calls
 
 
 def problem(n=37, d=16, v=101, dtype=torch.float64, bias=True, seed=0, ignore_every=5):
@@ -254,8 +303,8 @@ def test_row_dot_is_each_rows_dot_product(shape, contiguous):
     torch.testing.assert_close(_row_dot(a, b).double(), ref, rtol=1e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("path", ["per_token_entropy", "pointwise_entropy"])
-def test_entropy_of_uniform_and_one_hot_rows(path):
+@pytest.mark.parametrize("path", ENTROPY_PATHS)
+def test_entropy_of_uniform_and_one_hot_rows(path, entropy_kernel):
     """Equal logits give H = log V; a row whose target owns all the mass gives H = 0 (not negative, not NaN)
     and the plain NLL gradient, in fp32, against float64."""
     hidden = torch.zeros(6, 4)
@@ -282,7 +331,7 @@ def test_entropy_of_uniform_and_one_hot_rows(path):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_entropy_of_near_one_hot_rows_does_not_depend_on_the_target():
+def test_entropy_of_near_one_hot_rows_does_not_depend_on_the_target(entropy_kernel):
     """H ≈ 1e-22 whether the target is the likely token or one at log p ≈ −60: H is read relative to each
     row's most probable token, not the target (never negative, never off by the target's rounding)."""
     n, d, V = 64, 8, 256
@@ -303,13 +352,171 @@ def test_entropy_of_near_one_hot_rows_does_not_depend_on_the_target():
         torch.testing.assert_close(entropy.double(), ref, rtol=1e-4, atol=1e-12)
 
 
-def test_entropy_paths_halve_the_tokens_per_chunk_on_cpu():
-    """The entropy passes keep logits and probabilities (two ``[chunk, V]`` tensors): on CPU half the
-    tokens of a default chunk, the same memory as the other paths; an explicit chunk size is kept."""
+def test_eager_entropy_paths_halve_the_tokens_per_chunk_on_cpu(monkeypatch):
+    """The eager entropy passes keep ``log p`` and ``p`` (two ``[chunk, V]`` tensors): on CPU half the
+    tokens of a default chunk, the same memory as the other paths. Chunks the compiled kernels take keep
+    one work tensor and the full size. An explicit chunk size is kept."""
     head = FusedLMHead(torch.zeros(128256, 8))
     assert chunk_size_for(head, 4096) == default_chunk_size(4096, 128256) == 261
+    monkeypatch.setenv(entropy_kernels.ENV_SWITCH, "1")
+    assert chunk_size_for(head, 4096, with_entropy=True) == 261
+    assert chunk_size_for(FusedLMHead(torch.zeros(4096, 8)), 4096, with_entropy=True) == 1024  # eager, fits
+    monkeypatch.setenv(entropy_kernels.ENV_SWITCH, "0")
     assert chunk_size_for(head, 4096, with_entropy=True) == 130
     assert chunk_size_for(FusedLMHead(torch.zeros(128256, 8), chunk_size=64), 4096, with_entropy=True) == 64
+
+
+@pytest.mark.parametrize("path", ENTROPY_PATHS)
+def test_compiled_entropy_kernels_against_float64(path, entropy_kernel):
+    """Both kernels on odd chunks (8 tokens, remainders of 5 and of 1 row, which the eager passes take),
+    repeated targets, ignored positions, a chunk whose entropy gradient is zero, with and without bias:
+    float64 through the kernels to 1e-11 of the naive head; fp32 with logits of a few hundred to 1e-5
+    of float64."""
+    for n in (37, 33):
+        hidden, weight, b, targets = problem(n=n, d=12, v=192, ignore_every=6)
+        targets[targets != -100] = torch.tensor([3, 3, 7, 3, 9, 3] * 6)[: int((targets != -100).sum())]
+        upstream = [
+            torch.randn(targets.shape, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+            for i in range(3)
+        ]
+        upstream[2][:10] = 0.0  # the first chunk's valid tokens: no entropy gradient
+        for bias in (b, None):
+            inputs = [x for x in (hidden, weight, bias) if x is not None]
+            ref = _loss(path, FusedLMHead(weight, bias, backend="naive"), hidden, targets, upstream)
+            ref_grads = torch.autograd.grad(ref, inputs)
+            head = FusedLMHead(weight, bias, backend="chunked", chunk_size=8)
+            loss = _loss(path, head, hidden, targets, upstream)
+            for got, want in zip((loss, *torch.autograd.grad(loss, inputs)), (ref, *ref_grads), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-12)
+    inputs32 = [x.detach().float().requires_grad_() for x in (hidden, weight * 80.0, b)]
+    loss = _loss(
+        path, FusedLMHead(*inputs32[1:], chunk_size=8), inputs32[0], targets, [u.float() for u in upstream]
+    )
+    grads = torch.autograd.grad(loss, inputs32)
+    inputs64 = [x.detach().double().requires_grad_() for x in inputs32]
+    ref = _loss(path, FusedLMHead(*inputs64[1:], backend="naive"), inputs64[0], targets, upstream)
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, torch.autograd.grad(ref, inputs64), strict=True):
+        scale = want.abs().max()
+        torch.testing.assert_close(got.double() / scale, want / scale, rtol=1e-5, atol=1e-5)
+    if entropy_kernel:
+        assert set(entropy_kernel) == {"_entropy_kernel", "_entropy_grad_kernel_"}
+
+
+@pytest.mark.parametrize("path", ENTROPY_PATHS)
+def test_compiled_entropy_at_a_production_vocabulary(path, compiled_kernels, monkeypatch):
+    """V = 32768 at the default threshold (chunks of 512 rows and a remainder of 1), against float64: the
+    entropy (uniform rows: log V) and the gradients are as close as the eager passes' (Inductor's
+    kernel for long rows is not the one the small-V tests run; an fp32 sum over them was 100× worse),
+    with one ``[chunk, V]`` work tensor (no ``p``) for the chunks the kernels take."""
+    V, n = 32768, 513
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(n, 8, generator=g)
+    hidden[:4] = 0.0  # uniform rows
+    weight = torch.randn(V, 8, generator=g)
+    targets = torch.randint(0, V, (n,), generator=g)
+    upstream = [
+        torch.randn(n, generator=torch.Generator().manual_seed(i), dtype=torch.float64) for i in range(3)
+    ]
+    h64, w64 = (x.double().requires_grad_() for x in (hidden, weight))
+    ref_head = FusedLMHead(w64, backend="naive")
+    ref_entropy = ref_head(h64, targets, ("entropy",)).entropy.detach()
+    torch.testing.assert_close(ref_entropy[:4], torch.full((4,), math.log(V), dtype=torch.float64))
+    ref = _loss(path, ref_head, h64, targets, upstream)
+    ref_grads = torch.autograd.grad(ref, (h64, w64))
+
+    def errors():
+        """Relative errors of the fp32 chunked head against float64: entropy (uniform rows, other rows),
+        loss, ∂/∂hidden, ∂/∂W."""
+        h32, w32 = (x.clone().requires_grad_() for x in (hidden, weight))
+        head = FusedLMHead(w32, chunk_size=512)
+        entropy = head(h32, targets, ("entropy",)).entropy
+        loss = _loss(path, head, h32, targets, [u.float() for u in upstream])
+        grads = torch.autograd.grad(loss, (h32, w32))
+        entropies = [(entropy[:4], ref_entropy[:4]), (entropy[4:], ref_entropy[4:])]
+        pairs = [*entropies, (loss, ref), *zip(grads, ref_grads, strict=True)]
+        return [float((got.double() - want).abs().max() / want.abs().max()) for got, want in pairs]
+
+    taken = []
+    take = chunked_ops._Scratch.take
+    monkeypatch.setattr(
+        chunked_ops._Scratch,
+        "take",
+        lambda self, name, rows: taken.append((name, rows)) or take(self, name, rows),
+    )
+    compiled = errors()
+    assert {rows for name, rows in taken if name == "probs"} == {1}  # only the 1-row remainder's eager pass
+    assert set(compiled_kernels) == {"_entropy_kernel", "_entropy_grad_kernel_"}
+    monkeypatch.setenv(entropy_kernels.ENV_SWITCH, "0")
+    eager = errors()
+    assert max(compiled) < 1e-4, (compiled, eager)
+    for c, e in zip(compiled, eager, strict=True):
+        assert c <= 2 * e + 1e-7, (compiled, eager)
+
+
+def test_compiled_entropy_in_inference_mode(entropy_kernel):
+    """Validation runs under ``torch.inference_mode``: the entropy kernel runs there too."""
+    hidden, weight, b, targets = problem(n=21, v=192)
+    ref = FusedLMHead(weight, b, backend="naive")(hidden, targets, ("entropy",)).entropy
+    with torch.inference_mode():
+        got = FusedLMHead(weight.float(), b.float(), chunk_size=8)(hidden.float(), targets, ("entropy",))
+    torch.testing.assert_close(got.entropy.double(), ref.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", ENTROPY_PATHS)
+@pytest.mark.parametrize("broken", ["_entropy_kernel", "_entropy_grad_kernel_"])
+def test_a_failed_compile_warns_once_and_the_eager_passes_take_over(
+    broken, path, compiled_kernels, monkeypatch
+):
+    """A kernel that cannot be compiled (no C++ compiler, say): one warning naming the error, the eager
+    passes from then on (the per-token path's backward and the fused pointwise path), the same exact
+    result."""
+    monkeypatch.setattr(entropy_kernels, "COMPILE_MIN_LOGITS", 1)
+    compiled = entropy_kernels._compiled
+
+    def compile_or_fail(kernel):
+        if kernel.__name__ != broken:
+            return compiled(kernel)
+
+        def fail(*args):
+            raise RuntimeError("no C++ compiler found\n(details)")
+
+        return fail
+
+    monkeypatch.setattr(entropy_kernels, "_compiled", compile_or_fail)
+    hidden, weight, b, targets = problem(n=30, v=192)
+    upstream = [
+        torch.randn(30, generator=torch.Generator().manual_seed(i), dtype=torch.float64) for i in range(3)
+    ]
+    ref = _loss(path, FusedLMHead(weight, b, backend="naive"), hidden, targets, upstream)
+    ref_grads = torch.autograd.grad(ref, (hidden, weight, b))
+    head = FusedLMHead(weight, b, chunk_size=8)
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"could not compile the entropy kernels \(RuntimeError: no C\+\+ "
+        r"compiler found\); using the eager passes",
+    ) as record:
+        for _ in range(2):
+            loss = _loss(path, head, hidden, targets, upstream)
+            grads = torch.autograd.grad(loss, (hidden, weight, b))
+            for got, want in zip((loss, *grads), (ref, *ref_grads), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-12)
+    assert len([w for w in record if "could not compile" in str(w.message)]) == 1
+    assert not entropy_kernels.compiled_kernels_for(torch.device("cpu"), 10**6, 10**6)
+    entropy_kernels._failed.clear()  # the fixture's check is about unexpected failures
+
+
+@pytest.mark.parametrize("switch", [("LIT_LOSSES_COMPILE_KERNELS", "off"), ("TORCH_COMPILE_DISABLE", "1")])
+def test_switches_keep_the_eager_passes(switch, monkeypatch):
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+    monkeypatch.delenv("TORCH_COMPILE_DISABLE", raising=False)
+    monkeypatch.setenv(entropy_kernels.ENV_SWITCH, "1")
+    cpu = torch.device("cpu")
+    assert entropy_kernels.compiled_kernels_for(cpu, 512, 32768) or entropy_kernels._failed
+    assert not entropy_kernels.compiled_kernels_for(cpu, 511, 32768)  # below the threshold
+    assert not entropy_kernels.compiled_kernels_for(torch.device("meta"), 512, 32768)  # CPU only
+    monkeypatch.setenv(*switch)
+    assert not entropy_kernels.compiled_kernels_for(cpu, 512, 32768)
 
 
 # ---- bad input -------------------------------------------------------------------------------
