@@ -22,8 +22,8 @@ the entropy two element-wise passes over each chunk of log-probabilities (the co
 `lit_losses.heads.entropy_kernels`: one read for H, one read-write for the logit gradient) on top of the
 CE path's log-softmax and exp; the eager passes form p in a second buffer, read a row dot and form the
 logit gradient in two passes, on half-size chunks. The first step of each variant is reported apart (it
-includes the kernels' compile, a few seconds once per process, less when Inductor's disk cache has
-them). Target (issue #17): ppo_kl_entropy ≤ 1.10 × ce.
+includes the kernels' compile, a few seconds once per process).
+Target (issue #17): ppo_kl_entropy ≤ 1.10 × ce.
 
     python benchmarks/rl_step.py --repeats 15 [--threads 2] [--device cuda]
 """

@@ -96,10 +96,18 @@ class _Scratch:
         self._tensors: dict[str, Tensor] = {}
 
     def take(self, name: str, rows: int) -> Tensor:
-        """The first ``rows`` rows of work tensor ``name`` (contiguous)."""
+        """The first ``rows`` rows of work tensor ``name`` (contiguous).
+
+        A work tensor has one spare row, so every chunk is a proper part of it: ``torch.compile`` guards
+        on whether a view covers its base, and the compiled entropy kernels (`entropy_kernels`) then see
+        one kind of input, built once from the first, largest chunk, rather than a second build tuned for
+        the last chunk's size.
+        """
         t = self._tensors.get(name)
-        if t is None or t.shape[0] < rows:
-            t = self._tensors[name] = torch.empty(rows, self.vocab_size, dtype=self.dtype, device=self.device)
+        if t is None or t.shape[0] <= rows:
+            t = self._tensors[name] = torch.empty(
+                rows + 1, self.vocab_size, dtype=self.dtype, device=self.device
+            )
         return t[:rows]
 
     def logits(self, h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
