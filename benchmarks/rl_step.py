@@ -54,8 +54,8 @@ VARIANTS = {
     "ppo_kl_entropy": {**PPO, "regularizers": [KL, ENTROPY]},
     "ppo_kl_entropy_eager": {**PPO, "regularizers": [KL, ENTROPY]},
 }
-EAGER = {"ppo_kl_entropy_eager"}  # these variants run with the environment EAGER_ENV
-EAGER_ENV = {"LIT_LOSSES_COMPILE_KERNELS": "0"}
+EAGER = {"ppo_kl_entropy_eager"}  # these variants run with the environment EAGER_ENV, the others COMPILED_ENV
+EAGER_ENV, COMPILED_ENV = {"LIT_LOSSES_COMPILE_KERNELS": "0"}, {"LIT_LOSSES_COMPILE_KERNELS": "1"}
 
 
 def rl_batch(rows: int = 16, width: int = 256, vocab: int = VOCAB) -> dict:
@@ -113,7 +113,7 @@ def main() -> None:
             model.zero_grad(set_to_none=True)
             sync()
             start = time.perf_counter()
-            with mock.patch.dict(os.environ, EAGER_ENV if name in EAGER else {}):
+            with mock.patch.dict(os.environ, EAGER_ENV if name in EAGER else COMPILED_ENV):
                 model.compute_loss(data).total.backward()
             sync()
             if r >= 2:  # warm-up

@@ -23,7 +23,7 @@ from lit_losses.heads.backend import (
     weight_vector,
 )
 from lit_losses.heads.chunked_ops import default_chunk_size
-from lit_losses.heads.entropy_kernels import compiled_kernels_for
+from lit_losses.heads.entropy_kernels import use_compiled_entropy_kernels
 from lit_losses.heads.functions import ChunkedLogProbs, ChunkedPointwiseLoss, ChunkedWeightedCE
 
 if TYPE_CHECKING:
@@ -56,7 +56,11 @@ def chunk_size_for(head: HeadConfig, n_tokens: int, with_entropy: bool = False) 
         return head.chunk_size
     device = head.weight.device
     rows = default_chunk_size(n_tokens, head.vocab_size, device=device)
-    if with_entropy and device.type == "cpu" and not compiled_kernels_for(device, rows, head.vocab_size):
+    if (
+        with_entropy
+        and device.type == "cpu"
+        and not use_compiled_entropy_kernels(device, rows, head.vocab_size)
+    ):
         rows = default_chunk_size(n_tokens, head.vocab_size, bytes_per_elem=8, device=device)
     return rows
 

@@ -98,10 +98,11 @@ class _Scratch:
     def take(self, name: str, rows: int) -> Tensor:
         """The first ``rows`` rows of work tensor ``name`` (contiguous).
 
-        A work tensor has one spare row, so every chunk is a proper part of it: ``torch.compile`` guards
-        on whether a view covers its base, and the compiled entropy kernels (`entropy_kernels`) then see
-        one kind of input, built once from the first, largest chunk, rather than a second build tuned for
-        the last chunk's size.
+        A work tensor has one spare row, so every chunk is a proper part of it. ``torch.compile`` traces a
+        view together with its base and gives equal sizes one symbol ("duck sizing"): a chunk as tall as
+        its work tensor and one shorter would be two kinds of input, the second built again and tuned for
+        the last chunk's height. With the spare row the compiled entropy kernels (`entropy_kernels`) are
+        built once per process, from its first call's first chunk, and every later chunk reuses that build.
         """
         t = self._tensors.get(name)
         if t is None or t.shape[0] <= rows:

@@ -10,8 +10,9 @@ gradients ``(g_ℓ, g_lse, g_H)``, the entropy and its part of the logit gradien
 PyTorch cannot form either without ``p = exp(log p)`` in a second ``[n, V]`` work tensor: an ``exp``
 pass, a row dot reading ``p`` and ``log p``, then two passes forming ``∂/∂z``. The two kernels compiled
 here read ``log p`` once for ``H`` (a reduction, nothing written) and once for ``∂/∂z`` (written over
-``log p``): 3 instead of 9 reads and writes of ``[n, V]`` per chunk, and one work tensor instead of two,
-so the chunk keeps its full size. ``H`` is accumulated in float64 (Inductor's fp32 sum over a long row
+``log p``): on the fused pointwise path 3 instead of 9 reads and writes of ``[n, V]`` per chunk (on the
+per-token path, forward and backward together, 3 instead of 11), and one work tensor instead of two, so
+the chunk keeps its full size. ``H`` is accumulated in float64 (Inductor's fp32 sum over a long row
 would lose two digits against the eager blocked row dot); ``∂/∂z`` has no reduction.
 
 They are used on CPU for chunks of at least `COMPILE_MIN_LOGITS` logits (below that the passes are cheap
@@ -45,7 +46,9 @@ COMPILE_MIN_LOGITS = 2**24
 ENV_SWITCH = "LIT_LOSSES_COMPILE_KERNELS"
 
 _OFF = {"0", "false", "no", "off"}
-_DYNAMO_OFF = ("TORCH_COMPILE_DISABLE", "TORCHDYNAMO_DISABLE")  # torch.compile's own switches
+# torch.compile's own environment switch (TORCHDYNAMO_DISABLE in torch < 2.6); turning it off from code
+# (``torch.compiler.set_stance("force_eager")``) is not seen here: the kernels then run uncompiled
+_DYNAMO_OFF = ("TORCH_COMPILE_DISABLE", "TORCHDYNAMO_DISABLE")
 _failed: list[str] = []  # the error of a failed compile, if any: the eager passes are used from then on
 _warned: set[str] = set()
 
@@ -66,7 +69,7 @@ def _compiled(kernel: Callable) -> Callable:
     return torch.compile(kernel, dynamic=True, fullgraph=True, options={"fx_graph_cache": False})
 
 
-def compiled_kernels_for(device: torch.device, rows: int, vocab_size: int) -> bool:
+def use_compiled_entropy_kernels(device: torch.device, rows: int, vocab_size: int) -> bool:
     """Whether the entropy passes of chunks of ``rows`` tokens take the compiled kernels.
 
     Args:
@@ -75,36 +78,47 @@ def compiled_kernels_for(device: torch.device, rows: int, vocab_size: int) -> bo
         vocab_size: ``V``.
 
     Returns:
-        True when ``rows · V ≥ COMPILE_MIN_LOGITS`` on CPU, the kernels have not failed to compile, and
-        neither ``LIT_LOSSES_COMPILE_KERNELS`` nor torch's ``TORCH_COMPILE_DISABLE`` switches them off.
+        True when ``rows · V ≥ COMPILE_MIN_LOGITS`` on CPU, the caller is not being compiled itself, the
+        kernels have not failed to compile, and neither ``LIT_LOSSES_COMPILE_KERNELS`` nor torch's
+        ``TORCH_COMPILE_DISABLE`` switches them off. The chunk size is chosen from this before a first
+        compile is tried: on a machine where it fails, that first call runs the eager passes on a
+        full-size chunk (two work tensors of its size), later calls on half-size ones.
     """
     return (
-        device.type == "cpu"
+        not torch.compiler.is_compiling()
+        and device.type == "cpu"
         and rows * vocab_size >= COMPILE_MIN_LOGITS
         and os.environ.get(ENV_SWITCH, "1").strip().lower() not in _OFF
         and not any(os.environ.get(name) == "1" for name in _DYNAMO_OFF)
         and not _failed
-        and not torch.compiler.is_compiling()
     )
 
 
 def _warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        warnings.warn(f"lit_losses: {message}", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"lit_losses: {message}", RuntimeWarning, stacklevel=1)  # callers nest at any depth
+
+
+def _at_recompile_limit(err: Exception) -> bool:
+    """Whether ``err`` is dynamo refusing a new build at its recompile limit (``FailOnRecompileLimitHit``;
+    an ``Unsupported`` naming ``cache_size_limit`` in torch < 2.6), which has no public exception type."""
+    text = f"{type(err).__name__} {err}"
+    return any(key in text for key in ("RecompileLimit", "recompile_limit", "cache_size_limit"))
 
 
 def _run(kernel: Callable, *args: Tensor) -> Tensor | None:
     """``compiled(kernel)(*args)`` (an in-place kernel gives its first argument back), or ``None`` when
     the eager passes must do it: a chunk of one row (``torch.compile`` would specialize a second time on
-    it), a refusal at the recompile limit, or a failed compile (warned once, eager from then on)."""
+    it), a refusal at the recompile limit (for those inputs; dynamo logs each refusal), or a failed compile
+    (warned once, eager from then on)."""
     if _failed or args[0].shape[0] < 2:
         return None
     try:
         out = _compiled(kernel)(*args)
     except Exception as err:  # a failed compile: the eager passes compute the same maths
         error = f"{type(err).__name__}: {err}".splitlines()[0]
-        if "RecompileLimit" in type(err).__name__:  # dynamo's FailOnRecompileLimitHit (no public name)
+        if _at_recompile_limit(err):
             _warn_once(
                 f"the entropy kernel {kernel.__name__} reached torch.compile's recompile limit; the eager "
                 "passes take the inputs it refuses (same maths, slower)."
@@ -112,7 +126,7 @@ def _run(kernel: Callable, *args: Tensor) -> Tensor | None:
             return None
         _failed.append(error)
         _warn_once(
-            f"could not compile the entropy kernels ({error}); using the eager passes (same maths, "
+            f"could not compile or run the entropy kernels ({error}); using the eager passes (same maths, "
             f"slower). Set {ENV_SWITCH}=0 to skip the attempt."
         )
         return None
