@@ -235,6 +235,13 @@ def _row_dot(a: Tensor, b: Tensor) -> Tensor:
     return torch.bmm(a.view(-1, 1, ROW_DOT_BLOCK), b.view(-1, ROW_DOT_BLOCK, 1)).view(n, -1).sum(1)
 
 
+def _entropy_kernels_for(hidden: Tensor, weight: Tensor, chunk_size: int) -> bool:
+    """Whether one call's entropy passes take the compiled kernels (`entropy_kernels`): decided once for
+    all its chunks, from the first, largest one."""
+    rows = min(hidden.shape[0], chunk_size)
+    return entropy_kernels.use_compiled_entropy_kernels(hidden.device, rows, weight.shape[0])
+
+
 def _probs_and_entropy(log_p: Tensor, scratch: _Scratch, compiled: bool) -> tuple[Tensor | None, Tensor]:
     """``(p, H)`` of one chunk, ``H = −Σ_v p_v log p_v`` (a sum of non-negative terms).
 

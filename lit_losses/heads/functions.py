@@ -35,6 +35,7 @@ from lit_losses.heads.chunked_ops import (
     _backprop_chunk,
     _backprop_probs,
     _chunk_loss_grads,
+    _entropy_kernels_for,
     _entropy_logit_grad_,
     _gradient_buffers,
     _probs_and_entropy,
@@ -45,7 +46,6 @@ from lit_losses.heads.chunked_ops import (
     _target_log_probs_,
     differentiable_grads,
 )
-from lit_losses.heads.entropy_kernels import use_compiled_entropy_kernels
 from lit_losses.heads.higher_order import refuse_double_backward
 from lit_losses.heads.precision import autocast_off
 
@@ -86,9 +86,7 @@ class ChunkedLogProbs(torch.autograd.Function):
         lse = hidden.new_empty(n, dtype=acc)
         entropy = hidden.new_empty(n if with_entropy else 0, dtype=acc)
         scratch = _Scratch(weight.shape[0], acc, hidden.device)
-        compiled = with_entropy and use_compiled_entropy_kernels(
-            hidden.device, min(n, chunk_size), weight.shape[0]
-        )
+        compiled = with_entropy and _entropy_kernels_for(hidden, weight, chunk_size)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             z = scratch.logits(hidden[s:e], weight, bias)
@@ -130,7 +128,7 @@ class ChunkedLogProbs(torch.autograd.Function):
         use_entropy = ctx.with_entropy and g_ent is not None
         grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
         scratch = _Scratch(weight.shape[0], acc, hidden.device)
-        compiled = use_entropy and use_compiled_entropy_kernels(hidden.device, min(n, chunk), weight.shape[0])
+        compiled = use_entropy and _entropy_kernels_for(hidden, weight, chunk)
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
             h, y, gh = hidden[s:e], targets[s:e], None if grad_h is None else grad_h[s:e]
@@ -234,9 +232,7 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
         grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
         total = hidden.new_zeros((), dtype=acc)
         scratch = _Scratch(weight.shape[0], acc, hidden.device)
-        compiled = with_entropy and use_compiled_entropy_kernels(
-            hidden.device, min(n, chunk_size), weight.shape[0]
-        )
+        compiled = with_entropy and _entropy_kernels_for(hidden, weight, chunk_size)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             h, y, gh = hidden[s:e], targets[s:e], None if grad_h is None else grad_h[s:e]
