@@ -255,18 +255,19 @@ def _probs_and_entropy(log_p: Tensor, scratch: _Scratch, compiled: bool) -> tupl
 
 
 def _entropy_logit_grad_(
-    log_p: Tensor, p: Tensor | None, coef: Tensor, g_ent: Tensor, entropy: Tensor, scratch: _Scratch
-) -> Tensor:
+    log_p: Tensor, p: Tensor | None, coef: Tensor, g_ent: Tensor, entropy: Tensor, scratch: _Scratch,
+    compiled: bool,
+) -> Tensor:  # fmt: skip
     """``∂/∂z`` without its target term, ``p ⊙ [coef − g_H (log p + H)]``, written over ``log_p``.
 
-    Without ``p`` (the compiled path of `_probs_and_entropy`), one fused read-write of ``log p``
-    (`entropy_kernels`); with it, or if that kernel cannot be compiled, two eager passes (``addcmul`` then
-    ``mul``).
+    ``compiled`` (and ``p`` not formed): one fused read-write of ``log p`` (`entropy_kernels`).
+    Otherwise, or if that kernel cannot run, two eager passes (``addcmul`` then ``mul``) with
+    ``p = exp(log p)``, formed in work tensor ``"probs"`` when not given.
     """
     a = coef - g_ent * entropy
+    if p is None and compiled and (dz := entropy_kernels.entropy_logit_grad_(log_p, a, -g_ent)) is not None:
+        return dz
     if p is None:
-        if (dz := entropy_kernels.entropy_logit_grad_(log_p, a, -g_ent)) is not None:
-            return dz
         p = torch.exp(log_p, out=scratch.take("probs", log_p.shape[0]))
     return torch.addcmul(a[:, None], log_p, -g_ent[:, None], out=log_p).mul_(p)
 

@@ -138,8 +138,7 @@ class ChunkedLogProbs(torch.autograd.Function):
                 _backprop_probs(_softmax_(z), coef, y, g_lp[s:e], h, weight, (gh, grad_w, grad_b))
                 continue
             log_p = _softmax_(z, log=True)
-            p = None if compiled else torch.exp(log_p, out=scratch.take("probs", e - s))
-            dz = _entropy_logit_grad_(log_p, p, coef, g_ent[s:e].to(acc), entropy[s:e], scratch)
+            dz = _entropy_logit_grad_(log_p, None, coef, g_ent[s:e].to(acc), entropy[s:e], scratch, compiled)
             _backprop_chunk(dz, y, g_lp[s:e], h, weight, (gh, grad_w, grad_b))
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
@@ -246,7 +245,7 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
                 loss_c, (g_lp, g_lse) = _chunk_loss_grads(chunk_loss, s, e, (lp_c, lse_c), acc)
             coef = g_lse - g_lp
             if with_entropy and bool(g_ent.ne(0).any()):
-                dz = _entropy_logit_grad_(log_p, p, coef, g_ent, ent_c, scratch)
+                dz = _entropy_logit_grad_(log_p, p, coef, g_ent, ent_c, scratch, compiled)
                 _backprop_chunk(dz, y, g_lp, h, weight, (gh, grad_w, grad_b))
             else:
                 p = log_p.exp_() if p is None else p
