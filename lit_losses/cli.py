@@ -8,19 +8,20 @@ Closed options are typed as ``Literal`` so that ``--help`` lists their choices. 
 error, whether jsonargparse's, a `ConfigError` raised while building or training, or Lightning refusing a
 trainer option before the run started (`lit_losses.trainer_errors`), is reported as one
 ``lit-losses: error: …`` line naming the option's path, with exit code 2. Each run claims its own log
-folder and config file (`lit_losses.run_dir`).
+folder and config file (`lit_losses.run_dir`). A preempted ``fit`` (``SIGTERM``, ``SIGUSR1``) ends after
+the optimizer step in flight with a checkpoint and exit code ``128 + signal`` (`lit_losses.preemption`).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import sys
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-import torch
 import yaml
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -29,10 +30,12 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lit_losses.data.text import TextDataModule
 from lit_losses.errors import ConfigError
 from lit_losses.module import RegularizedLM
+from lit_losses.preemption import PreemptionCheckpoint
 from lit_losses.registry import closest
-from lit_losses.resume import check_changes, option_changes
+from lit_losses.resume import check_changes, option_changes, read_checkpoint
 from lit_losses.run_dir import (
     RunClaim,
+    SharedLoggerVersions,
     auto_versions,
     claim_file,
     claim_logger_versions,
@@ -165,6 +168,10 @@ class LitLossesCLI(LightningCLI):
 
     def after_instantiate_classes(self) -> None:
         self.trainer.callbacks.append(self.run_started)
+        if self.subcommand == "fit" and not any(
+            isinstance(c, PreemptionCheckpoint) for c in self.trainer.callbacks
+        ):
+            self.trainer.callbacks.append(PreemptionCheckpoint())
         claim_run_dir(self)
 
 
@@ -211,9 +218,7 @@ def check_trainer_options(cli: LitLossesCLI) -> None:
         raise ConfigError(f"trainer.accumulate_grad_batches={accumulate} must be >= 1")
     ckpt_path = config.get("ckpt_path")
     if ckpt_path and str(ckpt_path) not in _SPECIAL_CKPT_PATHS:
-        if not Path(ckpt_path).is_file():
-            raise ConfigError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
-        load_checkpoint(ckpt_path)
+        read_checkpoint(ckpt_path)
     check_run_dir(sub, config, trainer)
 
 
@@ -258,6 +263,7 @@ def claim_run_dir(cli: LitLossesCLI) -> None:
     config = cli.config[sub] if sub else cli.config
     trainer_config = config.get("trainer") or {}
     rebuild = auto_versions(trainer_config.get("logger"), trainer.loggers)
+    trainer.callbacks.insert(0, SharedLoggerVersions(rebuild))
     if not is_global_zero():
         trainer.loggers = launched_logger_versions(trainer.loggers, rebuild)
     else:
@@ -298,14 +304,15 @@ def check_resume_options(cli: LitLossesCLI) -> None:
     sub = cli.config.get("subcommand")
     config, given = (cli.config[sub], cli.given_config[sub]) if sub else (cli.config, cli.given_config)
     ckpt_path = config.get("ckpt_path")
-    if not ckpt_path or not Path(ckpt_path).is_file():
+    if not ckpt_path or str(ckpt_path) in _SPECIAL_CKPT_PATHS:
         return
-    checkpoint = load_checkpoint(ckpt_path)
+    checkpoint = read_checkpoint(ckpt_path)
     where = f"--ckpt_path {ckpt_path}"
     model, data = given["model"].as_dict(), given["data"].as_dict() if given.get("data") else {}
     changes = option_changes(
         checkpoint.get("hyper_parameters") or {},
         {"_class_path": model["class_path"], **(model.get("init_args") or {})},
+        model_class=_class_of(model["class_path"]),
     )
     saved_data = checkpoint.get("datamodule_hyper_parameters") or {}
     data_changes = [
@@ -318,16 +325,14 @@ def check_resume_options(cli: LitLossesCLI) -> None:
     config["model"] = given["model"]
 
 
-def load_checkpoint(ckpt_path: str) -> dict[str, Any]:
-    """``torch.load`` of a checkpoint; an empty, truncated or foreign file is a `ConfigError` naming it."""
+def _class_of(class_path: str) -> type | None:
+    """The class that a parsed ``class_path`` names (``None`` if it cannot be imported: jsonargparse
+    has reported that already)."""
+    module, _, name = class_path.rpartition(".")
     try:
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:  # EOFError, RuntimeError, UnpicklingError: all mean "not a checkpoint"
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ConfigError(f"--ckpt_path {ckpt_path} is not a readable checkpoint ({reason})") from None
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise ConfigError(f"--ckpt_path {ckpt_path} is not a Lightning checkpoint (no 'state_dict')")
-    return checkpoint
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
 
 
 def config_error_in(err: BaseException) -> ConfigError | None:

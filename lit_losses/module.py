@@ -75,6 +75,12 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         (['z_loss'], torch.Size([2, 8]))
     """
 
+    #: A subclass's own arguments that are not its architecture: a run resumed from a checkpoint may
+    #: change them, like `RegularizedLM`'s own (a warning lists each; `lit_losses.resume`).
+    resume_changeable_options: tuple[str, ...] = ()
+    #: A subclass's arguments that are not saved with its checkpoint (a built object): never compared.
+    resume_unsaved_options: tuple[str, ...] = ()
+
     def __init__(
         self,
         head_backend: Backend = "auto",

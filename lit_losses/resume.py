@@ -3,9 +3,14 @@
 A `RegularizedLM`'s own options (`RUN_OPTIONS`: loss, regularizers, optimizer and schedule, head) may change
 between runs: the resumed run's win, a warning lists each difference, and the checkpoint's run-time state
 is restored only where it still applies (a regularizer configured differently starts from its new
-configuration, the optimizer state takes the new learning rate, betas, eps and weight decay). Any other
-option is the model's architecture (a subclass's own arguments, its class): a difference is an error naming
-the option.
+configuration, the optimizer state takes the new learning rate, betas, eps and weight decay). A subclass
+adds its own such options in ``resume_changeable_options`` (e.g. how it is sharded, where its weights were
+first loaded from) and names in ``resume_unsaved_options`` the arguments that are not saved with it (a
+built model object). Any other option is the model's architecture (a subclass's own arguments, its class):
+a difference is an error naming the option.
+
+A checkpoint is a file, or a folder of shards (Lightning's ``save_distributed_checkpoint``: the non-tensor
+state in ``meta.pt``); `read_checkpoint` reads either without loading the weights' shards.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lit_losses.errors import ConfigError
@@ -97,12 +104,17 @@ def _diff(path: str, saved: Any, given: Any, changeable: bool, out: list[OptionC
 
 
 def option_changes(
-    saved: Mapping[str, Any], given: Mapping[str, Any], prefix: str = "model.init_args"
+    saved: Mapping[str, Any],
+    given: Mapping[str, Any],
+    prefix: str = "model.init_args",
+    model_class: type | None = None,
 ) -> list[OptionChange]:
     """The model options that differ between a checkpoint's ``hyper_parameters`` and this run's.
 
     Keys starting with ``_`` (LightningCLI's ``_class_path``, ``_instantiator``) are not options;
-    ``_class_path`` is compared as ``model.class_path`` when both have it.
+    ``_class_path`` is compared as ``model.class_path`` when both have it. ``model_class``'s
+    ``resume_changeable_options`` may change like `RUN_OPTIONS`; its ``resume_unsaved_options`` are not
+    compared.
 
     Example:
         >>> saved = {"d_model": 64, "regularizers": [{"name": "z_loss", "weight": 1e-4}]}
@@ -116,8 +128,10 @@ def option_changes(
     classes = saved.get("_class_path"), given.get("_class_path")
     if None not in classes and classes[0] != classes[1]:
         changes.append(OptionChange(prefix.rpartition(".")[0] + ".class_path", *classes, changeable=False))
+    changeable = (*RUN_OPTIONS, *getattr(model_class, "resume_changeable_options", ()))
+    unsaved = getattr(model_class, "resume_unsaved_options", ())
     for key in dict.fromkeys([*saved, *given]):
-        if key.startswith("_"):
+        if key.startswith("_") or key in unsaved:
             continue
         before, after = saved.get(key, _ABSENT), given.get(key, _ABSENT)
         if before is _ABSENT and key in ADDED_OPTION_DEFAULTS and _same(after, ADDED_OPTION_DEFAULTS[key]):
@@ -126,7 +140,7 @@ def option_changes(
             before = _canonical(key, before)
         if after is not _ABSENT:
             after = _canonical(key, after)
-        _diff(f"{prefix}.{key}", before, after, key in RUN_OPTIONS, changes)
+        _diff(f"{prefix}.{key}", before, after, key in changeable, changes)
     return changes
 
 
@@ -164,7 +178,7 @@ def restore_checkpoint_state(module: Any, checkpoint: dict[str, Any]) -> None:
     """
     reopen_stopped_epoch(checkpoint)
     saved = checkpoint.get("hyper_parameters") or {}
-    changes = option_changes(saved, dict(module.hparams)) if saved else []
+    changes = option_changes(saved, dict(module.hparams), model_class=type(module)) if saved else []
     check_changes(changes, "checkpoint")
     changed = {c.path.split("[")[1].split("]")[0] for c in changes if "regularizers[" in c.path}
     state = checkpoint.get("lit_losses_regularizers") or {}
@@ -195,3 +209,51 @@ def follow_optimizer_options(checkpoint: dict[str, Any], old: OptimizerConfig, n
         for key in ("base_lrs", "_last_lr"):
             if key in state:
                 state[key] = [lr * scale for lr in state[key]]
+
+
+SHARDED_METADATA = "meta.pt"
+"""The file of a sharded checkpoint folder that holds everything but the tensors' shards (Lightning's)."""
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a folder written by Lightning's ``save_distributed_checkpoint`` (its shards and
+    the ``meta.pt`` file beside them)."""
+    return Path(path).is_dir() and (Path(path) / SHARDED_METADATA).is_file()
+
+
+def read_checkpoint(path: str | Path, where: str = "--ckpt_path") -> dict[str, Any]:
+    """A checkpoint's contents without the weights' shards: a checkpoint file whole (memory-mapped), or a
+    sharded checkpoint folder's ``meta.pt`` (hyper-parameters, loops, callbacks, optimizer schedules).
+
+    Raises:
+        ConfigError: no such file or folder, an empty, truncated or foreign file, a folder that is no
+            sharded checkpoint; the message starts with ``where`` and the path.
+
+    Example:
+        >>> read_checkpoint("no/such.ckpt")
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: --ckpt_path no/such.ckpt: no such checkpoint file or folder
+    """
+    path = Path(path)
+    if path.is_dir():
+        if not is_sharded_checkpoint(path):
+            raise ConfigError(
+                f"{where} {path}: a folder without {SHARDED_METADATA}, not a sharded checkpoint (those that "
+                "ModelParallelStrategy/FSDPStrategy write with save_distributed_checkpoint)"
+            )
+        return _load(path / SHARDED_METADATA, where, required="hyper_parameters")
+    if not path.is_file():
+        raise ConfigError(f"{where} {path}: no such checkpoint file or folder")
+    return _load(path, where, required="state_dict")
+
+
+def _load(path: Path, where: str, required: str) -> dict[str, Any]:
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # EOFError, RuntimeError, UnpicklingError: all mean "not a checkpoint"
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"{where} {path} is not a readable checkpoint ({reason})") from None
+    if not isinstance(checkpoint, dict) or required not in checkpoint:
+        raise ConfigError(f"{where} {path} is not a Lightning checkpoint (no {required!r})")
+    return checkpoint

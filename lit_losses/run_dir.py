@@ -6,7 +6,9 @@ folders and share ``version_N`` (events, ``config.yaml`` and checkpoints mixed).
 global rank 0 claims the folder with ``os.mkdir`` (which fails when it exists: the next number is tried)
 before anything is written, and claims its config file with ``O_CREAT | O_EXCL``, so that no two runs
 write into the same folder or config file unless told to (``--reuse_run_dir``, or ``--ckpt_path``).
-The other ranks of a run started by Lightning's launcher take the claimed versions from their parent.
+The other ranks of a run started by Lightning's launcher take the claimed versions from their parent;
+every rank, however started (``torchrun`` on several nodes), takes rank 0's once the processes are connected
+(`SharedLoggerVersions`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
@@ -186,3 +189,31 @@ def launched_logger_versions(loggers: list[Logger], rebuild: Sequence[dict[str, 
         if i < len(rebuild) and rebuild[i] is not None:
             out[i] = type(loggers[i])(**{**rebuild[i], "version": version})
     return out
+
+
+class SharedLoggerVersions(Callback):
+    """Every rank takes global rank 0's logger versions once the processes are connected (``setup``).
+
+    Ranks that global rank 0's process launched get its claimed versions from the environment
+    (`launched_logger_versions`); processes started otherwise (``torchrun`` on several nodes, SLURM) pick
+    their own when first asked, and a rank that lists the log folder after rank 0 created its version
+    picks the next one: ``trainer.logger.version`` and ``trainer.log_dir`` would name another folder than
+    rank 0's on that rank. Here rank 0's versions are broadcast and the other ranks' loggers built again
+    with them (``rebuild``: `auto_versions`).
+    """
+
+    def __init__(self, rebuild: Sequence[dict[str, Any] | None]) -> None:
+        self.rebuild = list(rebuild)
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if trainer.world_size < 2:
+            return
+        versions = trainer.strategy.broadcast([logger.version for logger in trainer.loggers], src=0)
+        if trainer.is_global_zero:
+            return
+        loggers = list(trainer.loggers)
+        for i, (logger, version) in enumerate(zip(loggers, versions, strict=True)):
+            kwargs = self.rebuild[i] if i < len(self.rebuild) else None
+            if kwargs is not None and logger.version != version:
+                loggers[i] = type(logger)(**{**kwargs, "version": version})
+        trainer.loggers = loggers

@@ -18,12 +18,13 @@ import torch
 
 from lit_losses import TextDataModule, TinyLM
 from lit_losses.choices import check_choice
-from lit_losses.cli import cli_main, load_checkpoint
+from lit_losses.cli import cli_main
 from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead
 from lit_losses.optim import OptimizerConfig
 from lit_losses.parallel import PipelineLoss
 from lit_losses.regularizers import RegularizerSpec
+from lit_losses.resume import read_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
 
@@ -173,7 +174,9 @@ CLI_CASES = [
     CliCase("model_class_unknown", ("--model.class_path=lit_losses.NoSuchLM",), "model"),
     CliCase("data_class_unknown", ("--data.class_path=lit_losses.NoSuchData",), "data"),
     # checkpoints named by --ckpt_path
-    CliCase("ckpt_missing", ("--ckpt_path={tmp}/missing.ckpt",), "missing.ckpt: no such checkpoint file"),
+    CliCase(
+        "ckpt_missing", ("--ckpt_path={tmp}/missing.ckpt",), "missing.ckpt: no such checkpoint file or folder"
+    ),
     CliCase(
         "ckpt_empty",
         ("--ckpt_path={tmp}/empty.ckpt",),
@@ -198,7 +201,7 @@ CLI_CASES = [
         "list.ckpt is not a Lightning checkpoint",
         files=(("list.ckpt", "LIST"),),
     ),
-    CliCase("ckpt_directory", ("--ckpt_path={tmp}",), "no such checkpoint file"),
+    CliCase("ckpt_directory", ("--ckpt_path={tmp}",), "a folder without meta.pt, not a sharded checkpoint"),
     CliCase(
         "run_dir_reused",
         ("--trainer.enable_checkpointing=true",),
@@ -809,33 +812,37 @@ PY_CASES = [
     ApiCase(
         "ckpt_empty",
         "checkpoint",
-        lambda p: load_checkpoint(_ckpt(p, b"")),
+        lambda p: read_checkpoint(_ckpt(p, b"")),
         ConfigError,
         "model.ckpt is not a",
     ),
     ApiCase(
         "ckpt_truncated",
         "checkpoint",
-        lambda p: load_checkpoint(_ckpt(p, "TRUNCATED")),
+        lambda p: read_checkpoint(_ckpt(p, "TRUNCATED")),
         ConfigError,
         "is not a readable checkpoint",
     ),
     ApiCase(
         "ckpt_zeros",
         "checkpoint",
-        lambda p: load_checkpoint(_ckpt(p, bytes(4096))),
+        lambda p: read_checkpoint(_ckpt(p, bytes(4096))),
         ConfigError,
         "is not a readable checkpoint",
     ),
     ApiCase(
         "ckpt_no_state_dict",
         "checkpoint",
-        lambda p: load_checkpoint(_ckpt(p, lambda path: torch.save({"epoch": 1}, path))),
+        lambda p: read_checkpoint(_ckpt(p, lambda path: torch.save({"epoch": 1}, path))),
         ConfigError,
         "is not a Lightning checkpoint (no 'state_dict')",
     ),
     ApiCase(
-        "ckpt_directory", "checkpoint", lambda p: load_checkpoint(str(p)), ConfigError, "is not a readable"
+        "ckpt_directory",
+        "checkpoint",
+        lambda p: read_checkpoint(str(p)),
+        ConfigError,
+        "not a sharded checkpoint",
     ),
     ApiCase(
         "state_dict_other_vocab",

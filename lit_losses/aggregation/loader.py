@@ -199,13 +199,23 @@ class GlobalStatsLoader(DataLoader):
             yield {**batch, GLOBAL_STATS_KEY: stats}
 
     def _all_reduce(self, counts: torch.Tensor) -> tuple[torch.Tensor, int]:
-        if not (dist.is_available() and dist.is_initialized()):
-            return counts, 1
-        group = self.process_group
-        if dist.get_backend(group) == "nccl":
-            counts = counts.cuda()
-        dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
-        return counts.cpu(), dist.get_world_size(group)
+        return all_reduce_counts(counts, self.process_group)
+
+
+def all_reduce_counts(counts: torch.Tensor, group: Any = None) -> tuple[torch.Tensor, int]:
+    """``(Σ over the ranks of group of counts, number of ranks)``; ``(counts, 1)`` without a process group.
+
+    Example:
+        >>> import torch
+        >>> all_reduce_counts(torch.tensor([[5, 2]]))  # one process
+        (tensor([[5, 2]]), 1)
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return counts, 1
+    if dist.get_backend(group) == "nccl":
+        counts = counts.cuda()
+    dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
+    return counts.cpu(), dist.get_world_size(group)
 
 
 def data_parallel_group(trainer: Any) -> Any:

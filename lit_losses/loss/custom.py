@@ -1,26 +1,36 @@
-"""The design's call: ``forward_backward_custom(data, loss_fn=None, regularizers=None)``, sync and async.
+"""``forward_backward_custom(data, loss_fn=None, regularizers=None)``, sync and async (Tinker's call).
 
 For users who drive their own loop (manual optimization, notebooks): one forward pass of the model, the
-loss functions on the design's ``(data, logprobs_list)`` (`lit_losses.regularizers.sequences`), one
-backward pass into the parameters' ``.grad``, and the design's metrics. As in the design, the loss is
+loss functions on ``(data, logprobs_list)`` (`lit_losses.regularizers.sequences`), one backward pass into
+the parameters' ``.grad``, and the metrics. The loss is
 ``loss_total = loss_fn + Σ_i weight_i · regularizer_i`` (either part may be absent, not both): the
 model's own base loss and configured regularizers take no part, and every scalar is used as returned.
+
+Under data parallelism (DDP, FSDP2: any initialized process group) the call is one step over the global
+batch, the union of every rank's ``data``: the counts that the terms are normalized by are all-reduced
+over the data-parallel group, each rank's loss is scaled by the group's size (which DDP's and FSDP's
+gradient averaging divides back), and the metrics are the global batch's. Every rank must make the call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from lit_losses.aggregation import GlobalStats
+from lit_losses.aggregation import GlobalStats, count_masks
+from lit_losses.aggregation.loader import all_reduce_counts, data_parallel_group
+from lit_losses.aggregation.stats import counts_to_tensor, tensor_to_counts
 from lit_losses.errors import ConfigError
 from lit_losses.loss.context import LossContext
 from lit_losses.loss.objective import agg_norm_option, batch_tensor, check_something_to_optimize
 from lit_losses.regularizers import RegularizerSet, RegularizerSpec, TermResult
 from lit_losses.regularizers.spec import as_spec
+
+if TYPE_CHECKING:
+    from lit_losses.heads import HeadOutput
 
 BASE_NAME = "loss_fn"
 
@@ -113,10 +123,11 @@ class _CustomCall:
         batch = dict(data) if isinstance(data, Mapping) else collate(data, model.ignore_index)
         labels = batch_tensor(batch, "labels")
         needs = {"logprobs", *self.terms.needs(), *self.base.needs()} - {"hidden"}
-        hidden = model.forward_hidden(batch)
-        head = model.output_head()(hidden, labels, ("logprobs", *sorted(needs - {"logprobs"})))
+        outputs = ("logprobs", *sorted(needs - {"logprobs"}))
+        hidden, head = model.forward_head_outputs(batch, outputs)  # FSDP gathers the parameters here
         mask_keys = ("labels", *self.terms.mask_keys())
-        stats = GlobalStats.local_only(batch, mask_keys, model.ignore_index)
+        self.group = _data_parallel_group(model)
+        stats = step_stats(batch, mask_keys, model.ignore_index, self.group)
         step = int(model.global_step)
         self.ctx = LossContext(batch, head, hidden, labels != model.ignore_index, stats, step, "train")
         self.base_active, self.reg_active = self.base.prepare(self.ctx), self.terms.prepare(self.ctx)
@@ -128,13 +139,26 @@ class _CustomCall:
         reg_total, reg_terms = self.terms.combine(self.ctx, self.reg_active, outcomes[n:])
         total = base_total + reg_total
         check_something_to_optimize(total, {**base_terms, **reg_terms}, "forward_backward_custom")
-        self._backward(total)
-        metrics: dict[str, Any] = {"loss_total": float(total.detach())}
+        self._backward(total * self.ctx.stats.loss_scale)
+        # this rank's shares of the global values: their sum over the ranks is the global batch's
+        shares = [
+            total,
+            reg_total,
+            *(v for t in (*base_terms.values(), *reg_terms.values()) for v in _sums(t)),
+        ]
+        errors = [t.error for t in (*base_terms.values(), *reg_terms.values())]
+        sums, worst = _all_reduce_metrics(shares, errors, self.group)
+        loss_total, reg_sum, *term_sums = sums
+        metrics: dict[str, Any] = {"loss_total": loss_total}
+        entries = {}
+        for i, (name, result) in enumerate({**base_terms, **reg_terms}.items()):
+            value, contribution = term_sums[2 * i : 2 * i + 2]
+            entries[name] = _entry(result, value, contribution, worst[i])
         if self.has_base:
-            base = base_terms[BASE_NAME]
-            metrics["base_loss"] = {"value": float(base.value), "weight": 1.0, "custom": dict(base.custom)}
-        metrics["regularizers"] = {name: _entry(t) for name, t in reg_terms.items()}
-        metrics["regularizer_total"] = float(reg_total.detach())
+            base = entries.pop(BASE_NAME)
+            metrics["base_loss"] = {"value": base["value"], "weight": 1.0, "custom": base["custom"]}
+        metrics["regularizers"] = entries
+        metrics["regularizer_total"] = reg_sum
         return metrics
 
     def _backward(self, total: Tensor) -> None:
@@ -158,13 +182,58 @@ def _agg_norm(model: Any, terms: RegularizerSet) -> float | None:
         raise ConfigError(f"forward_backward_custom: {exc}") from None
 
 
-def _entry(result: TermResult) -> dict[str, Any]:
+def _data_parallel_group(model: Any) -> Any:
+    """The data-parallel group of the model's trainer (`data_parallel_group`), else the whole world."""
+    try:
+        trainer = model.trainer
+    except RuntimeError:  # not attached to a Trainer
+        return None
+    return data_parallel_group(trainer)
+
+
+def step_stats(
+    batch: Mapping[str, Any], mask_keys: Sequence[str], ignore_index: int, group: Any
+) -> GlobalStats:
+    """The counts of the step: this batch's summed over the ranks of ``group`` (all of them when no process
+    group is initialized: one process), ``loss_scale`` the number of ranks.
+
+    Example:
+        >>> import torch
+        >>> stats = step_stats({"labels": torch.tensor([[1, -100]])}, ("labels",), -100, None)
+        >>> stats.get("labels").num_tokens, stats.loss_scale
+        (1, 1.0)
+    """
+    local = count_masks(batch, dict.fromkeys(mask_keys), ignore_index)
+    keys = list(local)
+    totals, ranks = all_reduce_counts(counts_to_tensor(local, keys), group)
+    return GlobalStats(masks=tensor_to_counts(totals, keys), loss_scale=float(ranks), local=local)
+
+
+def _sums(result: TermResult) -> tuple[Any, Any]:
+    return result.value, result.contribution
+
+
+def _all_reduce_metrics(
+    shares: list[Any], errors: list[float], group: Any
+) -> tuple[list[float], list[float]]:
+    """``(Σ over the ranks of each share, max over the ranks of each error flag)`` as floats."""
+    values = torch.tensor([float(v) for v in shares], dtype=torch.float64)
+    flags = torch.tensor([float(e) for e in errors], dtype=torch.float64)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        device = "cuda" if torch.distributed.get_backend(group) == "nccl" else "cpu"
+        values, flags = values.to(device), flags.to(device)
+        torch.distributed.all_reduce(values, group=group)
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX, group=group)
+    return values.tolist(), flags.tolist()
+
+
+def _entry(result: TermResult, value: float, contribution: float, error: float) -> dict[str, Any]:
     return {
-        "value": float(result.value),
+        "value": value,
         "weight": float(result.weight),
-        "contribution": float(result.contribution),
+        "contribution": contribution,
         "custom": dict(result.custom),
-        "error": float(result.error),
+        "error": error,
     }
 
 
@@ -230,6 +299,14 @@ def collate(data: Sequence[Any], ignore_index: int = -100) -> dict[str, Tensor]:
 
 class CustomLossMixin:
     """``forward_backward_custom`` and ``forward_backward_custom_async`` as `RegularizedLM` methods."""
+
+    def forward_head_outputs(
+        self, batch: dict[str, Any], outputs: Sequence[str]
+    ) -> tuple[Tensor, HeadOutput]:
+        """The body's hidden states and the fused head's ``outputs`` for ``batch`` (the forward pass of
+        `forward_backward_custom`: one method, so that FSDP2 gathers the parameters around it)."""
+        hidden = self.forward_hidden(batch)
+        return hidden, self.output_head()(hidden, batch_tensor(batch, "labels"), tuple(outputs))
 
     def forward_backward_custom(
         self,

@@ -30,6 +30,7 @@ from lit_losses.models.hf_batch import (
     shift_labels,
 )
 from lit_losses.module import RegularizedLM
+from lit_losses.parallel import ParallelConfig
 from lit_losses.registry import closest
 
 if TYPE_CHECKING:
@@ -196,6 +197,8 @@ class HFCausalLM(RegularizedLM):
         dtype: dtype to load or build the weights in (default: transformers' default, fp32).
         lora: ``peft.LoraConfig`` arguments, e.g. ``{r: 8, lora_alpha: 16, target_modules: [q_proj]}``.
         gradient_checkpointing: recompute the body's activations in backward.
+        parallel: how ``configure_model`` shards the model under ``ModelParallelStrategy``
+            (`ParallelConfig`; by default FSDP2 units are the decoder layers, `fsdp_modules`).
         **kwargs: the `RegularizedLM` options (head, loss aggregation, optimizer, regularizers).
 
     Example:
@@ -210,6 +213,17 @@ class HFCausalLM(RegularizedLM):
         (True, torch.Size([2, 8, 64]))
     """
 
+    #: Not the architecture (a resumed run's values apply): how it is sharded, where the weights were first
+    #: loaded from (the checkpoint's replace them), attention kernel and activation recomputation.
+    resume_changeable_options = (
+        "parallel",
+        "model_name_or_path",
+        "attn_implementation",
+        "gradient_checkpointing",
+    )
+    #: A built ``model`` (Python) is not saved in the hyper-parameters.
+    resume_unsaved_options = ("model",)
+
     def __init__(
         self,
         model_name_or_path: str | None = None,
@@ -221,6 +235,7 @@ class HFCausalLM(RegularizedLM):
         dtype: DType | None = None,
         lora: dict[str, Any] | None = None,
         gradient_checkpointing: bool = False,
+        parallel: ParallelConfig | None = None,
         **kwargs: Any,
     ) -> None:
         with warnings.catch_warnings():  # the base class records every init argument; `model` is dropped next
@@ -250,6 +265,39 @@ class HFCausalLM(RegularizedLM):
             )
         self._labels_checked = False
         self._packing_problem: str | None = None  # None: not probed yet; "": packed rows are safe
+        self.parallel_config = ParallelConfig.coerce(parallel)
+
+    @property
+    def fsdp_modules(self) -> list[str]:
+        """The FSDP2 units besides the root (`ParallelConfig.fsdp_modules`): the modules whose class the
+        model lists in ``_no_split_modules`` (its decoder layers, with their LoRA adapters), by name.
+        The embeddings, the final norm and ``lm_head`` (tied or not) stay in the root unit, whose
+        parameters the fused head reads.
+
+        Raises:
+            ConfigError: the model lists no such class (set ``model.init_args.parallel.fsdp_modules``).
+        """
+        lm = causal_lm_of(self.model)
+        classes = set(getattr(lm, "_no_split_modules", None) or ())
+        names = [name for name, module in self.named_modules() if type(module).__name__ in classes]
+        if not names:
+            raise ConfigError(
+                f"HFCausalLM: {type(lm).__name__} names no decoder layer class (_no_split_modules="
+                f"{sorted(classes)}) to shard with FSDP2: set model.init_args.parallel.fsdp_modules"
+            )
+        return names
+
+    @property
+    def tensor_parallel_plan(self) -> dict[str, str]:
+        """The default tensor-parallel plan (`ParallelConfig.tensor_parallel_plan`): the output projection
+        sharded along the vocabulary (``colwise``; tied: the input embedding's rows, ``embedding``), read
+        by the vocabulary-parallel head; the decoder layers are replicated over the tensor-parallel group."""
+        lm = causal_lm_of(self.model)
+        weight = lm.get_output_embeddings().weight
+        tied = weight is lm.get_input_embeddings().weight
+        target = lm.get_input_embeddings() if tied else lm.get_output_embeddings()
+        name = next(n for n, m in self.named_modules() if m is target)
+        return {name: "embedding" if tied else "colwise"}
 
     @property
     def body(self) -> nn.Module:

@@ -184,6 +184,8 @@ class TinyLM(RegularizedLM):
 
     #: The FSDP2 units besides the root (`ParallelConfig.fsdp_modules`).
     fsdp_modules = ("body.blocks.*",)
+    #: How the model is sharded is no part of its architecture: a resumed run may change it.
+    resume_changeable_options = ("parallel",)
 
     def __init__(
         self,

@@ -20,8 +20,17 @@ from lit_losses.errors import ConfigError
 from lit_losses.parallel.config import ParallelConfig
 
 DATA_PARALLEL, TENSOR_PARALLEL = "data_parallel", "tensor_parallel"
-#: The root's methods that run the model (FSDP gathers the root's parameters around them).
-FORWARD_METHODS = ("compute_loss", "predict_step", "forward_logits")
+#: The root's methods that run the model (FSDP gathers the root's parameters around them): the loss, the
+#: inference calls, `forward_backward_custom`'s forward pass, and `HFCausalLM`'s packing probe and
+#: ``generate``.
+FORWARD_METHODS = (
+    "compute_loss",
+    "predict_step",
+    "forward_logits",
+    "forward_head_outputs",
+    "probe_packing",
+    "generate",
+)
 
 
 def mesh_dim(mesh: Any, name: str) -> Any:
