@@ -42,7 +42,9 @@ def preemption_exit_code(signum: int) -> int:
 
 class PreemptionCheckpoint(Checkpoint):
     """On ``SIGTERM`` (and ``SIGUSR1`` where no SLURM requeue handler owns it), finish the optimizer step in
-    flight, save a checkpoint, and stop the fit with `Preempted` (exit status ``128 + signal``).
+    flight, save a checkpoint, and stop the fit with `Preempted` (exit status ``128 + signal``) once the
+    step's metrics are logged (before a validation or the next micro-batch; a run whose last step it
+    was ends as usual).
 
     The signal may reach the ranks at different moments: at the end of each optimizer step every rank
     tells whether it received one (one boolean all-reduce), and all stop after the same step. The
@@ -68,12 +70,15 @@ class PreemptionCheckpoint(Checkpoint):
         """The signal received and not acted on yet."""
         self.checkpoint_path: Path | None = None
         """The checkpoint written at the preemption (``None`` until then)."""
+        self.exit_code: int | None = None
+        """The exit status once the preemption checkpoint is written (the fit stops at the next hook)."""
         self._previous: dict[int, Any] = {}
         self._launcher: Any = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Take the signals (after Lightning installed its own handlers, which run when a fit starts)."""
-        self.received, self._launcher = None, getattr(trainer.strategy, "launcher", None)
+        self.received, self.exit_code = None, None
+        self._launcher = getattr(trainer.strategy, "launcher", None)
         if threading.current_thread() is not threading.main_thread():
             rank_zero_warn(
                 "PreemptionCheckpoint: the fit runs outside the main thread, which alone can take signals"
@@ -101,21 +106,32 @@ class PreemptionCheckpoint(Checkpoint):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not window_ends(trainer, batch_idx):
-            return  # the optimizer step is still in flight
-        stop = trainer.strategy.reduce_boolean_decision(self.received is not None, all=False)
-        if not stop:
+        if self.exit_code is not None or not window_ends(trainer, batch_idx):
+            return  # already stopping, or the optimizer step is still in flight
+        if not trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
             return
         signum = self.received if self.received is not None else signal.SIGTERM  # another rank's signal
         self.checkpoint_path = self.dirpath(trainer) / f"preempted-step={trainer.global_step}.ckpt"
-        trainer.save_checkpoint(self.checkpoint_path)
-        name = signal.Signals(signum).name
+        trainer.save_checkpoint(self.checkpoint_path)  # where ModelCheckpoint saves: resumes exactly
+        self.exit_code = preemption_exit_code(signum)
         rank_zero_info(
-            f"lit-losses: preempted by {name} after step {trainer.global_step}; checkpoint "
-            f"{self.checkpoint_path}; resume with --ckpt_path {self.checkpoint_path}; exit code "
-            f"{preemption_exit_code(signum)}"
+            f"lit-losses: preempted by {signal.Signals(signum).name} after step {trainer.global_step}; "
+            f"checkpoint {self.checkpoint_path}; resume with --ckpt_path {self.checkpoint_path}; exit code "
+            f"{self.exit_code}"
         )
-        raise Preempted(preemption_exit_code(signum))
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._stop_if_preempted()
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._stop_if_preempted()
+
+    def _stop_if_preempted(self) -> None:
+        """Stop at the first hook after the step's metrics went to the loggers (not in the middle of them)."""
+        if self.exit_code is not None:
+            raise Preempted(self.exit_code)
 
     @staticmethod
     def dirpath(trainer: L.Trainer) -> Path:

@@ -217,7 +217,7 @@ def _all_reduce_metrics(
     shares: list[Any], errors: list[float], group: Any
 ) -> tuple[list[float], list[float]]:
     """``(Σ over the ranks of each share, max over the ranks of each error flag)`` as floats."""
-    values = torch.tensor([float(v) for v in shares], dtype=torch.float64)
+    values = torch.tensor([float(torch.as_tensor(v).detach()) for v in shares], dtype=torch.float64)
     flags = torch.tensor([float(e) for e in errors], dtype=torch.float64)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         device = "cuda" if torch.distributed.get_backend(group) == "nccl" else "cpu"
