@@ -10,6 +10,7 @@ step k, exits with code 143, and resumes to the uninterrupted run's final loss e
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,6 +21,8 @@ import lightning as L
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.parallel.launch import launch
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -55,12 +58,20 @@ HF = [
     "--model.init_args.config.max_position_embeddings=64",
 ]
 MODELS = {
-    "tiny": ["--config", str(CONFIGS / "tiny_lm.yaml"), "--model.init_args.n_layers=2",
-             "--model.init_args.d_model=48"],
+    "tiny": [
+        "--config",
+        str(CONFIGS / "tiny_lm.yaml"),
+        "--model.init_args.n_layers=2",
+        "--model.init_args.d_model=48",
+    ],
     "hf": ["--config", str(CONFIGS / "hf_causal_lm.yaml"), *HF],
-    "hf_lora": ["--config", str(CONFIGS / "hf_causal_lm.yaml"), *HF,
-                "--model.init_args.lora={r: 4, lora_alpha: 8, target_modules: [q_proj, v_proj]}"],
-}  # fmt: skip
+    "hf_lora": [
+        "--config",
+        str(CONFIGS / "hf_causal_lm.yaml"),
+        *HF,
+        "--model.init_args.lora={r: 4, lora_alpha: 8, target_modules: [q_proj, v_proj]}",
+    ],
+}
 STRATEGIES = {
     "single": [f"--trainer.accumulate_grad_batches={2 * ACCUMULATE}", "--trainer.devices=1"],
     "ddp": [
@@ -162,8 +173,9 @@ class SignalAtStep(L.Callback):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("model", "strategy", "rank"), [("tiny", "single", 0), ("hf", "single", 0),
-                                                         ("tiny", "ddp", 1)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("model", "strategy", "rank"), [("tiny", "single", 0), ("hf", "single", 0), ("tiny", "ddp", 1)]
+)
 def test_sigterm_checkpoints_the_step_in_flight_exits_143_and_resumes_exactly(
     model, strategy, rank, tmp_path
 ):
@@ -173,8 +185,11 @@ def test_sigterm_checkpoints_the_step_in_flight_exits_143_and_resumes_exactly(
     fit(full_root, model, strategy)
     step = 2
     stopped_root = tmp_path / "stopped"
-    signal_at = [f"--trainer.callbacks+=tests.test_real_path.SignalAtStep", f"--trainer.callbacks.step={step}",
-                 f"--trainer.callbacks.rank={rank}"]  # fmt: skip
+    signal_at = [
+        "--trainer.callbacks+=tests.test_real_path.SignalAtStep",
+        f"--trainer.callbacks.step={step}",
+        f"--trainer.callbacks.rank={rank}",
+    ]
     proc = fit(stopped_root, model, strategy, *signal_at, expect=143)
     assert f"preempted by SIGTERM after step {step}" in proc.stderr + proc.stdout
     ckpt = checkpoint(stopped_root, step, prefix="preempted-step=")
@@ -185,3 +200,42 @@ def test_sigterm_checkpoints_the_step_in_flight_exits_143_and_resumes_exactly(
     full, resumed = logged_losses(full_root), logged_losses(resumed_root)
     assert sorted(resumed) == list(range(step, STEPS))
     assert all(resumed[s] == full[s] for s in resumed), (resumed, full)
+
+
+class ReportRunDir(L.Callback):
+    """Writes this rank's ``logger.version`` and ``log_dir`` to ``<out>/rank<r>.json`` at the fit's start."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        report = {"version": trainer.logger.version, "log_dir": trainer.log_dir}
+        (Path(self.out) / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_every_rank_of_two_nodes_names_rank_zeros_run_folder(tmp_path):
+    """Two simulated ``torchrun`` nodes of one process each: the second node's rank was not launched by
+    rank 0's process, lists the log folder after rank 0 claimed ``version_1`` and would pick
+    ``version_2``; it takes rank 0's version and folder."""
+    root, out = tmp_path / "run", tmp_path / "reports"
+    out.mkdir()
+    (root / "tensorboard" / "version_0").mkdir(parents=True)  # another run's folder: rank 0 claims version_1
+    args = [
+        *MODELS["tiny"],
+        *DATA,
+        *TRAINER,
+        "--trainer.max_steps=1",
+        "--trainer.num_nodes=2",
+        "--trainer.devices=1",
+        "--trainer.strategy=ddp",
+        "--trainer.callbacks+=tests.test_real_path.ReportRunDir",
+        f"--trainer.callbacks.out={out}",
+        f"--trainer.default_root_dir={root}",
+        f"--trainer.logger.init_args.save_dir={root}",
+    ]
+    launch("lit_losses.cli", 2, "fit", *args, timeout=300, nodes=2)
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert reports[0] == reports[1], reports
+    assert reports[0]["version"] == 1 and reports[0]["log_dir"] == str(root / "tensorboard" / "version_1")

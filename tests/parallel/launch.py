@@ -26,9 +26,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(module: str, world_size: int, *args: str, timeout: float = 240.0) -> None:
-    """Run ``python -m module *args`` as ranks ``0..world_size-1`` of one gloo job; raise on failure."""
+def launch(module: str, world_size: int, *args: str, timeout: float = 240.0, nodes: int = 1) -> None:
+    """Run ``python -m module *args`` as ranks ``0..world_size-1`` of one gloo job, ``world_size // nodes``
+    per simulated node (``NODE_RANK``, ``LOCAL_RANK`` as ``torchrun`` on each node sets them); raise on
+    failure."""
     port = str(free_port())
+    per_node = world_size // nodes
     with tempfile.TemporaryDirectory() as logs:
         procs, files = [], []
         for rank in range(world_size):
@@ -37,8 +40,8 @@ def launch(module: str, world_size: int, *args: str, timeout: float = 240.0) -> 
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=port,
                 RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                NODE_RANK="0",
+                LOCAL_RANK=str(rank % per_node),
+                NODE_RANK=str(rank // per_node),
                 WORLD_SIZE=str(world_size),
                 OMP_NUM_THREADS="1",
                 PYTHONWARNINGS="ignore",
