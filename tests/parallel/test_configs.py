@@ -10,6 +10,7 @@ import sys
 import pytest
 import yaml
 
+from lit_losses import TinyLM
 from lit_losses.cli import cli_main
 from tests.parallel.launch import REPO
 
@@ -42,7 +43,9 @@ def test_config_parses_into_model_parallel_strategy_and_plan(name, capsys):
     assert sizes == CONFIGS[name] and parsed["trainer"]["devices"] == sizes[0] * sizes[1]
     parallel = parsed["model"]["init_args"]["parallel"]
     if name == "fsdp2":
-        assert parallel["fsdp_modules"] == ["body.blocks.*"] and parallel["reshard_after_forward"] is True
+        # the stock config works for any model: null takes the model's own units (TinyLM: its blocks)
+        assert parallel["fsdp_modules"] is None and parallel["reshard_after_forward"] is True
+        assert TinyLM.fsdp_modules == ("body.blocks.*",)
     else:
         assert parallel["tensor_parallel_plan"] == {"lm_head": "colwise"}
         assert parsed["model"]["init_args"]["tie_embeddings"] is False
