@@ -144,7 +144,7 @@ class Objective:
             return "general"
         if not needed:
             return "plain_ce"
-        if not torch.is_grad_enabled() or not self.base_loss.entry.pointwise:
+        if not torch.is_grad_enabled() or not self.base_loss.pointwise:
             return "general"
         if self.regularizers.active():
             return "fused" if self.regularizers.fusable() else "general"
