@@ -23,6 +23,7 @@ from lit_losses.objectives.inputs import (
     SAMPLING_LOGPROBS,
     token_values,
 )
+from lit_losses.objectives.presets import GRPOPreset, TRLLossType
 from lit_losses.objectives.ratios import ImportanceSamplingLevel
 from lit_losses.objectives.registry import BASE_LOSSES, BaseLoss, BaseLossArgError, register_base_loss
 
@@ -43,7 +44,9 @@ __all__ = [
     "BaseLossBatch",
     "BaseLossName",
     "BoundBaseLoss",
+    "GRPOPreset",
     "ImportanceSamplingLevel",
+    "TRLLossType",
     "builtins",
     "register_base_loss",
     "soft",

@@ -31,9 +31,11 @@ class BoundBaseLoss:
     ``model.base_loss_args`` configure.
 
     Example:
-        >>> loss = BoundBaseLoss.resolve("ppo", {"clip_high_threshold": 1.28})
-        >>> loss.params, loss.metric_names
-        ({'clip_low_threshold': 0.8, 'clip_high_threshold': 1.28}, ('clip_fraction', 'ratio_mean', ...))
+        >>> loss = BoundBaseLoss.resolve("cispo", {"clip_high_threshold": 5})
+        >>> loss.params
+        {'clip_low_threshold': 0.0, 'clip_high_threshold': 5.0, 'importance_sampling_level': 'token'}
+        >>> loss.pointwise, loss.metric_names
+        (True, ('clip_fraction', 'clip_ratio_high', 'ratio_mean', ...))
         >>> BoundBaseLoss.resolve("ppoo", None)
         Traceback (most recent call last):
         ...

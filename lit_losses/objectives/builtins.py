@@ -65,10 +65,18 @@ def check_ppo(params: Mapping[str, Any]) -> None:
             raise BaseLossArgError(
                 trl, f"and {tinker}={params[tinker]!r} both set the same bound; give one of them"
             )
-        if params[trl] is not None and params[trl] < 0:
-            raise BaseLossArgError(trl, "must be >= 0 (the bound is 1 ± epsilon)")
+    if params["epsilon_low"] is not None and not 0 <= params["epsilon_low"] <= 1:
+        raise BaseLossArgError(
+            "epsilon_low", "must be in [0, 1] (the lower bound of the ratio is 1 − epsilon_low)"
+        )
+    if params["epsilon_high"] is not None and params["epsilon_high"] < 0:
+        raise BaseLossArgError(
+            "epsilon_high", "must be >= 0 (the upper bound of the ratio is 1 + epsilon_high)"
+        )
     names = ("clip_low_threshold", "clip_high_threshold", "epsilon_low", "epsilon_high")
     lo, hi = ppo_bounds(*(params[name] for name in names))
+    if hi < lo and params["clip_high_threshold"] is None:
+        raise BaseLossArgError("epsilon_high", f"gives the upper bound {hi} < the lower bound {lo}")
     check_thresholds({"clip_low_threshold": lo, "clip_high_threshold": hi})
     if params["delta"] is not None and params["delta"] <= 0:
         raise BaseLossArgError("delta", "must be > 0 (the cap of the unclipped ratio, e.g. 4)")
