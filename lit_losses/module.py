@@ -49,8 +49,8 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     **The loss** of a micro-batch is ``(w_base · base + Σ_i w_i r_i) × loss_scale`` (`Objective`), ``base``
     the per-token ``base_loss`` (``−log p(label)``, or RL's ``ppo``, …) aggregated with ``loss_agg`` over
     the *global* counts of the step (`GlobalStatsLoader`); ``loss_scale = A × D`` cancels Lightning's ``÷A``
-    and DDP's ``÷D``. Logged values are exact global values (`StepTelemetry`). Plug points: `global_stats`,
-    `mask_keys`, `head_outputs_needed`, `regularize`.
+    and DDP's ``÷D``. Logged values are exact global values (`StepTelemetry`). Plug points:
+    `global_stats`, `mask_keys`, `head_outputs_needed`, `regularize`.
 
     Args:
         head_backend: output-head backend.
