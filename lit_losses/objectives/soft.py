@@ -23,6 +23,12 @@ VESPO_LOG_W_MIN = math.log(1e-8)
 """The lower clamp of VESPO's ``log w`` (TRL's and the paper code's ``log(1e-8)``); the upper one is 20."""
 
 
+def by_sign(condition: Tensor, if_true: float, otherwise: float, like: Tensor) -> Tensor:
+    """``if_true`` where ``condition`` holds, else ``otherwise``, in ``like``'s dtype and device (the
+    Python floats are not rounded to the default dtype first)."""
+    return torch.where(condition, like.new_tensor(if_true), like.new_tensor(otherwise))
+
+
 def check_temperatures(params: Mapping[str, Any]) -> None:
     """SAPO's temperatures are ``> 0``."""
     for name in ("temperature_pos", "temperature_neg"):
@@ -54,7 +60,7 @@ def sapo(
     """
     ratio = torch.exp(log_ratio(logprobs, inputs, importance_sampling_level))
     advantages = inputs[ADVANTAGES]
-    temperature = torch.where(advantages > 0, temperature_pos, temperature_neg).to(ratio.dtype)
+    temperature = by_sign(advantages > 0, temperature_pos, temperature_neg, ratio)
     return -torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature * advantages
 
 
@@ -76,8 +82,8 @@ def gamma_weight(
         summed = sequence_sum(log_ratio_tokens.clamp(-20.0, 20.0), inputs[SEQUENCE_INDEX])
         log_w = summed.clamp(VESPO_LOG_W_MIN, 20.0)
         nonneg = inputs[ADVANTAGES] >= 0
-        k = torch.where(nonneg, params["k_pos"], params["k_neg"]).to(log_w.dtype)
-        rate = torch.where(nonneg, params["lambda_pos"], params["lambda_neg"]).to(log_w.dtype)
+        k = by_sign(nonneg, params["k_pos"], params["k_neg"], log_w)
+        rate = by_sign(nonneg, params["lambda_pos"], params["lambda_neg"], log_w)
         phi = torch.exp(rate + k * log_w - rate * torch.exp(log_w))
         return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 

@@ -1,0 +1,202 @@
+"""``model.grpo`` (TRL's ``loss_type`` presets) and the objectives behind them against TRL's
+``GRPOTrainer`` / Liger-Kernel's GRPO loss formulas (`trl_reference`, float64): one micro-batch of one
+process gives their loss, gradients and clip metrics to 1e-10; options are checked with one error each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lit_losses import ConfigError, GRPOPreset, TinyLM
+from lit_losses.aggregation import GlobalStats
+from lit_losses.heads import FusedLMHead
+from lit_losses.loss.objective import Objective
+from tests.objectives import trl_reference
+
+V, F = 7, 4
+LENGTHS = (5, 3, 6, 2)  # completions of different lengths: padded rows
+SAME = (4, 4, 4)  # unpadded rows (TRL's luspo with a KL term sums over padding positions)
+BIAS_KL = {"beta": 0.04, "use_bias_correction_kl": True}
+SEQ = {"importance_sampling_level": "sequence"}
+
+CASES = {
+    "grpo": ({"loss_type": "grpo"}, LENGTHS),
+    "grpo-clip_higher-delta-kl": (
+        {"loss_type": "grpo", "epsilon_high": 0.28, "delta": 1.5, "beta": 0.04},
+        LENGTHS,
+    ),
+    "gspo-bias_kl": ({"loss_type": "grpo", **SEQ, **BIAS_KL}, LENGTHS),
+    "bnpo": ({"loss_type": "bnpo", "epsilon": 0.1}, LENGTHS),
+    "bnpo-gspo": ({"loss_type": "bnpo", **SEQ}, LENGTHS),
+    "dr_grpo-kl": ({"loss_type": "dr_grpo", "max_completion_length": 9, "beta": 0.1}, LENGTHS),
+    "dapo": ({"loss_type": "dapo", "epsilon_high": 0.28}, LENGTHS),
+    "dapo-bias_kl-delta": ({"loss_type": "dapo", "delta": 1.3, **BIAS_KL}, LENGTHS),
+    "dapo-gspo": ({"loss_type": "dapo", **SEQ, "beta": 0.02}, LENGTHS),
+    "cispo-default_cap": ({"loss_type": "cispo"}, LENGTHS),  # TRL's epsilon_high = epsilon = 0.2: the cap
+    "cispo-kl": ({"loss_type": "cispo", "epsilon_high": 1.25, **BIAS_KL}, LENGTHS),
+    "cispo-gspo": ({"loss_type": "cispo", "epsilon_high": 1.1, **SEQ}, LENGTHS),
+    "sapo": ({"loss_type": "sapo"}, LENGTHS),
+    "sapo-temperatures-kl": (
+        {"loss_type": "sapo", "sapo_temperature_pos": 2.0, "sapo_temperature_neg": 0.5, **BIAS_KL},
+        LENGTHS,
+    ),
+    "sapo-gspo": ({"loss_type": "sapo", **SEQ}, LENGTHS),
+    "luspo": ({"loss_type": "luspo", **SEQ}, LENGTHS),
+    "luspo-delta-kl": ({"loss_type": "luspo", **SEQ, "delta": 1.4, "beta": 0.05}, SAME),
+    "vespo": ({"loss_type": "vespo"}, LENGTHS),
+    "vespo-gammas-bias_kl": (
+        {"loss_type": "vespo", "vespo_k_pos": 1.0, "vespo_lambda_neg": 0.7, **BIAS_KL},
+        LENGTHS,
+    ),
+    "vespo-sequence_kl": ({"loss_type": "vespo", **SEQ, **BIAS_KL}, LENGTHS),
+}
+
+
+def make_case(lengths, seed: int = 0) -> dict:
+    """Rows of completions (``lengths`` tokens, padded), a linear head, sampler and reference
+    log-probabilities near the policy's (some ratios clipped, some not), one advantage per row."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = len(lengths), max(lengths)
+    mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+    labels = torch.where(mask, torch.randint(0, V, (B, T), generator=g), -100)
+    x = torch.randn(B, T, F, generator=g, dtype=torch.float64)
+    weight = torch.randn(V, F, generator=g, dtype=torch.float64)
+    lp = policy_logprobs(x, weight, labels).detach()
+    old = torch.where(mask, lp + 0.35 * torch.randn(B, T, generator=g, dtype=torch.float64), 0.0)
+    ref = torch.where(mask, lp + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64), 0.0)
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    return {"x": x, "weight": weight, "labels": labels, "mask": mask, "old": old, "ref": ref, "adv": adv}
+
+
+def policy_logprobs(x, weight, labels):
+    """``log softmax(x Wᵀ)[label]`` from materialized logits (0 where there is no label)."""
+    logp = torch.log_softmax(x @ weight.T, -1).gather(-1, labels.clamp_min(0)[..., None])[..., 0]
+    return torch.where(labels != -100, logp, torch.zeros_like(logp))
+
+
+def rl_batch(case: dict) -> dict:
+    """The case as lit_losses' RL micro-batch (per-token keys aligned with ``labels``)."""
+    mask = case["mask"]
+    return {
+        "labels": case["labels"],
+        "sampling_logprobs": case["old"],
+        "advantages": torch.where(mask, case["adv"][:, None].expand_as(mask), 0.0),
+        "ref_logprobs": case["ref"],
+    }
+
+
+def ours(case: dict, objective: Objective, x=None, weight=None, stage: str = "train"):
+    """Our loss of the case (default: the case's hidden states and a weight with gradient)."""
+    x = case["x"] if x is None else x
+    weight = case["weight"].clone().requires_grad_() if weight is None else weight
+    batch = rl_batch(case)
+    head = FusedLMHead(weight, backend="chunked", chunk_size=4)
+    return objective(head, x, batch, GlobalStats.local_only(batch), step=0, stage=stage)
+
+
+def theirs(case: dict, cfg: dict, x, weight):
+    lp = policy_logprobs(x, weight, case["labels"])
+    return trl_reference.trl_loss(lp, case["old"], case["ref"], case["adv"], case["mask"], cfg)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_preset_is_trl_s_loss_and_gradient_on_one_micro_batch(name):
+    cfg, lengths = CASES[name]
+    case = make_case(lengths)
+    objective = Objective.from_options(grpo=cfg)
+    leaves = [case["x"].clone().requires_grad_(), case["weight"].clone().requires_grad_()]
+    loss = ours(case, objective, *leaves).total
+    grads = torch.autograd.grad(loss, leaves)
+    ref_leaves = [case["x"].clone().requires_grad_(), case["weight"].clone().requires_grad_()]
+    reference = theirs(case, cfg, *ref_leaves)
+    ref_grads = torch.autograd.grad(reference, ref_leaves)
+    torch.testing.assert_close(loss, reference, rtol=1e-10, atol=1e-10)
+    for grad, ref_grad in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-10)
+    assert float(ref_grads[1].abs().max()) > 1e-3  # a gradient that the comparison can see
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_preset_logs_trl_s_clip_ratios_and_kl(name):
+    cfg, lengths = CASES[name]
+    case = make_case(lengths)
+    preset = GRPOPreset(**cfg)
+    out = ours(case, Objective.from_options(grpo=preset))
+    lp = policy_logprobs(case["x"], case["weight"], case["labels"])
+    expected = trl_reference.trl_metrics(lp, case["old"], case["ref"], case["adv"], case["mask"], cfg)
+    per_sequence = preset.importance_sampling_level == "sequence"
+    for key, value in expected.items():
+        if key == "kl":  # the KL term's value, in the loss's aggregation: TRL's token mean in token-mean
+            if preset.options()["loss_agg"] == "token-mean":
+                assert float(out.terms["kl_reference"]["value"]) == pytest.approx(value, rel=1e-10)
+        elif not per_sequence:  # TRL's sequence-level clip ratios are means over sequences, ours over tokens
+            assert float(out.base_metrics[key]) == pytest.approx(value, rel=1e-10, abs=1e-12), key
+    if preset.loss_type in trl_reference.CLIPPED and not per_sequence:
+        assert 0 < expected["clip_ratio_region"] < 1  # the data clips some tokens and not others
+
+
+def test_the_cases_clip_and_the_ratio_bounds_matter():
+    """Within the same data, a different ε changes the loss (the presets pass ε through)."""
+    case = make_case(LENGTHS)
+    objectives = [Objective.from_options(grpo={"loss_type": "dapo", "epsilon": eps}) for eps in (0.05, 0.2)]
+    values = [float(ours(case, o).total) for o in objectives]
+    assert abs(values[0] - values[1]) > 1e-4
+
+
+def test_presets_set_the_base_loss_its_aggregation_and_the_kl_term():
+    options = GRPOPreset("cispo", epsilon_high=5.0, beta=0.01).options()
+    assert options["base_loss"] == "cispo"
+    assert options["base_loss_args"]["clip_high_threshold"] == 5.0  # TRL's epsilon_high is the cap itself
+    assert options["base_loss_args"]["clip_low_threshold"] == 0.0
+    assert options["loss_agg"] == "token-mean"
+    assert options["regularizers"][0]["agg"] == "token-mean"
+    model = TinyLM(vocab_size=16, d_model=8, n_layers=1, n_heads=2, grpo={"loss_type": "grpo", "beta": 0.1})
+    assert model.loss_agg == "seq-mean-token-mean" and model.objective.base_loss.name == "ppo"
+    assert model.regularizer_set.terms["kl_reference"].spec.agg == "seq-mean-token-mean"
+    gspo = Objective.from_options(grpo={"loss_type": "grpo", **SEQ})
+    assert gspo.path("train", gspo.head_outputs_needed()) == "general"  # needs whole sequences
+    dapo = Objective.from_options(grpo={"loss_type": "dapo", "beta": 0.1})
+    assert dapo.path("train", dapo.head_outputs_needed()) == "fused"  # per token: the fused pointwise path
+
+
+BAD = [
+    ({"loss_type": "grpoo"}, "model.grpo.loss_type 'grpoo' is not one of"),
+    ({"loss_type": "luspo"}, "model.grpo.importance_sampling_level='token': loss_type 'luspo'"),
+    ({"loss_type": "dr_grpo"}, "model.grpo.max_completion_length is required by loss_type 'dr_grpo'"),
+    ({"loss_type": "sapo", "delta": 2.0}, "model.grpo.delta=2.0: loss_type 'sapo' has no two-sided clipping"),
+    ({"beta": -0.1}, "model.grpo.beta must be >= 0, got -0.1"),
+    ({"use_bias_correction_kl": True}, "model.grpo.use_bias_correction_kl=True corrects the KL term"),
+    ({"importance_sampling_level": "seq"}, "model.grpo.importance_sampling_level 'seq' is not one of"),
+    ({"epsilon_hi": 0.3}, "model.grpo.epsilon_hi: not a field of model.grpo"),
+]
+
+
+@pytest.mark.parametrize(("cfg", "message"), BAD)
+def test_bad_preset_options_are_one_error_naming_the_field(cfg, message):
+    with pytest.raises(ConfigError) as info:
+        Objective.from_options(grpo=cfg)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_preset_refuses_the_options_it_sets_and_a_second_kl_term():
+    with pytest.raises(ConfigError, match=r"model.grpo .* sets model.base_loss, .*; remove model.loss_agg"):
+        Objective.from_options(grpo={"loss_type": "grpo"}, loss_agg="token-sum")
+    with pytest.raises(ConfigError, match=r"remove model\.base_loss or model\.grpo"):
+        Objective.from_options(grpo={"loss_type": "grpo"}, base_loss="ppo")
+    with pytest.raises(ConfigError, match=r"model\.grpo\.beta=0\.1 adds the kl_reference term"):
+        Objective.from_options([{"name": "kl_reference"}], grpo={"beta": 0.1})
+    with pytest.raises(ConfigError, match=r"model.base_loss_args.temperature_pos=0.0 must be > 0"):
+        Objective.from_options(grpo={"loss_type": "sapo", "sapo_temperature_pos": 0})
+
+
+def test_sequence_level_bias_corrected_kl_refuses_a_chunk_of_tokens():
+    """Beside a token-level base loss the KL term would be fused: a sequence ratio needs whole rows."""
+    case = make_case(LENGTHS)
+    terms = [
+        {"name": "kl_reference", "args": {"bias_correction": True, "importance_sampling_level": "sequence"}}
+    ]
+    objective = Objective.from_options(terms, base_loss="ppo")
+    with pytest.raises(Exception, match="set the term's `pointwise: false`"):
+        ours(case, objective)
+    terms[0]["pointwise"] = False
+    ours(case, Objective.from_options(terms, base_loss="ppo"))
