@@ -52,7 +52,7 @@ CASES = {
 }
 
 
-def make_case(lengths, seed: int = 0) -> dict:
+def make_case(lengths, seed: int = 0, weight: torch.Tensor | None = None) -> dict:
     """Rows of completions (``lengths`` tokens, padded), a linear head, sampler and reference
     log-probabilities near the policy's (some ratios clipped, some not), one advantage per row."""
     g = torch.Generator().manual_seed(seed)
@@ -60,7 +60,8 @@ def make_case(lengths, seed: int = 0) -> dict:
     mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
     labels = torch.where(mask, torch.randint(0, V, (B, T), generator=g), -100)
     x = torch.randn(B, T, F, generator=g, dtype=torch.float64)
-    weight = torch.randn(V, F, generator=g, dtype=torch.float64)
+    if weight is None:
+        weight = torch.randn(V, F, generator=g, dtype=torch.float64)
     lp = policy_logprobs(x, weight, labels).detach()
     old = torch.where(mask, lp + 0.35 * torch.randn(B, T, generator=g, dtype=torch.float64), 0.0)
     ref = torch.where(mask, lp + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64), 0.0)
@@ -85,13 +86,15 @@ def rl_batch(case: dict) -> dict:
     }
 
 
-def ours(case: dict, objective: Objective, x=None, weight=None, stage: str = "train"):
-    """Our loss of the case (default: the case's hidden states and a weight with gradient)."""
+def ours(case: dict, objective: Objective, x=None, weight=None, stats: GlobalStats | None = None):
+    """Our `LossOutput` of the case in training (default: the case's hidden states, a weight with
+    gradient, the case's own counts)."""
     x = case["x"] if x is None else x
     weight = case["weight"].clone().requires_grad_() if weight is None else weight
     batch = rl_batch(case)
     head = FusedLMHead(weight, backend="chunked", chunk_size=4)
-    return objective(head, x, batch, GlobalStats.local_only(batch), step=0, stage=stage)
+    stats = GlobalStats.local_only(batch) if stats is None else stats
+    return objective(head, x, batch, stats, step=0, stage="train")
 
 
 def theirs(case: dict, cfg: dict, x, weight):
@@ -139,7 +142,7 @@ def test_the_cases_clip_and_the_ratio_bounds_matter():
     """Within the same data, a different ε changes the loss (the presets pass ε through)."""
     case = make_case(LENGTHS)
     objectives = [Objective.from_options(grpo={"loss_type": "dapo", "epsilon": eps}) for eps in (0.05, 0.2)]
-    values = [float(ours(case, o).total) for o in objectives]
+    values = [float(ours(case, o).total.detach()) for o in objectives]
     assert abs(values[0] - values[1]) > 1e-4
 
 
