@@ -29,6 +29,7 @@ valid tokens.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -57,6 +58,8 @@ CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 """The loss types whose per-token loss is PPO's clipped objective (TRL's ``coef_1``/``coef_2`` branch)."""
 
 WHERE = "model.grpo"
+POSITIVE = ("delta", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg")
+NON_NEGATIVE = ("epsilon_high", "beta", "vespo_k_pos", "vespo_k_neg")
 
 
 @dataclass(frozen=True)
@@ -134,12 +137,25 @@ class GRPOPreset:
                 f"{WHERE}.delta={self.delta!r}: loss_type {self.loss_type!r} has no two-sided clipping (TRL "
                 f"ignores delta there); it applies to {CLIPPED}"
             )
-        if not self.beta >= 0:
-            raise ConfigError(f"{WHERE}.beta must be >= 0, got {self.beta!r}")
+        self.check_numbers()
         if self.use_bias_correction_kl and self.beta == 0:
             raise ConfigError(
                 f"{WHERE}.use_bias_correction_kl=True corrects the KL term, which beta=0 disables"
             )
+
+    def check_numbers(self) -> None:
+        """``0 ≤ epsilon ≤ 1``, the temperatures, rates and ``delta`` ``> 0``, the rest ``≥ 0`` (finite)."""
+        bounds = (
+            {"epsilon": "in [0, 1]"} | dict.fromkeys(POSITIVE, "> 0") | dict.fromkeys(NON_NEGATIVE, ">= 0")
+        )
+        for name, rule in bounds.items():
+            value = getattr(self, name)
+            if value is None and name in ("delta", "epsilon_high"):
+                continue
+            number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            ok = number and {"in [0, 1]": 0 <= value <= 1, "> 0": value > 0, ">= 0": value >= 0}[rule]
+            if not ok:
+                raise ConfigError(f"{WHERE}.{name} must be a finite number {rule}, got {value!r}")
 
     @classmethod
     def coerce(cls, value: GRPOPreset | dict[str, Any] | None) -> GRPOPreset | None:
