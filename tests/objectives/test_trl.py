@@ -4,6 +4,10 @@ process gives their loss, gradients and clip metrics to 1e-10; options are check
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import get_args
+
 import pytest
 import torch
 
@@ -11,6 +15,7 @@ from lit_losses import ConfigError, GRPOPreset, TinyLM
 from lit_losses.aggregation import GlobalStats
 from lit_losses.heads import FusedLMHead
 from lit_losses.loss.objective import Objective
+from lit_losses.objectives import TRLLossType
 from tests.objectives import trl_reference
 
 V, F = 7, 4
@@ -211,3 +216,16 @@ def test_sequence_level_bias_corrected_kl_refuses_a_chunk_of_tokens():
         ours(case, objective)
     terms[0]["pointwise"] = False
     ours(case, Objective.from_options(terms, base_loss="ppo"))
+
+
+def test_the_readme_table_maps_each_loss_type_as_the_presets_do():
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text[text.index("### TRL's GRPO losses") :]
+    rows = re.findall(r"^\| `(\w+)`(?: \(default\))? \| `(\w+)`[^|]*\| `([\w-]+)`", section, flags=re.M)
+    table = {loss_type: (base_loss, agg) for loss_type, base_loss, agg in rows if loss_type != "loss_type"}
+    assert set(table) == set(get_args(TRLLossType))
+    for loss_type, (base_loss, agg) in table.items():
+        extra = {"max_completion_length": 8} if loss_type == "dr_grpo" else {}
+        level = {"importance_sampling_level": "sequence"} if loss_type == "luspo" else {}
+        options = GRPOPreset(loss_type, **extra, **level).options()
+        assert (options["base_loss"], options["loss_agg"]) == (base_loss, agg), loss_type
