@@ -229,3 +229,32 @@ def test_the_readme_table_maps_each_loss_type_as_the_presets_do():
         level = {"importance_sampling_level": "sequence"} if loss_type == "luspo" else {}
         options = GRPOPreset(loss_type, **extra, **level).options()
         assert (options["base_loss"], options["loss_agg"]) == (base_loss, agg), loss_type
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_sequence_ratios_are_per_row_segment_pair(packed):
+    """``importance_sampling`` with GSPO's ratio, by a loop over sequences: in packed rows each (row,
+    segment) pair has its own ratio ``exp(mean (ℓ − q))``."""
+    case = make_case(LENGTHS, seed=3)
+    batch = rl_batch(case)
+    if packed:  # split every row after its first two tokens into a second sequence
+        batch["segment_ids"] = (torch.arange(case["mask"].shape[1]) >= 2).long().expand_as(case["mask"])
+    objective = Objective.from_options(
+        base_loss="importance_sampling",
+        base_loss_args={"importance_sampling_level": "sequence"},
+        loss_agg="token-sum",
+    )
+    weight = case["weight"].clone().requires_grad_()
+    head = FusedLMHead(weight, backend="chunked", chunk_size=4)
+    loss = objective(head, case["x"], batch, GlobalStats.local_only(batch), step=0, stage="train").total
+    lp = policy_logprobs(case["x"], weight, case["labels"])
+    expected = lp.new_zeros(())
+    for b, length in enumerate(LENGTHS):
+        cuts = [(0, min(2, length)), (2, length)] if packed else [(0, length)]
+        for start, end in cuts:
+            if end > start:
+                ratio = torch.exp((lp[b, start:end] - case["old"][b, start:end]).mean())
+                expected = expected - ratio * case["adv"][b] * (end - start)
+    torch.testing.assert_close(loss, expected, rtol=1e-10, atol=1e-10)
+    grads = [torch.autograd.grad(v, weight, retain_graph=True)[0] for v in (loss, expected)]
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-10)
