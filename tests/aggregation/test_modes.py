@@ -177,6 +177,7 @@ BASE_LOSS_ARGS = {
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "cispo": {"clip_low_threshold": 0.5, "clip_high_threshold": 1.5},
     "dro": {"beta": 0.3},
+    "sapo": {"temperature_pos": 0.8, "temperature_neg": 1.2},
 }
 RL_FLOAT_KEYS = ("sampling_logprobs", "advantages", "loss_weights", "sample_weights", "ref_logprobs")
 
