@@ -48,14 +48,19 @@ def micro_batch(draw, packing: bool) -> dict:
     }
 
 
+def pad_to(t: torch.Tensor, width: int, value) -> torch.Tensor:
+    """``t`` ``[B, T]`` or ``[B, T, F]`` padded with ``value`` to ``width`` positions."""
+    return torch.nn.functional.pad(
+        t, (0, 0, 0, width - t.shape[1]) if t.dim() == 3 else (0, width - t.shape[1]), value=value
+    )
+
+
 def concat(batches: list[dict]) -> dict:
     """The global batch in one micro-batch: rows stacked, padded to the longest."""
     T = max(b["labels"].shape[1] for b in batches)
 
     def pad(t, value):
-        return torch.nn.functional.pad(
-            t, (0, 0, 0, T - t.shape[1]) if t.dim() == 3 else (0, T - t.shape[1]), value=value
-        )
+        return pad_to(t, T, value)
 
     out = {
         "x": torch.cat([pad(b["x"], 0.0) for b in batches]),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lit_losses.loss.objective import Objective
-from tests.aggregation.test_modes import split_step_loss
+from tests.aggregation.test_modes import pad_to, split_step_loss
 from tests.objectives import trl_reference
 from tests.objectives.test_trl import F, V, make_case, ours, policy_logprobs, rl_batch
 
@@ -36,14 +36,8 @@ def grid(weight: torch.Tensor) -> list[list[dict]]:
 def concat(cases: list[dict]) -> dict:
     """The step's rows in one padded batch."""
     T = max(c["mask"].shape[1] for c in cases)
-
-    def pad(t, value):
-        return torch.nn.functional.pad(
-            t, (0, 0, 0, T - t.shape[1]) if t.dim() == 3 else (0, T - t.shape[1]), value=value
-        )
-
     out = {
-        key: torch.cat([pad(c[key], -100 if key == "labels" else 0) for c in cases])
+        key: torch.cat([pad_to(c[key], T, -100 if key == "labels" else 0) for c in cases])
         for key in ("x", "labels", "mask", "old", "ref")
     }
     return out | {"adv": torch.cat([c["adv"] for c in cases]), "weight": cases[0]["weight"]}
