@@ -5,7 +5,8 @@
 `builtins` (Tinker's ``cross_entropy``, ``importance_sampling``, ``ppo``, ``cispo``, ``dro``) → `soft`
 (``sapo``, ``vespo``) → `bound` (`BoundBaseLoss`: a base loss with checked parameters, the
 ``model.base_loss`` / ``model.base_loss_args`` options; `BaseLossBatch`: bound to one micro-batch, with
-its RL telemetry); `inputs` names and checks the batch keys of RL micro-batches. `lit_losses.loss.objective`
+its RL telemetry); `inputs` names and checks the batch keys of RL micro-batches; `presets`
+(`GRPOPreset`, ``model.grpo``) maps TRL's GRPO ``loss_type`` and arguments to these options. `lit_losses.loss.objective`
 runs a base loss on the head's fused pointwise path (gradients in forward) or on the general path.
 """
 
