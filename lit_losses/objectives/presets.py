@@ -38,6 +38,7 @@ from lit_losses.aggregation.modes import AggMode
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
 from lit_losses.objectives.ratios import ImportanceSamplingLevel
+from lit_losses.registry import closest
 
 TRLLossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 """TRL's ``GRPOConfig.loss_type`` (also Liger-Kernel's ``LigerFusedLinearGRPOLoss``)."""
@@ -158,16 +159,17 @@ class GRPOPreset:
                 raise ConfigError(f"{WHERE}.{name} must be a finite number {rule}, got {value!r}")
 
     @classmethod
-    def coerce(cls, value: GRPOPreset | dict[str, Any] | None) -> GRPOPreset | None:
-        """``value`` as a `GRPOPreset` (a dict of its fields), or ``None``."""
+    def coerce(cls, value: GRPOPreset | Mapping[str, Any] | None) -> GRPOPreset | None:
+        """``value`` as a `GRPOPreset` (a mapping of its fields, e.g. from a checkpoint), or ``None``."""
         if value is None or isinstance(value, GRPOPreset):
             return value
-        if not isinstance(value, dict):
+        if not isinstance(value, Mapping):
             raise ConfigError(f"{WHERE} must be a mapping of GRPOConfig fields, got {value!r}")
-        unknown = sorted(set(value) - set(asdict(cls())))
+        fields = list(asdict(cls()))
+        unknown = sorted(set(value) - set(fields))
         if unknown:
             raise ConfigError(
-                f"{WHERE}.{unknown[0]}: not a field of model.grpo; its fields are {list(asdict(cls()))}"
+                f"{WHERE}.{unknown[0]}: not a field of {WHERE}{closest(unknown[0], fields)}; its fields are {fields}"
             )
         return cls(**value)
 

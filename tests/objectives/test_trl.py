@@ -185,7 +185,8 @@ BAD = [
     ({"delta": float("inf")}, "model.grpo.delta must be a finite number > 0, got inf"),
     ({"use_bias_correction_kl": True}, "model.grpo.use_bias_correction_kl=True corrects the KL term"),
     ({"importance_sampling_level": "seq"}, "model.grpo.importance_sampling_level 'seq' is not one of"),
-    ({"epsilon_hi": 0.3}, "model.grpo.epsilon_hi: not a field of model.grpo"),
+    ({"epsilon_hi": 0.3}, "model.grpo.epsilon_hi: not a field of model.grpo; did you mean 'epsilon_high'?"),
+    ([("loss_type", "grpo")], "model.grpo must be a mapping of GRPOConfig fields"),
 ]
 
 
