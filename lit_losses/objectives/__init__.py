@@ -6,8 +6,9 @@
 (``sapo``, ``vespo``) → `bound` (`BoundBaseLoss`: a base loss with checked parameters, the
 ``model.base_loss`` / ``model.base_loss_args`` options; `BaseLossBatch`: bound to one micro-batch, with
 its RL telemetry); `inputs` names and checks the batch keys of RL micro-batches; `presets`
-(`GRPOPreset`, ``model.grpo``) maps TRL's GRPO ``loss_type`` and arguments to these options. `lit_losses.loss.objective`
-runs a base loss on the head's fused pointwise path (gradients in forward) or on the general path.
+(`GRPOPreset`, ``model.grpo``) maps TRL's GRPO ``loss_type`` and arguments to these options.
+`lit_losses.loss.objective` runs a base loss on the head's fused pointwise path (gradients in forward) or
+on the general path.
 """
 
 from typing import get_args

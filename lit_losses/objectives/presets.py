@@ -169,7 +169,8 @@ class GRPOPreset:
         unknown = sorted(set(value) - set(fields))
         if unknown:
             raise ConfigError(
-                f"{WHERE}.{unknown[0]}: not a field of {WHERE}{closest(unknown[0], fields)}; its fields are {fields}"
+                f"{WHERE}.{unknown[0]}: not a field of {WHERE}{closest(unknown[0], fields)}; "
+                f"its fields are {fields}"
             )
         return cls(**value)
 
