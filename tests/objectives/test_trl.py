@@ -125,6 +125,22 @@ def test_each_preset_is_trl_s_loss_and_gradient_on_one_micro_batch(name):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+def test_each_preset_is_liger_kernel_s_loss_where_liger_takes_it(name):
+    cfg, lengths = CASES[name]
+    case = make_case(lengths)
+    level = cfg.get("importance_sampling_level", "token")
+    if level == "sequence" and cfg["loss_type"] in trl_reference.LIGER_REFUSES_SEQUENCE:
+        pytest.skip("Liger-Kernel refuses sequence-level ratios for this loss type (TRL takes them)")
+    leaves = [case["x"].clone().requires_grad_(), case["weight"].clone().requires_grad_()]
+    loss = ours(case, Objective.from_options(grpo=cfg), *leaves).total
+    lp = policy_logprobs(*leaves, case["labels"])
+    liger = trl_reference.liger_loss(lp, case["old"], case["ref"], case["adv"], case["mask"], cfg)
+    torch.testing.assert_close(loss, liger, rtol=1e-10, atol=1e-10)
+    for grad, ref_grad in zip(torch.autograd.grad(loss, leaves), torch.autograd.grad(liger, leaves)):
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_each_preset_logs_trl_s_clip_ratios_and_kl(name):
     cfg, lengths = CASES[name]
     case = make_case(lengths)

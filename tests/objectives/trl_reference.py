@@ -150,3 +150,32 @@ def trl_metrics(lp, old, ref, adv, mask, cfg) -> dict[str, float]:
     elif cfg["loss_type"] == "cispo":
         out["clip_ratio_high"] = mean((coef_1 > eps_high) & (a > 0))
     return out
+
+
+LIGER_REFUSES_SEQUENCE = ("cispo", "sapo", "vespo")
+
+
+def liger_loss(lp, old, ref, adv, mask, cfg, num_items_in_batch=None):
+    """Liger-Kernel's ``ppo_loss_fn`` on one chunk holding the whole micro-batch (``attention_mask`` =
+    ``full_attention_mask``), one process: its per-token loss is TRL's; its normalizers are written over
+    the full batch's mask (``full_attention_mask.shape[0]``, ``.sum()``, ``B · T``)."""
+    cfg = {**DEFAULTS, **cfg}
+    if cfg["importance_sampling_level"] == "sequence" and cfg["loss_type"] in LIGER_REFUSES_SEQUENCE:
+        raise ValueError(f"Liger-Kernel refuses sequence-level importance sampling for {cfg['loss_type']!r}")
+    per_token, _, _, _ = per_token_terms(lp, old, ref, adv, mask, cfg)
+    m = mask.to(lp.dtype)
+    rows = m.shape[0]
+    loss_type = cfg["loss_type"]
+    if loss_type in ("grpo", "sapo"):
+        return ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0)).sum() / rows
+    if loss_type == "bnpo":
+        return (per_token * m).sum() / m.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        return (per_token * m).sum() / (rows * cfg["max_completion_length"])
+    if loss_type in ("dapo", "cispo", "vespo"):
+        items = m.sum() if num_items_in_batch is None else torch.as_tensor(float(num_items_in_batch))
+        return (per_token * m).sum() / items.clamp(min=1.0)
+    if loss_type == "luspo":
+        weighted = per_token * m.sum(1, keepdim=True)
+        return weighted.sum() / (rows * weighted.shape[1])
+    raise KeyError(loss_type)
