@@ -17,7 +17,7 @@ from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.objectives import LOSS_WEIGHTS, SAMPLE_WEIGHTS, BaseLossBatch, BoundBaseLoss, token_values
-from lit_losses.objectives.presets import GRPOPreset
+from lit_losses.objectives.presets import GRPOPreset, apply_preset
 from lit_losses.regularizers import FusedTerms, RegularizerError, RegularizerSet, RegularizerSpec, TermResult
 
 LossPath = Literal["plain_ce", "fused", "general"]
@@ -120,10 +120,11 @@ class Objective:
         grpo: GRPOPreset | Mapping[str, Any] | None = None,
     ) -> Objective:
         """The objective of `RegularizedLM`'s options, every one checked (a `ConfigError` naming
-        ``model.<option>``); ``grpo`` (`GRPOPreset.apply`) sets the base loss, its aggregation and KL term."""
+        ``model.<option>``); ``grpo`` (`apply_preset`) sets the base loss, its aggregation and KL term."""
         if grpo is not None:
             given = {"base_loss": base_loss, "base_loss_args": base_loss_args, "loss_agg": loss_agg}
-            options = GRPOPreset.coerce(grpo).apply(**given, loss_agg_norm=loss_agg_norm, terms=regularizers)
+            preset = GRPOPreset.coerce(grpo)
+            options = apply_preset(preset, **given, loss_agg_norm=loss_agg_norm, terms=regularizers)
             scales = {"base_loss_weight": base_loss_weight, "regularizer_grad_norm": regularizer_grad_norm}
             return cls.from_options(**options, **scales)
         terms = RegularizerSet(regularizers or (), loss_agg, regularizer_grad_norm)

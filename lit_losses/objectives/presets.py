@@ -232,43 +232,45 @@ class GRPOPreset:
             out["regularizers"] = [self.kl_term()]
         return out
 
-    def apply(
-        self,
-        base_loss: str,
-        base_loss_args: Mapping[str, Any] | None,
-        loss_agg: str,
-        loss_agg_norm: float | None,
-        terms: Sequence[Any] | None,
-    ) -> dict[str, Any]:
-        """`Objective.from_options`'s options with this preset's: it sets ``base_loss``, ``base_loss_args``,
-        ``loss_agg``, ``loss_agg_norm`` (so they must keep their defaults) and appends its KL term to the
-        regularizer specs ``terms`` (which must not have one) as ``regularizers``.
 
-        Raises:
-            ConfigError: one of those options is set too, or ``beta > 0`` beside a ``kl_reference`` term.
-        """
-        given = {
-            "base_loss": base_loss != "cross_entropy",
-            "base_loss_args": bool(base_loss_args),
-            "loss_agg": loss_agg != "token-mean",
-            "loss_agg_norm": loss_agg_norm is not None,
-        }
-        for name, is_set in given.items():
-            if is_set:
-                raise ConfigError(
-                    f"{WHERE} (loss_type {self.loss_type!r}) sets model.base_loss, model.base_loss_args, "
-                    f"model.loss_agg and model.loss_agg_norm; remove model.{name} or {WHERE}"
-                )
-        terms = list(terms or ())
-        names = [t.get("name") if isinstance(t, Mapping) else getattr(t, "name", None) for t in terms]
-        if self.beta > 0 and "kl_reference" in names:
+def apply_preset(
+    preset: GRPOPreset,
+    *,
+    base_loss: str,
+    base_loss_args: Mapping[str, Any] | None,
+    loss_agg: str,
+    loss_agg_norm: float | None,
+    terms: Sequence[Any] | None,
+) -> dict[str, Any]:
+    """`Objective.from_options`'s options with ``preset``'s: it sets ``base_loss``, ``base_loss_args``,
+    ``loss_agg``, ``loss_agg_norm`` (so they must keep their defaults) and appends its KL term to the
+    regularizer specs ``terms`` (which must not have one) as ``regularizers``.
+
+    Raises:
+        ConfigError: one of those options is set too, or ``beta > 0`` beside a ``kl_reference`` term.
+    """
+    given = {
+        "base_loss": base_loss != "cross_entropy",
+        "base_loss_args": bool(base_loss_args),
+        "loss_agg": loss_agg != "token-mean",
+        "loss_agg_norm": loss_agg_norm is not None,
+    }
+    for name, is_set in given.items():
+        if is_set:
             raise ConfigError(
-                f"{WHERE}.beta={self.beta} adds the kl_reference term and model.regularizers has one "
-                "already; remove one of them"
+                f"{WHERE} (loss_type {preset.loss_type!r}) sets model.base_loss, model.base_loss_args, "
+                f"model.loss_agg and model.loss_agg_norm; remove model.{name} or {WHERE}"
             )
-        options = self.options()
-        return {
-            "loss_agg_norm": None,
-            **options,
-            "regularizers": [*terms, *options.get("regularizers", ())],
-        }
+    terms = list(terms or ())
+    names = [t.get("name") if isinstance(t, Mapping) else getattr(t, "name", None) for t in terms]
+    if preset.beta > 0 and "kl_reference" in names:
+        raise ConfigError(
+            f"{WHERE}.beta={preset.beta} adds the kl_reference term and model.regularizers has one "
+            "already; remove one of them"
+        )
+    options = preset.options()
+    return {
+        "loss_agg_norm": None,
+        **options,
+        "regularizers": [*terms, *options.get("regularizers", ())],
+    }
