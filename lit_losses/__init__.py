@@ -8,7 +8,8 @@ The public API, by concept (everything else is importable from its subpackage):
 - fused output head: `FusedLMHead`, `HeadOutput`
 - global-denominator aggregation: `GlobalStatsLoader`, `GlobalStats`, `AggMode`, `aggregate`
 - regularizers: `RegularizerSpec`, `RegularizerSet`, `RegularizerError`, `register_regularizer`
-- base losses by name (cross-entropy, Tinker's RL losses): `register_base_loss`
+- base losses by name (cross-entropy, Tinker's RL losses, SAPO, VESPO): `register_base_loss`;
+  TRL's GRPO losses as one option: `GRPOPreset`
 - data: `TextDataModule`, `RLDataModule` (offline RL records)
 - training controller: `TrainingController`, `register_metric_handlers`, `register_operation_handlers`
 - extension points: `Registry`, `ConfigError`; custom gradients: the `autograd` subpackage
@@ -24,7 +25,7 @@ from lit_losses.loss import LossContext, LossOutput
 from lit_losses.loss.objective import Objective
 from lit_losses.models import HFCausalLM, TinyLM
 from lit_losses.module import RegularizedLM
-from lit_losses.objectives import register_base_loss
+from lit_losses.objectives import GRPOPreset, register_base_loss
 from lit_losses.optim import OptimizerConfig
 from lit_losses.registry import Registry
 from lit_losses.regularizers import RegularizerError, RegularizerSet, RegularizerSpec, register_regularizer
@@ -36,6 +37,7 @@ __all__ = [
     "AggMode",
     "ConfigError",
     "FusedLMHead",
+    "GRPOPreset",
     "GlobalStats",
     "GlobalStatsLoader",
     "HFCausalLM",

@@ -23,7 +23,7 @@ from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.custom import CustomLossMixin
 from lit_losses.loss.objective import Objective, batch_tensor
 from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
-from lit_losses.objectives import BaseLossName
+from lit_losses.objectives import BaseLossName, GRPOPreset
 from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.parallel import ModelParallelMixin
 from lit_losses.regularizers import RegularizerSpec, TermResult
@@ -65,6 +65,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         base_loss: the base loss by name (`lit_losses.objectives`: cross_entropy, ppo, cispo, …).
         base_loss_args: its parameters (Tinker's ``loss_fn_config``, e.g. ``clip_high_threshold``).
         loss_agg_norm: the constant ``C`` of ``loss_agg: seq-mean-token-sum-norm`` (required by it).
+        grpo: TRL's GRPO loss by ``GRPOConfig``'s fields (`GRPOPreset`), setting the 4 options above.
 
     Example:
         >>> import torch
@@ -95,6 +96,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         base_loss: BaseLossName | str = "cross_entropy",
         base_loss_args: dict[str, Any] | None = None,
         loss_agg_norm: float | None = None,
+        grpo: GRPOPreset | None = None,
     ) -> None:
         super().__init__()
         self.head_backend = check_choice(head_backend, Backend, "model.head_backend")
@@ -104,10 +106,10 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         self.optimizer_config = OptimizerConfig.coerce(optimizer)
         self.objective = Objective.from_options(
             regularizers, loss_agg, base_loss_weight, regularizer_grad_norm, base_loss, base_loss_args,
-            loss_agg_norm)  # fmt: skip
-        self.regularizer_set, self.loss_agg = self.objective.regularizers, loss_agg
+            loss_agg_norm, grpo)  # fmt: skip
+        self.regularizer_set, self.loss_agg = self.objective.regularizers, self.objective.loss_agg
         self.base_loss_weight = self.objective.base_loss_weight
-        self.val_telemetry, self.step_telemetry = ValidationTelemetry(loss_agg), StepTelemetry()
+        self.val_telemetry, self.step_telemetry = ValidationTelemetry(self.loss_agg), StepTelemetry()
 
     @property
     def telemetry(self) -> dict[str, Any]:

@@ -32,12 +32,17 @@ from lit_losses.stopped_epoch import reopen_stopped_epoch
 
 RUN_OPTIONS = ("head_backend", "head_chunk_size", "loss_agg", "optimizer", "ignore_index", "check_finite",
                "regularizers", "regularizer_grad_norm", "base_loss_weight", "base_loss", "base_loss_args",
-               "loss_agg_norm")  # fmt: skip
+               "loss_agg_norm", "grpo")  # fmt: skip
 """`RegularizedLM`'s own arguments: what a resumed run may change (the others are the architecture)."""
 
 #: Options added after the first release, with their defaults: a checkpoint written before they existed
 #: trained with these values, so their absence from it is no change.
-ADDED_OPTION_DEFAULTS = {"base_loss": "cross_entropy", "base_loss_args": None, "loss_agg_norm": None}
+ADDED_OPTION_DEFAULTS = {
+    "base_loss": "cross_entropy",
+    "base_loss_args": None,
+    "loss_agg_norm": None,
+    "grpo": None,
+}
 
 ARCHITECTURE_HINT = (
     "the model's architecture cannot change when resuming: give the checkpointed run's options (its "

@@ -125,6 +125,23 @@ CLI_CASES = [
         "model.base_loss_args.beta='strong' must be a finite number (base loss 'dro')",
     ),
     CliCase("base_loss_dro_without_beta", (f"{M}base_loss=dro",), "model.base_loss_args.beta is required"),
+    # TRL's GRPO losses (model.grpo)
+    CliCase(
+        "grpo_luspo_token_level",
+        (f"{M}grpo.loss_type=luspo",),
+        "model.grpo.importance_sampling_level='token': loss_type 'luspo' weights each sequence's loss",
+    ),
+    CliCase(
+        "grpo_beside_loss_agg",
+        (f"{M}grpo.loss_type=grpo", f"{M}loss_agg=token-sum"),
+        "model.grpo (loss_type 'grpo') sets model.base_loss, model.base_loss_args, model.loss_agg and "
+        "model.loss_agg_norm; remove model.loss_agg or model.grpo",
+    ),
+    CliCase(
+        "base_loss_args_two_spellings",
+        (f"{M}base_loss=ppo", f"{M}base_loss_args={{epsilon_high: 0.28, clip_high_threshold: 1.28}}"),
+        "model.base_loss_args.epsilon_high=0.28 and clip_high_threshold=1.28 both set the same bound",
+    ),
     CliCase(
         "loss_agg_norm_missing",
         (f"{M}loss_agg=seq-mean-token-sum-norm",),

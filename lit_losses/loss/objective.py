@@ -17,6 +17,7 @@ from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.objectives import LOSS_WEIGHTS, SAMPLE_WEIGHTS, BaseLossBatch, BoundBaseLoss, token_values
+from lit_losses.objectives.presets import GRPOPreset, apply_preset
 from lit_losses.regularizers import FusedTerms, RegularizerError, RegularizerSet, RegularizerSpec, TermResult
 
 LossPath = Literal["plain_ce", "fused", "general"]
@@ -42,13 +43,10 @@ class Objective:
     - ``plain_ce``: training with the ``cross_entropy`` base loss alone: the head's fused cross-entropy
       fast path (every gradient computed in forward, no logits recompute).
     - ``fused``: training where the base loss and every enabled term are pointwise (`RegularizerSet.fusable`,
-      e.g. ``ppo`` + ``kl_reference`` + ``entropy``): they run chunk by chunk inside the head, gradients
-      in forward as well.
-    - ``general``: anything else (and validation): per-token head outputs with autograd, then the
-      terms on a `LossContext`.
-
-    Both pointwise paths evaluate the base loss with the same code on the valid tokens (row-major), so
-    they agree to rounding.
+      e.g. ``ppo`` + ``kl_reference`` + ``entropy``): chunk by chunk inside the head, gradients in forward.
+    - ``general``: anything else (validation; a base loss that needs whole sequences, e.g. GSPO's
+      sequence ratios): per-token head outputs with autograd, then the terms on a `LossContext`. Both
+      pointwise paths evaluate the base loss with the same code on the valid tokens (row-major).
 
     Args:
         regularizers: the loss terms.
@@ -80,8 +78,8 @@ class Objective:
         'fused'
         >>> batch |= {"sampling_logprobs": torch.full((1, 3), -1.0), "advantages": torch.ones(1, 3)}
         >>> out = ppo(head, torch.randn(1, 3, 3), batch, GlobalStats.local_only(batch), 0, "train")
-        >>> round(float(out.total), 4), sorted(out.base_metrics)  # ratio e^(1 − log 4) ≈ 0.68: not clipped
-        (-0.6796, ['advantage_logprob', 'advantage_mean', 'approx_kl', 'clip_fraction', 'ratio_mean'])
+        >>> round(float(out.total), 4), float(out.base_metrics["clip_fraction"])  # r = e^(1 − log 4) ≈ 0.68
+        (-0.6796, 0.0)
     """
 
     def __init__(
@@ -119,9 +117,16 @@ class Objective:
         base_loss: str = "cross_entropy",
         base_loss_args: Mapping[str, Any] | None = None,
         loss_agg_norm: float | None = None,
+        grpo: GRPOPreset | Mapping[str, Any] | None = None,
     ) -> Objective:
-        """The objective of `RegularizedLM`'s options: its `RegularizerSet` (default mode ``loss_agg``)
-        and base loss, every option checked (a `ConfigError` naming ``model.<option>``)."""
+        """The objective of `RegularizedLM`'s options, every one checked (a `ConfigError` naming
+        ``model.<option>``); ``grpo`` (`apply_preset`) sets the base loss, its aggregation and KL term."""
+        if grpo is not None:
+            given = {"base_loss": base_loss, "base_loss_args": base_loss_args, "loss_agg": loss_agg}
+            preset = GRPOPreset.coerce(grpo)
+            options = apply_preset(preset, **given, loss_agg_norm=loss_agg_norm, terms=regularizers)
+            scales = {"base_loss_weight": base_loss_weight, "regularizer_grad_norm": regularizer_grad_norm}
+            return cls.from_options(**options, **scales)
         terms = RegularizerSet(regularizers or (), loss_agg, regularizer_grad_norm)
         return cls(terms, loss_agg, base_loss_weight, base_loss, base_loss_args, loss_agg_norm)
 
@@ -144,7 +149,7 @@ class Objective:
             return "general"
         if not needed:
             return "plain_ce"
-        if not torch.is_grad_enabled() or not self.base_loss.entry.pointwise:
+        if not torch.is_grad_enabled() or not self.base_loss.pointwise:
             return "general"
         if self.regularizers.active():
             return "fused" if self.regularizers.fusable() else "general"

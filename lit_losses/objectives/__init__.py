@@ -1,14 +1,19 @@
 """Base losses by name: Tinker's loss types as per-token functions of the current log-probability.
 
 `registry` (`register_base_loss`, `BASE_LOSSES`, `BaseLoss`: a function ``fn(logprobs, inputs,
-**params)`` and the batch keys it reads) → `builtins` (``cross_entropy``, ``importance_sampling``,
-``ppo``, ``cispo``, ``dro``) → `bound` (`BoundBaseLoss`: a base loss with checked parameters, the
+**params)`` and the batch keys it reads) → `ratios` (token or sequence-level importance ratios, GSPO) →
+`builtins` (Tinker's ``cross_entropy``, ``importance_sampling``, ``ppo``, ``cispo``, ``dro``) → `soft`
+(``sapo``, ``vespo``) → `bound` (`BoundBaseLoss`: a base loss with checked parameters, the
 ``model.base_loss`` / ``model.base_loss_args`` options; `BaseLossBatch`: bound to one micro-batch, with
-its RL telemetry); `inputs` names and checks the batch keys of RL micro-batches. `lit_losses.loss.objective`
-runs a base loss on the head's fused pointwise path (gradients in forward) or on the general path.
+its RL telemetry); `inputs` names and checks the batch keys of RL micro-batches; `presets`
+(`GRPOPreset`, ``model.grpo``) maps TRL's GRPO ``loss_type`` and arguments to these options.
+`lit_losses.loss.objective` runs a base loss on the head's fused pointwise path (gradients in forward) or
+on the general path.
 """
 
-from lit_losses.objectives import builtins
+from typing import get_args
+
+from lit_losses.objectives import builtins, soft
 from lit_losses.objectives.bound import TELEMETRY, BaseLossBatch, BoundBaseLoss
 from lit_losses.objectives.builtins import BaseLossName
 from lit_losses.objectives.inputs import (
@@ -20,7 +25,12 @@ from lit_losses.objectives.inputs import (
     SAMPLING_LOGPROBS,
     token_values,
 )
+from lit_losses.objectives.presets import GRPOPreset, TRLLossType
+from lit_losses.objectives.ratios import ImportanceSamplingLevel
 from lit_losses.objectives.registry import BASE_LOSSES, BaseLoss, BaseLossArgError, register_base_loss
+
+if set(get_args(BaseLossName)) - set(BASE_LOSSES.names()):  # pragma: no cover - a maintenance error
+    raise RuntimeError(f"BaseLossName lists {get_args(BaseLossName)}; registered: {BASE_LOSSES.names()}")
 
 __all__ = [
     "ADVANTAGES",
@@ -36,7 +46,11 @@ __all__ = [
     "BaseLossBatch",
     "BaseLossName",
     "BoundBaseLoss",
+    "GRPOPreset",
+    "ImportanceSamplingLevel",
+    "TRLLossType",
     "builtins",
     "register_base_loss",
+    "soft",
     "token_values",
 ]

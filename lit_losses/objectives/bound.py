@@ -10,8 +10,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_losses.aggregation.stats import batch_segment_ids, sequence_ids
 from lit_losses.objectives import builtins
-from lit_losses.objectives.inputs import ADVANTAGES, SAMPLING_LOGPROBS, valid_values
+from lit_losses.objectives.inputs import ADVANTAGES, SAMPLING_LOGPROBS, SEQUENCE_INDEX, valid_values
 from lit_losses.objectives.registry import BASE_LOSSES, BaseLoss
 
 TELEMETRY = {
@@ -30,9 +31,11 @@ class BoundBaseLoss:
     ``model.base_loss_args`` configure.
 
     Example:
-        >>> loss = BoundBaseLoss.resolve("ppo", {"clip_high_threshold": 1.28})
-        >>> loss.params, loss.metric_names
-        ({'clip_low_threshold': 0.8, 'clip_high_threshold': 1.28}, ('clip_fraction', 'ratio_mean', ...))
+        >>> loss = BoundBaseLoss.resolve("cispo", {"clip_high_threshold": 5})
+        >>> loss.params
+        {'clip_low_threshold': 0.0, 'clip_high_threshold': 5.0, 'importance_sampling_level': 'token'}
+        >>> loss.pointwise, loss.metric_names
+        (True, ('clip_fraction', 'clip_ratio_high', 'ratio_mean', ...))
         >>> BoundBaseLoss.resolve("ppoo", None)
         Traceback (most recent call last):
         ...
@@ -64,15 +67,24 @@ class BoundBaseLoss:
         return self.entry.fn is builtins.cross_entropy
 
     @property
+    def pointwise(self) -> bool:
+        """Token ``t``'s loss depends on token ``t`` alone (the fused pointwise path may compute it)."""
+        return self.entry.is_pointwise(self.params)
+
+    @property
     def metric_names(self) -> tuple[str, ...]:
         """The telemetry keys of this base loss (its own metrics, then `TELEMETRY`'s for its reads)."""
         reads = [key for key in TELEMETRY if key in self.entry.reads]
         return (*self.entry.metrics, *(name for key in reads for name in TELEMETRY[key]))
 
     def for_batch(self, batch: Mapping[str, Any], mask: Tensor, dtype: torch.dtype) -> BaseLossBatch:
-        """The base loss bound to one micro-batch (its ``reads`` checked and taken at the valid tokens)."""
+        """The base loss bound to one micro-batch (its ``reads`` checked and taken at the valid tokens; a
+        base loss that is not pointwise also gets `SEQUENCE_INDEX`)."""
         where = f"base loss {self.name!r}"
         inputs = {key: valid_values(batch, key, mask, where, dtype) for key in self.entry.reads}
+        if not self.pointwise:
+            ids = sequence_ids(mask, batch_segment_ids(batch))[mask]
+            inputs[SEQUENCE_INDEX] = torch.unique(ids, return_inverse=True)[1]
         return BaseLossBatch(self, inputs, dtype, mask.device)
 
 

@@ -30,6 +30,9 @@ SAMPLE_WEIGHTS = "sample_weights"
 REF_LOGPROBS = "ref_logprobs"
 RL_KEYS = (SAMPLING_LOGPROBS, ADVANTAGES, LOSS_WEIGHTS, SAMPLE_WEIGHTS, REF_LOGPROBS)
 """The per-token float keys of an RL micro-batch (padded with 0.0, packed like ``labels``)."""
+SEQUENCE_INDEX = "sequence_index"
+"""Not a batch key: the ``inputs`` entry of a base loss that is not pointwise, the sequence of each valid
+token (a (row, segment) pair in packed rows), numbered densely from 0."""
 
 
 def token_values(batch: Mapping[str, Any], key: str, mask: Tensor, reader: str) -> Tensor:

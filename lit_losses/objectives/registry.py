@@ -9,7 +9,8 @@ import math
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from torch import Tensor
 
@@ -41,7 +42,10 @@ class BaseLoss:
         reads: the batch keys ``fn`` reads (``[B, T]`` float tensors aligned with ``labels``).
         metrics: names of the per-token metrics ``fn`` returns (logged as token means).
         pointwise: token ``t``'s loss depends on token ``t``'s values only (elementwise code), so the
-            fused head can evaluate it chunk by chunk with every gradient computed in forward.
+            fused head can evaluate it chunk by chunk with every gradient computed in forward; or a
+            function of the bound parameters saying so (``ppo`` with sequence-level ratios is not).
+            A base loss that is not pointwise is called once per micro-batch on every valid token and
+            finds in ``inputs["sequence_index"]`` each token's sequence (`SEQUENCE_INDEX`).
         check: ``check(params)`` raising `BaseLossArgError` for values the types allow but the loss does
             not (a negative clip threshold).
     """
@@ -50,7 +54,7 @@ class BaseLoss:
     fn: BaseLossFn
     reads: tuple[str, ...] = ()
     metrics: tuple[str, ...] = ()
-    pointwise: bool = True
+    pointwise: bool | Callable[[Mapping[str, Any]], bool] = True
     check: Callable[[Mapping[str, Any]], None] | None = None
     parameters: dict[str, inspect.Parameter] = field(default_factory=dict, compare=False, repr=False)
 
@@ -93,6 +97,10 @@ class BaseLoss:
                 raise ConfigError(f"{where}.{exc.name}={value!r} {exc.message} ({own})") from exc
         return bound
 
+    def is_pointwise(self, params: Mapping[str, Any]) -> bool:
+        """Whether the loss with ``params`` (from `bind`) is pointwise (see ``pointwise``)."""
+        return self.pointwise(params) if callable(self.pointwise) else bool(self.pointwise)
+
     def function(self, params: Mapping[str, Any]) -> Callable[[Tensor, Mapping[str, Tensor]], Any]:
         """``fn`` with ``params`` (from `bind`) bound."""
         return functools.partial(self.fn, **params) if params else self.fn
@@ -120,7 +128,16 @@ def _hint(fn: Callable[..., Any], name: str) -> Any:
 
 
 def _typed(value: Any, hint: Any, where: str, own: str) -> Any:
-    """``value`` if it fits ``hint`` (``float`` takes an int, as YAML writes ``2`` for ``2.0``)."""
+    """``value`` if it fits ``hint`` (``float`` takes an int, as YAML writes ``2`` for ``2.0``; ``X | None``
+    takes ``None`` (YAML ``null``) or what ``X`` takes)."""
+    args = get_args(hint)
+    if get_origin(hint) in (Union, UnionType) and len(args) == 2 and type(None) in args:
+        inner = next(a for a in args if a is not type(None))
+        return None if value is None else _typed_plain(value, inner, where, own, nullable=True)
+    return _typed_plain(value, hint, where, own)
+
+
+def _typed_plain(value: Any, hint: Any, where: str, own: str, nullable: bool = False) -> Any:
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if hint is float:
         if number and math.isfinite(value):
@@ -144,7 +161,7 @@ def _typed(value: Any, hint: Any, where: str, own: str) -> Any:
         expected = f"one of {get_args(hint)}{closest(value, get_args(hint))}"
     else:
         return value
-    raise ConfigError(f"{where}={value!r} must be {expected} ({own})")
+    raise ConfigError(f"{where}={value!r} must be {expected}{' or null' if nullable else ''} ({own})")
 
 
 def _as_base_loss(name: str, obj: Any) -> BaseLoss:
@@ -166,7 +183,7 @@ def register_base_loss(
     *,
     reads: Sequence[str] = (),
     metrics: Sequence[str] = (),
-    pointwise: bool = True,
+    pointwise: bool | Callable[[Mapping[str, Any]], bool] = True,
     check: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> Callable[[BaseLossFn], BaseLossFn]:
     """Register a base loss under ``name`` (from YAML: ``model.init_args.base_loss: <name>``).
@@ -187,7 +204,9 @@ def register_base_loss(
         metrics: the per-token metrics ``fn`` returns.
         pointwise: ``True`` when token ``t``'s loss depends on token ``t``'s values only: the fused head
             then evaluates it chunk by chunk, every gradient computed in forward (no logits recompute).
-            ``False``: the general path (per-token head outputs, autograd).
+            ``False``: the general path (per-token head outputs, autograd), one call per micro-batch
+            with ``inputs["sequence_index"]``, the sequence of each token (a (row, segment) pair in
+            packed rows, numbered densely). A function of the bound parameters: either, by parameters.
         check: ``check(params)`` raising `BaseLossArgError` for values the loss refuses.
 
     Example:

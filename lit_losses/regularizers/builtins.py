@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
+from lit_losses.aggregation.stats import batch_segment_ids, sequence_ids
+from lit_losses.objectives.ratios import sequence_mean
 from lit_losses.regularizers.registry import register_regularizer
 
 if TYPE_CHECKING:
@@ -49,26 +51,67 @@ def logprob_l1(ctx: LossContext, target: float = 0.0) -> Tensor:
 
 @register_regularizer("kl_reference", needs=("logprobs",), pointwise=True)
 def kl_reference(
-    ctx: LossContext, key: str = "ref_logprobs", estimator: Literal["k1", "k2", "k3"] = "k3"
+    ctx: LossContext,
+    key: str = "ref_logprobs",
+    estimator: Literal["k1", "k2", "k3"] = "k3",
+    bias_correction: bool = False,
+    sampling_key: str = "sampling_logprobs",
+    importance_sampling_level: Literal["token", "sequence"] = "token",
 ) -> Tensor:
     """Per-token estimate of ``KL(π ‖ π_ref)`` from label log-probabilities, with ``d_t = log π_ref − log π``.
 
     ``k1``: ``−d_t``; ``k2``: ``d_t² / 2``; ``k3``: ``exp(d_t) − d_t − 1`` (unbiased, non-negative;
     Schulman's estimator). ``batch[key]`` holds the reference log-probabilities ``[B, T]``.
+
+    ``bias_correction``: the estimate times the importance ratio ``r_t = exp(log π_t − q_t)`` (with its
+    gradient), ``q`` the sampler's log-probabilities ``batch[sampling_key]``: the tokens come from the
+    sampler, not from ``π`` (DeepSeek-V3.2's unbiased KL; TRL's and Liger-Kernel's
+    ``use_bias_correction_kl``). ``importance_sampling_level: sequence`` uses GSPO's sequence ratio
+    ``exp(mean_{u∈s} (log π_u − q_u))`` instead, which needs whole sequences: the term then runs on the
+    general path only (as it does beside a base loss with sequence-level ratios).
     """
     if key not in ctx.batch:
         raise KeyError(f"kl_reference: batch key {key!r} is missing; the batch has keys {sorted(ctx.batch)}")
-    ref = ctx.batch[key].to(ctx.head.logprobs.dtype)
-    if ref.shape != ctx.head.logprobs.shape:
+    logprobs = ctx.head.logprobs
+    ref = ctx.batch[key].to(logprobs.dtype)
+    if ref.shape != logprobs.shape:
         raise ValueError(
-            f"kl_reference: batch[{key!r}] has shape {tuple(ref.shape)}, "
-            f"expected {tuple(ctx.head.logprobs.shape)}"
+            f"kl_reference: batch[{key!r}] has shape {tuple(ref.shape)}, expected {tuple(logprobs.shape)}"
         )
-    d = torch.where(ctx.mask, ref - ctx.head.logprobs, torch.zeros_like(ref))
+    d = torch.where(ctx.mask, ref - logprobs, torch.zeros_like(ref))
     if estimator == "k1":
-        return -d
-    if estimator == "k2":
-        return 0.5 * d.square()
-    if estimator == "k3":
-        return torch.expm1(d) - d
-    raise ValueError(f"kl_reference: estimator must be 'k1', 'k2' or 'k3', got {estimator!r}")
+        kl = -d
+    elif estimator == "k2":
+        kl = 0.5 * d.square()
+    elif estimator == "k3":
+        kl = torch.expm1(d) - d
+    else:
+        raise ValueError(f"kl_reference: estimator must be 'k1', 'k2' or 'k3', got {estimator!r}")
+    if not bias_correction:
+        return kl
+    return kl * torch.exp(importance_log_ratio(ctx, sampling_key, importance_sampling_level))
+
+
+def importance_log_ratio(ctx: LossContext, sampling_key: str, level: str) -> Tensor:
+    """``log π_t − q_t`` (0 at ignored positions), or its mean over each sequence (``level="sequence"``)."""
+    logprobs = ctx.head.logprobs
+    if sampling_key not in ctx.batch:
+        raise KeyError(
+            f"kl_reference with bias_correction reads batch key {sampling_key!r}, which is missing; "
+            f"the batch has keys {sorted(ctx.batch)}"
+        )
+    q = ctx.batch[sampling_key].to(logprobs.dtype)
+    per_token = torch.where(ctx.mask, logprobs - q, torch.zeros_like(q))
+    if level not in ("token", "sequence"):
+        raise ValueError(
+            f"kl_reference: importance_sampling_level must be 'token' or 'sequence', got {level!r}"
+        )
+    if level == "token":
+        return per_token
+    if logprobs.dim() != 2:
+        raise ValueError(
+            "kl_reference: importance_sampling_level='sequence' needs whole sequences ([B, T] "
+            "log-probabilities), this call has a chunk of tokens: set the term's `pointwise: false`"
+        )
+    index = sequence_ids(ctx.mask, batch_segment_ids(ctx.batch))[ctx.mask]
+    return torch.zeros_like(per_token).masked_scatter(ctx.mask, sequence_mean(per_token[ctx.mask], index))

@@ -48,14 +48,19 @@ def micro_batch(draw, packing: bool) -> dict:
     }
 
 
+def pad_to(t: torch.Tensor, width: int, value) -> torch.Tensor:
+    """``t`` ``[B, T]`` or ``[B, T, F]`` padded with ``value`` to ``width`` positions."""
+    return torch.nn.functional.pad(
+        t, (0, 0, 0, width - t.shape[1]) if t.dim() == 3 else (0, width - t.shape[1]), value=value
+    )
+
+
 def concat(batches: list[dict]) -> dict:
     """The global batch in one micro-batch: rows stacked, padded to the longest."""
     T = max(b["labels"].shape[1] for b in batches)
 
     def pad(t, value):
-        return torch.nn.functional.pad(
-            t, (0, 0, 0, T - t.shape[1]) if t.dim() == 3 else (0, T - t.shape[1]), value=value
-        )
+        return pad_to(t, T, value)
 
     out = {
         "x": torch.cat([pad(b["x"], 0.0) for b in batches]),
@@ -177,6 +182,7 @@ BASE_LOSS_ARGS = {
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "cispo": {"clip_low_threshold": 0.5, "clip_high_threshold": 1.5},
     "dro": {"beta": 0.3},
+    "sapo": {"temperature_pos": 0.8, "temperature_neg": 1.2},
 }
 RL_FLOAT_KEYS = ("sampling_logprobs", "advantages", "loss_weights", "sample_weights", "ref_logprobs")
 
@@ -252,3 +258,70 @@ def test_every_base_loss_split_into_ranks_and_micro_batches_equals_the_full_batc
     assert torch.isfinite(reference)
     torch.testing.assert_close(combined, reference, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------------
+# TRL's loss types (`model.grpo` presets), sequence-level ratios (GSPO) and the bias-corrected KL
+# included: D ranks × A micro-batches × packed rows give the global batch's value, gradients and exact
+# telemetry (the base loss's metrics summed over the step's micro-batches).
+# ---------------------------------------------------------------------------------------------------
+GRPO_PRESETS = {
+    "grpo": {"loss_type": "grpo", "epsilon_high": 0.28, "beta": 0.1},
+    "gspo": {
+        "loss_type": "grpo",
+        "importance_sampling_level": "sequence",
+        "beta": 0.1,
+        "use_bias_correction_kl": True,
+    },
+    "bnpo": {"loss_type": "bnpo", "delta": 1.5},
+    "dr_grpo": {"loss_type": "dr_grpo", "max_completion_length": NORM, "beta": 0.1},
+    "dapo": {"loss_type": "dapo", "beta": 0.1, "use_bias_correction_kl": True},
+    "cispo": {"loss_type": "cispo", "epsilon_high": 1.5, "importance_sampling_level": "sequence"},
+    "sapo": {"loss_type": "sapo", "beta": 0.1},
+    "luspo": {"loss_type": "luspo", "importance_sampling_level": "sequence", "beta": 0.1},
+    "vespo": {"loss_type": "vespo", "beta": 0.1, "use_bias_correction_kl": True},
+}
+
+
+def split_step_metrics(grid, objective, weight) -> dict[str, float]:
+    """The base loss's telemetry summed over the step's micro-batches, counted as `split_step_loss` does."""
+    local = [[count_masks(b) for b in row] for row in grid]
+    totals = sum_counts(c for row in local for c in row)
+    summed: dict[str, float] = {}
+    for d, row in enumerate(grid):
+        for a, batch in enumerate(row):
+            stats = GlobalStats(totals, local=local[d][a], position=a, window=len(row))
+            head = FusedLMHead(weight.T, backend="chunked", chunk_size=4)
+            out = objective(head, batch["x"], batch, stats, step=0, stage="train")
+            for key, value in out.base_metrics.items():
+                summed[key] = summed.get(key, 0.0) + float(value)
+    return summed
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), ranks=st.integers(1, 3), accumulate=st.integers(1, 3), packing=st.booleans())
+@pytest.mark.parametrize("preset", sorted(GRPO_PRESETS))
+def test_every_grpo_preset_split_into_ranks_and_micro_batches_equals_the_full_batch(
+    data, ranks, accumulate, packing, preset
+):
+    window = data.draw(st.integers(1, accumulate), label="window")
+    grid = [[data.draw(rl_micro_batch(packing, weighted=False)) for _ in range(window)] for _ in range(ranks)]
+    objective = Objective.from_options(grpo=GRPO_PRESETS[preset])
+    weight = torch.randn(
+        F, V, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True
+    )
+
+    combined = split_step_loss(grid, accumulate, lambda b, stats: objective_loss(b, weight, objective, stats))
+    (grad,) = torch.autograd.grad(combined, weight)
+
+    full = concat_rl([b for row in grid for b in row])
+    full_stats = GlobalStats.local_only(full)
+    head = FusedLMHead(weight.T, backend="chunked", chunk_size=4)
+    out = objective(head, full["x"], full, full_stats, step=0, stage="train")
+    (ref_grad,) = torch.autograd.grad(out.total, weight)
+
+    assert torch.isfinite(out.total)
+    torch.testing.assert_close(combined, out.total, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-10)
+    expected = {key: float(value) for key, value in out.base_metrics.items()}
+    assert split_step_metrics(grid, objective, weight) == pytest.approx(expected, rel=1e-10, abs=1e-12)

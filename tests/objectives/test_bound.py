@@ -52,9 +52,15 @@ def hand_metrics(model: TinyLM, batches: list[dict]) -> dict[str, float]:
             adv.append(b["advantages"][valid].double())
     lp, q, adv = torch.cat(lp), torch.cat(q), torch.cat(adv)
     r = torch.exp(lp - q)
-    clipped = torch.where(adv >= 0, r > PPO["clip_high_threshold"], r < PPO["clip_low_threshold"])
+    lo, hi = PPO["clip_low_threshold"], PPO["clip_high_threshold"]
+    clipped = torch.where(adv >= 0, r > hi, r < lo)
+    low = [bool(a < 0 and x < lo) for a, x in zip(adv, r)]  # TRL's clip_ratio/low_mean
+    high = [bool(a > 0 and x > hi) for a, x in zip(adv, r)]  # TRL's clip_ratio/high_mean
     return {
         "clip_fraction": float(clipped.double().mean()),
+        "clip_ratio_low": sum(low) / len(low),
+        "clip_ratio_high": sum(high) / len(high),
+        "clip_ratio_region": sum(a or b for a, b in zip(low, high)) / len(low),
         "ratio_mean": float(r.mean()),
         "approx_kl": float((r - 1 - torch.log(r)).mean()),
         "advantage_mean": float(adv.mean()),
@@ -147,9 +153,14 @@ def test_a_bad_base_loss_output_is_an_error_naming_it(kind, stage):
 
 def test_bound_loss_names_its_metrics_and_parameters():
     loss = BoundBaseLoss.resolve("cispo", {"clip_high_threshold": 2})
-    assert loss.params == {"clip_high_threshold": 2.0, "clip_low_threshold": 0.0}
+    assert loss.params == {
+        "clip_high_threshold": 2.0,
+        "clip_low_threshold": 0.0,
+        "importance_sampling_level": "token",
+    }
     assert loss.metric_names == (
         "clip_fraction",
+        "clip_ratio_high",
         "ratio_mean",
         "approx_kl",
         "advantage_mean",

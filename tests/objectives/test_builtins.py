@@ -161,10 +161,20 @@ def test_cispo_never_zeros_a_gradient_it_bounds_the_coefficient():
     assert metrics["clip_fraction"].tolist() == [True, False, False]
 
 
+TRL_ARGS = {"epsilon_low", "epsilon_high", "delta", "importance_sampling_level"}
+"""The parameters TRL's and Liger-Kernel's GRPO losses add to Tinker's (tests/objectives/test_trl.py)."""
+
+
 def test_builtins_document_tinker_and_their_parameters():
     for name in reference.ARGS:
         entry = BASE_LOSSES[name]
         assert "Tinker" in entry.fn.__doc__, name
-        assert set(entry.parameters) == set(reference.ARGS[name]), name
-    assert BASE_LOSSES["ppo"].bind(None) == {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
-    assert BASE_LOSSES["cispo"].bind(None) == {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}
+        assert set(reference.ARGS[name]) <= set(entry.parameters), name
+        assert set(entry.parameters) - set(reference.ARGS[name]) <= TRL_ARGS, name
+    ppo = BASE_LOSSES["ppo"].bind(None)
+    assert builtins.ppo_bounds(*list(ppo.values())[:4]) == (0.8, 1.2)  # Tinker's defaults
+    assert BASE_LOSSES["cispo"].bind(None) == {
+        "clip_low_threshold": 0.0,
+        "clip_high_threshold": 4.0,
+        "importance_sampling_level": "token",
+    }

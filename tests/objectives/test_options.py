@@ -29,6 +29,10 @@ def test_the_model_keeps_its_options_and_builds_the_objective_from_them():
                    loss_agg_norm=32, regularizers=[{"name": "kl_reference", "weight": 0.1}])  # fmt: skip
     assert model.hparams["base_loss"] == "cispo"
     assert model.hparams["base_loss_args"] == {"clip_high_threshold": 2}
-    assert model.objective.base_loss.params == {"clip_low_threshold": 0.0, "clip_high_threshold": 2.0}
+    assert model.objective.base_loss.params == {
+        "clip_low_threshold": 0.0,
+        "clip_high_threshold": 2.0,
+        "importance_sampling_level": "token",
+    }
     assert model.objective.loss_agg_norm == 32.0 == model.regularizer_set.agg_norm
     assert model.regularizer_set is model.objective.regularizers

@@ -91,7 +91,8 @@ def test_cross_entropy_alone_keeps_the_plain_ce_fast_path_and_others_leave_it():
         (
             "ppo",
             {"clip_high_threshold": "1.2"},
-            "model.base_loss_args.clip_high_threshold='1.2' must be a finite number (base loss 'ppo')",
+            "model.base_loss_args.clip_high_threshold='1.2' must be a finite number or null "
+            "(base loss 'ppo')",
         ),
         ("cispo", {"clip_high_threshold": float("inf")}, "clip_high_threshold=inf must be a finite number"),
         ("ppo", {"clip_low_threshold": True}, "clip_low_threshold=True must be a finite number"),
@@ -100,8 +101,30 @@ def test_cross_entropy_alone_keeps_the_plain_ce_fast_path_and_others_leave_it():
         (
             "importance_sampling",
             {"beta": 1},
-            "base loss 'importance_sampling' has no parameter 'beta'; it takes no parameter",
+            "base loss 'importance_sampling' has no parameter 'beta'; its parameters are "
+            "['importance_sampling_level']",
         ),
+        (
+            "cross_entropy",
+            {"beta": 1},
+            "base loss 'cross_entropy' has no parameter 'beta'; it takes no parameter",
+        ),
+        (
+            "ppo",
+            {"epsilon_high": 0.28, "clip_high_threshold": 1.3},
+            "model.base_loss_args.epsilon_high=0.28 and clip_high_threshold=1.3 both set the same bound; "
+            "give one of them (base loss 'ppo')",
+        ),
+        ("ppo", {"epsilon_low": 1.5}, "model.base_loss_args.epsilon_low=1.5 must be in [0, 1]"),
+        ("ppo", {"delta": 0}, "model.base_loss_args.delta=0.0 must be > 0"),
+        (
+            "ppo",
+            {"importance_sampling_level": "seq"},
+            "importance_sampling_level='seq' must be one of ('token', ",
+        ),
+        ("sapo", {"temperature_neg": 0}, "model.base_loss_args.temperature_neg=0.0 must be > 0"),
+        ("vespo", {"lambda_pos": -1}, "model.base_loss_args.lambda_pos=-1.0 must be > 0"),
+        ("vespo", {"k_neg": -1}, "model.base_loss_args.k_neg=-1.0 must be >= 0"),
         ("ppo", [0.2], "model.base_loss_args must be a mapping of parameter names to values, got [0.2]"),
     ],
 )

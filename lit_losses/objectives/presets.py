@@ -1,0 +1,276 @@
+"""`GRPOPreset`: TRL's ``GRPOTrainer`` loss (``loss_type`` and its arguments) as lit_losses options.
+
+``model.grpo`` takes the loss fields of TRL's ``GRPOConfig`` under their names and sets ``base_loss``,
+``base_loss_args``, ``loss_agg``, ``loss_agg_norm`` and, with ``beta > 0``, a ``kl_reference`` term
+together. Each TRL loss is a per-token loss ``L_t`` plus ``β · KL_t`` aggregated by one rule; here the
+rule is an aggregation mode over the *global* counts of the optimizer step:
+
+============  ================================  =============================
+``loss_type``  ``base_loss``                    ``loss_agg``
+============  ================================  =============================
+``grpo``      ``ppo``                           ``seq-mean-token-mean``
+``bnpo``      ``ppo``                           ``token-mean``
+``dr_grpo``   ``ppo``                           ``seq-mean-token-sum-norm``, ``C = max_completion_length``
+``dapo``      ``ppo``                           ``token-mean``
+``luspo``     ``ppo`` (sequence ratios)         ``seq-mean-token-sum``
+``cispo``     ``cispo`` (``lo = 0``, ``hi = ε_high``)  ``token-mean``
+``sapo``      ``sapo``                          ``seq-mean-token-mean``
+``vespo``     ``vespo``                         ``token-mean``
+============  ================================  =============================
+
+TRL normalizes ``grpo``, ``sapo``, ``bnpo``, ``dr_grpo`` and ``luspo`` by what one process sees in one
+micro-batch (its sequences, its tokens), then divides by the accumulation steps and lets DDP average the
+processes; that is the global value only when every micro-batch holds as many sequences and tokens. Here
+every split gives the global batch's value. ``dapo``, ``cispo`` and ``vespo`` divide by
+``num_items_in_batch / num_processes``, which summed over the step is the global token count when the
+generation batch is the optimizer step's: ``num_items_in_batch`` becomes the step's global number of
+valid tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from lit_losses.aggregation.modes import AggMode
+from lit_losses.choices import check_choice
+from lit_losses.errors import ConfigError
+from lit_losses.objectives.ratios import ImportanceSamplingLevel
+from lit_losses.registry import closest
+
+TRLLossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+"""TRL's ``GRPOConfig.loss_type`` (also Liger-Kernel's ``LigerFusedLinearGRPOLoss``)."""
+
+LOSS_AGG: dict[str, AggMode] = {
+    "grpo": "seq-mean-token-mean",
+    "sapo": "seq-mean-token-mean",
+    "bnpo": "token-mean",
+    "dapo": "token-mean",
+    "cispo": "token-mean",
+    "vespo": "token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+    "luspo": "seq-mean-token-sum",
+}
+"""The aggregation mode whose global value each TRL ``loss_type`` approximates."""
+
+CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+"""The loss types whose per-token loss is PPO's clipped objective (TRL's ``coef_1``/``coef_2`` branch)."""
+
+WHERE = "model.grpo"
+POSITIVE = ("delta", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg")
+NON_NEGATIVE = ("epsilon_high", "beta", "vespo_k_pos", "vespo_k_neg")
+
+
+@dataclass(frozen=True)
+class GRPOPreset:
+    """TRL's GRPO loss by its ``GRPOConfig`` fields; `options` are the lit_losses options it sets.
+
+    Attributes:
+        loss_type: TRL's ``loss_type`` (default ``dapo``, as TRL's).
+        epsilon: ``ε_low``: the ratio's lower bound is ``1 − ε``.
+        epsilon_high: ``ε_high`` (default ``epsilon``): the upper bound ``1 + ε_high``; for ``cispo``
+            the cap of the ratio itself (TRL's and Liger-Kernel's meaning; ScaleRL uses 5.0).
+        delta: INTELLECT-2's two-sided clipping, the unclipped ratio capped at ``δ`` (clipped types).
+        beta: weight of the k3 KL to the reference (``batch["ref_logprobs"]``); 0: no KL term.
+        use_bias_correction_kl: the KL times the importance ratio (DeepSeek-V3.2; needs ``beta > 0``).
+        importance_sampling_level: ``token``, or ``sequence`` (GSPO): the ratio of a sequence is
+            ``exp(mean_t (ℓ_t − q_t))`` over its valid tokens.
+        max_completion_length: ``dr_grpo``'s constant (required by it).
+        sapo_temperature_pos: SAPO's temperature where ``A > 0``.
+        sapo_temperature_neg: SAPO's temperature where ``A ≤ 0``.
+        vespo_k_pos: VESPO's gamma shape where ``A ≥ 0``.
+        vespo_lambda_pos: VESPO's gamma rate where ``A ≥ 0``.
+        vespo_k_neg: VESPO's gamma shape where ``A < 0``.
+        vespo_lambda_neg: VESPO's gamma rate where ``A < 0``.
+
+    Raises:
+        ConfigError: naming ``model.grpo.<field>``: an unknown choice, ``luspo`` without sequence
+            ratios, ``dr_grpo`` without ``max_completion_length``, an option the loss type ignores.
+
+    Example:
+        >>> options = GRPOPreset("dr_grpo", epsilon_high=0.28, beta=0.04, max_completion_length=256).options()
+        >>> options["base_loss"], options["base_loss_args"]["epsilon_high"], options["loss_agg"]
+        ('ppo', 0.28, 'seq-mean-token-sum-norm')
+        >>> options["loss_agg_norm"], [(r["name"], r["weight"]) for r in options["regularizers"]]
+        (256.0, [('kl_reference', 0.04)])
+        >>> GRPOPreset("luspo")
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: model.grpo.importance_sampling_level='token': loss_type 'luspo' ...
+    """
+
+    loss_type: TRLLossType = "dapo"
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    delta: float | None = None
+    beta: float = 0.0
+    use_bias_correction_kl: bool = False
+    importance_sampling_level: ImportanceSamplingLevel = "token"
+    max_completion_length: int | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+
+    def __post_init__(self) -> None:
+        check_choice(self.loss_type, TRLLossType, f"{WHERE}.loss_type")
+        level = check_choice(
+            self.importance_sampling_level, ImportanceSamplingLevel, f"{WHERE}.importance_sampling_level"
+        )
+        if self.loss_type == "luspo" and level != "sequence":
+            raise ConfigError(
+                f"{WHERE}.importance_sampling_level={level!r}: loss_type 'luspo' weights each sequence's "
+                "loss by its length and needs sequence-level ratios ('sequence'; TRL's token-level luspo "
+                "sums over padding positions)"
+            )
+        if self.loss_type == "dr_grpo" and self.max_completion_length is None:
+            raise ConfigError(
+                f"{WHERE}.max_completion_length is required by loss_type 'dr_grpo' (its constant)"
+            )
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            raise ConfigError(f"{WHERE}.max_completion_length must be >= 1, got {self.max_completion_length}")
+        if self.delta is not None and self.loss_type not in CLIPPED:
+            raise ConfigError(
+                f"{WHERE}.delta={self.delta!r}: loss_type {self.loss_type!r} has no two-sided clipping (TRL "
+                f"ignores delta there); it applies to {CLIPPED}"
+            )
+        self.check_numbers()
+        if self.use_bias_correction_kl and self.beta == 0:
+            raise ConfigError(
+                f"{WHERE}.use_bias_correction_kl=True corrects the KL term, which beta=0 disables"
+            )
+
+    def check_numbers(self) -> None:
+        """``0 ≤ epsilon ≤ 1``, the temperatures, rates and ``delta`` ``> 0``, the rest ``≥ 0`` (finite)."""
+        bounds = (
+            {"epsilon": "in [0, 1]"} | dict.fromkeys(POSITIVE, "> 0") | dict.fromkeys(NON_NEGATIVE, ">= 0")
+        )
+        for name, rule in bounds.items():
+            value = getattr(self, name)
+            if value is None and name in ("delta", "epsilon_high"):
+                continue
+            number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            ok = number and {"in [0, 1]": 0 <= value <= 1, "> 0": value > 0, ">= 0": value >= 0}[rule]
+            if not ok:
+                raise ConfigError(f"{WHERE}.{name} must be a finite number {rule}, got {value!r}")
+
+    @classmethod
+    def coerce(cls, value: GRPOPreset | Mapping[str, Any] | None) -> GRPOPreset | None:
+        """``value`` as a `GRPOPreset` (a mapping of its fields, e.g. from a checkpoint), or ``None``."""
+        if value is None or isinstance(value, GRPOPreset):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{WHERE} must be a mapping of GRPOConfig fields, got {value!r}")
+        fields = list(asdict(cls()))
+        unknown = sorted(set(value) - set(fields))
+        if unknown:
+            raise ConfigError(
+                f"{WHERE}.{unknown[0]}: not a field of {WHERE}{closest(unknown[0], fields)}; "
+                f"its fields are {fields}"
+            )
+        return cls(**value)
+
+    @property
+    def upper_epsilon(self) -> float:
+        """``ε_high``, TRL's default ``epsilon``."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    def base_loss(self) -> tuple[str, dict[str, Any]]:
+        """``(base_loss, base_loss_args)`` of the loss type."""
+        level = self.importance_sampling_level
+        if self.loss_type in CLIPPED:
+            args = {"epsilon_low": self.epsilon, "epsilon_high": self.upper_epsilon, "delta": self.delta}
+            return "ppo", {**args, "importance_sampling_level": level}
+        if self.loss_type == "cispo":
+            args = {"clip_low_threshold": 0.0, "clip_high_threshold": self.upper_epsilon}
+            return "cispo", {**args, "importance_sampling_level": level}
+        if self.loss_type == "sapo":
+            args = {
+                "temperature_pos": self.sapo_temperature_pos,
+                "temperature_neg": self.sapo_temperature_neg,
+            }
+            return "sapo", {**args, "importance_sampling_level": level}
+        return "vespo", {
+            "k_pos": self.vespo_k_pos,
+            "lambda_pos": self.vespo_lambda_pos,
+            "k_neg": self.vespo_k_neg,
+            "lambda_neg": self.vespo_lambda_neg,
+        }
+
+    def kl_term(self) -> dict[str, Any]:
+        """The ``kl_reference`` regularizer of ``beta``: TRL adds ``β · KL_t`` to each token's loss before
+        aggregating, so the term takes the base loss's mode and weight ``β``."""
+        level = self.importance_sampling_level
+        return {
+            "name": "kl_reference",
+            "weight": self.beta,
+            "agg": LOSS_AGG[self.loss_type],
+            "pointwise": not (self.use_bias_correction_kl and level == "sequence"),
+            "args": {
+                "estimator": "k3",
+                "bias_correction": self.use_bias_correction_kl,
+                "importance_sampling_level": level,
+            },
+        }
+
+    def options(self) -> dict[str, Any]:
+        """The `Objective` options: ``base_loss``, ``base_loss_args``, ``loss_agg``, ``loss_agg_norm`` (for
+        ``dr_grpo``) and ``regularizers`` (the KL term, when ``beta > 0``)."""
+        base_loss, args = self.base_loss()
+        out: dict[str, Any] = {
+            "base_loss": base_loss,
+            "base_loss_args": args,
+            "loss_agg": LOSS_AGG[self.loss_type],
+        }
+        if self.loss_type == "dr_grpo":
+            out["loss_agg_norm"] = float(self.max_completion_length)
+        if self.beta > 0:
+            out["regularizers"] = [self.kl_term()]
+        return out
+
+
+def apply_preset(
+    preset: GRPOPreset,
+    *,
+    base_loss: str,
+    base_loss_args: Mapping[str, Any] | None,
+    loss_agg: str,
+    loss_agg_norm: float | None,
+    terms: Sequence[Any] | None,
+) -> dict[str, Any]:
+    """`Objective.from_options`'s options with ``preset``'s: it sets ``base_loss``, ``base_loss_args``,
+    ``loss_agg``, ``loss_agg_norm`` (so they must keep their defaults) and appends its KL term to the
+    regularizer specs ``terms`` (which must not have one) as ``regularizers``.
+
+    Raises:
+        ConfigError: one of those options is set too, or ``beta > 0`` beside a ``kl_reference`` term.
+    """
+    given = {
+        "base_loss": base_loss != "cross_entropy",
+        "base_loss_args": bool(base_loss_args),
+        "loss_agg": loss_agg != "token-mean",
+        "loss_agg_norm": loss_agg_norm is not None,
+    }
+    for name, is_set in given.items():
+        if is_set:
+            raise ConfigError(
+                f"{WHERE} (loss_type {preset.loss_type!r}) sets model.base_loss, model.base_loss_args, "
+                f"model.loss_agg and model.loss_agg_norm; remove model.{name} or {WHERE}"
+            )
+    terms = list(terms or ())
+    names = [t.get("name") if isinstance(t, Mapping) else getattr(t, "name", None) for t in terms]
+    if preset.beta > 0 and "kl_reference" in names:
+        raise ConfigError(
+            f"{WHERE}.beta={preset.beta} adds the kl_reference term and model.regularizers has one "
+            "already; remove one of them"
+        )
+    options = preset.options()
+    return {
+        "loss_agg_norm": None,
+        **options,
+        "regularizers": [*terms, *options.get("regularizers", ())],
+    }
