@@ -12,6 +12,7 @@ from lit_losses.aggregation import (
     GLOBAL_STATS_KEY,
     AggMode,
     GlobalStats,
+    LabelFormat,
     accumulation_factor,
     check_window,
     configure_train_loaders,
@@ -76,6 +77,8 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         (['z_loss'], torch.Size([2, 8]))
     """
 
+    #: How the batches' ``labels`` are laid out (`LabelFormat`): what `GlobalStatsLoader` counts.
+    label_format: LabelFormat = "next_token"
     #: A subclass's own arguments that are not its architecture: a run resumed from a checkpoint may
     #: change them, like `RegularizedLM`'s own (a warning lists each; `lit_losses.resume`).
     resume_changeable_options: tuple[str, ...] = ()
@@ -166,7 +169,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
 
     def on_train_start(self) -> None:
         """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs."""
-        configure_train_loaders(self.trainer, self.mask_keys(), self.ignore_index)
+        configure_train_loaders(self.trainer, self.mask_keys(), self.ignore_index, self.label_format)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         out = self.compute_loss(batch, "train")

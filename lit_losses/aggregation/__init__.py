@@ -13,11 +13,13 @@ from lit_losses.aggregation.modes import (
 from lit_losses.aggregation.stats import (
     LABELS_KEY,
     GlobalStats,
+    LabelFormat,
     MaskStats,
     batch_mask,
     count_masks,
     count_units,
     sequence_ids,
+    shift_labels,
     sum_counts,
 )
 from lit_losses.aggregation.window import (
@@ -34,6 +36,7 @@ __all__ = [
     "AggMode",
     "GlobalStats",
     "GlobalStatsLoader",
+    "LabelFormat",
     "MaskStats",
     "StepSums",
     "accumulation_factor",
@@ -47,6 +50,7 @@ __all__ = [
     "mode_denominator",
     "reweight_mean",
     "sequence_ids",
+    "shift_labels",
     "sum_counts",
     "token_weights",
     "window_ends",

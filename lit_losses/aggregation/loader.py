@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from lit_losses.aggregation.position import LoaderPosition, LoaderStats, iterate_from
 from lit_losses.aggregation.stats import (
     LABELS_KEY,
+    LabelFormat,
     count_masks,
     counts_to_tensor,
     sum_counts,
@@ -61,6 +62,8 @@ class GlobalStatsLoader(DataLoader):
         mask_keys: mask keys to count; ``"labels"`` means ``labels != ignore_index``, any other key a
             0/1 or boolean tensor of the batch (``None``: from the module, else ``("labels",)``).
         ignore_index: label value of positions without a target.
+        label_format: ``input_aligned`` for Hugging Face collators' labels, counted after the model's
+            shift (`count_masks`); ``None``: from the module (``next_token`` unless it says otherwise).
         process_group: group to all-reduce over (default: the whole world when initialized).
         **kwargs: ``DataLoader`` keyword arguments.
 
@@ -78,6 +81,7 @@ class GlobalStatsLoader(DataLoader):
         accumulate_grad_batches: int | None = None,
         mask_keys: Sequence[str] | None = None,
         ignore_index: int = -100,
+        label_format: LabelFormat | None = None,
         process_group: Any = None,
         **kwargs: Any,
     ) -> None:
@@ -89,6 +93,7 @@ class GlobalStatsLoader(DataLoader):
         self.accumulate_grad_batches = accumulate_grad_batches
         self.mask_keys = tuple(mask_keys) if mask_keys is not None else None
         self.ignore_index = ignore_index
+        self.label_format = label_format
         self.process_group = process_group
         self.max_batches: int | None = None
         self.position = LoaderPosition()
@@ -104,6 +109,7 @@ class GlobalStatsLoader(DataLoader):
         mask_keys: Sequence[str],
         ignore_index: int,
         max_batches: int | float | None = None,
+        label_format: LabelFormat = "next_token",
     ) -> None:
         """Take the trainer's and the module's settings (called by `RegularizedLM.on_train_start`)."""
         if self.accumulate_grad_batches not in (None, accumulate_grad_batches):
@@ -111,6 +117,12 @@ class GlobalStatsLoader(DataLoader):
                 f"GlobalStatsLoader(accumulate_grad_batches={self.accumulate_grad_batches}) disagrees with "
                 f"trainer.accumulate_grad_batches={accumulate_grad_batches}"
             )
+        if self.label_format not in (None, label_format):
+            raise ConfigError(
+                f"GlobalStatsLoader(label_format={self.label_format!r}) disagrees with the model's "
+                f"label_format={label_format!r} (model.init_args.label_format)"
+            )
+        self.label_format = label_format
         self.accumulate_grad_batches = accumulate_grad_batches
         keys = dict.fromkeys((*(self.mask_keys or ()), *mask_keys))
         self.mask_keys = tuple(keys)
@@ -181,7 +193,8 @@ class GlobalStatsLoader(DataLoader):
                     f"GlobalStatsLoader needs dict micro-batches (item {i} of a window is a "
                     f"{type(batch).__name__})"
                 )
-        local = [count_masks(batch, keys, self.ignore_index) for batch in window]
+        label_format = self.label_format or "next_token"
+        local = [count_masks(batch, keys, self.ignore_index, label_format) for batch in window]
         totals, world_size = self._all_reduce(counts_to_tensor(sum_counts(local), keys))
         masks = tensor_to_counts(totals, keys)
         self.lookahead_seconds += time.perf_counter() - start

@@ -71,7 +71,8 @@ def token_weights(
     """Per-position weights ``w`` (0 where ``mask`` is False) with ``loss = Σ w · L`` (see module doc).
 
     ``norm`` is the constant ``C`` of ``seq-mean-token-sum-norm`` (required by that mode only);
-    ``sample_weights`` (shaped like ``mask``) multiplies every position's weight.
+    ``sample_weights`` (shaped like ``mask``, or ``[B]`` for unpacked rows: `per_position_weights`)
+    multiplies every position's weight.
     """
     check_mode(mode)
     mask = mask.bool()
@@ -90,12 +91,38 @@ def token_weights(
         w = m / (lengths[ids].clamp_min(1) * max(stats.num_sequences, 1))
     if sample_weights is None:
         return w
+    sample_weights = per_position_weights(sample_weights, mask, segment_ids)
+    return w * torch.where(mask, sample_weights.to(dtype), torch.zeros_like(w))
+
+
+def per_position_weights(sample_weights: Tensor, mask: Tensor, segment_ids: Tensor | None = None) -> Tensor:
+    """``sample_weights`` per position ``[B, T]``: as given, or one weight per row ``[B]`` (ROLL's shape)
+    broadcast over the row when each row is one sequence.
+
+    Raises:
+        ValueError: another shape, or ``[B]`` for packed rows (``segment_ids`` with several sequences in a
+            row: a row's weight would apply to all its documents).
+
+    Example:
+        >>> import torch
+        >>> per_position_weights(torch.tensor([2.0, 3.0]), torch.ones(2, 3, dtype=torch.bool)).tolist()
+        [[2.0, 2.0, 2.0], [3.0, 3.0, 3.0]]
+    """
+    rows = mask.shape[0]
+    if sample_weights.dim() == 1 and sample_weights.shape[0] == rows and mask.dim() == 2:
+        if segment_ids is not None and bool((segment_ids != segment_ids[:, :1]).any()):
+            raise ValueError(
+                f"sample_weights of shape [{rows}] give one weight per row, but the rows are packed "
+                "(segment_ids holds several sequences per row); give one weight per position, shaped like "
+                "the labels"
+            )
+        return sample_weights[:, None].expand_as(mask)
     if sample_weights.shape != mask.shape:
         raise ValueError(
             f"sample_weights shape {tuple(sample_weights.shape)} differs from the mask shape "
-            f"{tuple(mask.shape)}"
+            f"{tuple(mask.shape)} (or [{rows}]: one weight per row of unpacked sequences)"
         )
-    return w * torch.where(mask, sample_weights.to(dtype), torch.zeros_like(w))
+    return sample_weights
 
 
 def check_norm(norm: float | None, where: str = "norm") -> float:
@@ -139,7 +166,8 @@ def aggregate(
         segment_ids: packed-row segments ``[B, T]``; a sequence is a (row, segment) pair.
         name: what ``loss_mat`` is, for error messages.
         norm: the constant ``C`` of ``seq-mean-token-sum-norm`` (required by that mode only).
-        sample_weights: per-sequence weights stored per position ``[B, T]`` (ROLL's ``weights=``).
+        sample_weights: per-sequence weights stored per position ``[B, T]``, or ``[B]`` when every row is
+            one sequence (ROLL's ``weights=``).
 
     Example:
         >>> import torch

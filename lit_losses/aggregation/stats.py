@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 LABELS_KEY = "labels"
 """The default mask key: ``labels != ignore_index``."""
+
+LabelFormat = Literal["next_token", "input_aligned"]
+"""How a batch's ``labels`` are laid out: ``next_token`` (``labels[t]`` is the target of position ``t``:
+lit_losses' data modules) or ``input_aligned`` (aligned with ``input_ids`` and shifted by the model, as
+Hugging Face's collators and ``labels=`` loss do: the target of position ``t`` is ``labels[t + 1]``)."""
 
 
 def segments_from_positions(position_ids: Tensor) -> Tensor:
@@ -80,6 +85,26 @@ def sequence_ids(
     return torch.unique(key, return_inverse=True)[1]
 
 
+def shift_labels(labels: Tensor, segments: Tensor | None = None, ignore_index: int = -100) -> Tensor:
+    """Next-token labels from labels aligned with ``input_ids`` (Hugging Face's convention):
+    ``out[:, t] = labels[:, t + 1]``.
+
+    The last position of a row, and the last position of every segment (its next token belongs to
+    another document), get ``ignore_index``.
+
+    Example:
+        >>> import torch
+        >>> labels = torch.tensor([[-100, 11, 12, -100, 21, 22]])  # two documents, first labels ignored
+        >>> shift_labels(labels, segments=torch.tensor([[0, 0, 0, 1, 1, 1]])).tolist()
+        [[11, 12, -100, 21, 22, -100]]
+    """
+    shifted = torch.full_like(labels, ignore_index)
+    shifted[:, :-1] = labels[:, 1:]
+    if segments is not None:
+        shifted[:, :-1].masked_fill_(segments[:, 1:] != segments[:, :-1], ignore_index)
+    return shifted
+
+
 def count_units(mask: Tensor, segment_ids: Tensor | None = None) -> tuple[int, int]:
     """``(valid tokens, sequences with at least one valid token)`` of one micro-batch."""
     mask = mask.bool()
@@ -116,11 +141,26 @@ class MaskStats:
 
 
 def count_masks(
-    batch: Mapping[str, Any], mask_keys: Iterable[str] = (LABELS_KEY,), ignore_index: int = -100
+    batch: Mapping[str, Any],
+    mask_keys: Iterable[str] = (LABELS_KEY,),
+    ignore_index: int = -100,
+    label_format: LabelFormat = "next_token",
 ) -> dict[str, MaskStats]:
     """Counts of one micro-batch for every mask key (sequences follow `batch_segment_ids`:
-    ``batch["segment_ids"]``, else restarts of ``batch["position_ids"]``)."""
+    ``batch["segment_ids"]``, else restarts of ``batch["position_ids"]``). With ``input_aligned`` labels
+    the ``labels`` key counts the targets after the model's shift (`shift_labels`): what its loss uses.
+
+    Example:
+        >>> import torch
+        >>> batch = {"labels": torch.tensor([[5, 6, 7, -100]])}  # DataCollatorForLanguageModeling's labels
+        >>> count_masks(batch)["labels"].num_tokens
+        3
+        >>> count_masks(batch, label_format="input_aligned")["labels"].num_tokens  # after the shift
+        2
+    """
     segment_ids = batch_segment_ids(batch)
+    if label_format == "input_aligned" and isinstance(batch.get(LABELS_KEY), Tensor):
+        batch = {**batch, LABELS_KEY: shift_labels(batch[LABELS_KEY], segment_ids, ignore_index)}
     return {
         key: MaskStats(*count_units(batch_mask(batch, key, ignore_index), segment_ids)) for key in mask_keys
     }

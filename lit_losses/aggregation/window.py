@@ -11,7 +11,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 
 from lit_losses.aggregation.loader import GLOBAL_STATS_KEY, GlobalStatsLoader, data_parallel_group
 from lit_losses.aggregation.position import LoaderStats
-from lit_losses.aggregation.stats import GlobalStats
+from lit_losses.aggregation.stats import GlobalStats, LabelFormat
 
 
 def accumulation_factor(trainer: L.Trainer | None) -> int:
@@ -77,12 +77,19 @@ def train_loaders(trainer: L.Trainer) -> list[GlobalStatsLoader]:
     return found
 
 
-def configure_train_loaders(trainer: L.Trainer, mask_keys: Sequence[str], ignore_index: int) -> None:
-    """Configure every `GlobalStatsLoader` of ``trainer``'s fit (``A``, mask keys, batches per epoch)."""
+def configure_train_loaders(
+    trainer: L.Trainer, mask_keys: Sequence[str], ignore_index: int, label_format: LabelFormat = "next_token"
+) -> None:
+    """Configure every `GlobalStatsLoader` of ``trainer``'s fit (``A``, mask keys, batches per epoch, the
+    model's label format)."""
 
     for loader in train_loaders(trainer):
         loader.configure(
-            trainer.accumulate_grad_batches, mask_keys, ignore_index, trainer.num_training_batches
+            accumulate_grad_batches=trainer.accumulate_grad_batches,
+            mask_keys=mask_keys,
+            ignore_index=ignore_index,
+            max_batches=trainer.num_training_batches,
+            label_format=label_format,
         )
         if loader.process_group is None:  # counts are summed over the data-parallel ranks only
             loader.process_group = data_parallel_group(trainer)

@@ -10,34 +10,11 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import torch
-from torch import Tensor
-
-from lit_losses.aggregation.stats import batch_segment_ids
+from lit_losses.aggregation.stats import batch_segment_ids, shift_labels
 from lit_losses.data.packing import MicroBatchDataset, Pieces
 from lit_losses.data.text import TextDataModule
 from lit_losses.data.tokenizer import MIN_VOCAB_SIZE
 from lit_losses.errors import ConfigError
-
-
-def shift_labels(labels: Tensor, segments: Tensor | None = None, ignore_index: int = -100) -> Tensor:
-    """Next-token labels from labels aligned with ``input_ids`` (Hugging Face's convention):
-    ``out[:, t] = labels[:, t + 1]``.
-
-    The last position of a row, and the last position of every segment (its next token belongs to
-    another document), get ``ignore_index``.
-
-    Example:
-        >>> import torch
-        >>> labels = torch.tensor([[-100, 11, 12, -100, 21, 22]])  # two documents, first labels ignored
-        >>> shift_labels(labels, segments=torch.tensor([[0, 0, 0, 1, 1, 1]])).tolist()
-        [[11, 12, -100, 21, 22, -100]]
-    """
-    shifted = torch.full_like(labels, ignore_index)
-    shifted[:, :-1] = labels[:, 1:]
-    if segments is not None:
-        shifted[:, :-1].masked_fill_(segments[:, 1:] != segments[:, :-1], ignore_index)
-    return shifted
 
 
 class NextTokenCollator:

@@ -362,8 +362,10 @@ class HFCausalLM(RegularizedLM):
             raise ConfigError(
                 f"GlobalStatsLoader counted {counted.num_tokens} labelled tokens in this micro-batch before "
                 f"the shift of label_format='input_aligned', {shifted.num_tokens} after it: the global "
-                "denominators would be wrong. Shift the labels in the collate_fn "
-                "(lit_losses.data.NextTokenCollator) and use label_format: next_token"
+                "denominators would be wrong. Let the loader count after the shift "
+                "(GlobalStatsLoader(label_format='input_aligned'); a Trainer's fit sets it from the model), "
+                "or shift the labels in the collate_fn (lit_losses.data.NextTokenCollator) and use "
+                "label_format: next_token"
             )
 
     def compute_loss(self, batch: dict[str, Any], stage: Stage = "train") -> LossOutput:

@@ -17,13 +17,12 @@ documents apart.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lit_losses.aggregation.stats import batch_segment_ids
-from lit_losses.data.hf_text import shift_labels
+from lit_losses.aggregation.stats import LabelFormat, batch_segment_ids, shift_labels
 from lit_losses.errors import ConfigError
 
 __all__ = [
@@ -37,7 +36,6 @@ __all__ = [
 ]
 
 #: How a batch's labels relate to its ``input_ids`` (see the module docstring).
-LabelFormat = Literal["next_token", "input_aligned"]
 
 
 def check_label_format(batch: Mapping[str, Any], label_format: LabelFormat, ignore_index: int = -100) -> bool:

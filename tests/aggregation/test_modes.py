@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from lit_losses.aggregation import (
     AGG_MODES,
     GlobalStats,
+    MaskStats,
     aggregate,
     count_masks,
     reweight_mean,
@@ -325,3 +326,34 @@ def test_every_grpo_preset_split_into_ranks_and_micro_batches_equals_the_full_ba
     torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-10)
     expected = {key: float(value) for key, value in out.base_metrics.items()}
     assert split_step_metrics(grid, objective, weight) == pytest.approx(expected, rel=1e-10, abs=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_per_row_sample_weights_are_each_rows_weight_at_every_position(mode):
+    """ROLL's ``weights`` shape ``[B]`` (one sequence per row) equals the same weights per position."""
+    torch.manual_seed(0)
+    loss = torch.randn(3, 5, dtype=torch.float64)
+    mask = torch.rand(3, 5) > 0.3
+    weights = torch.tensor([0.5, 2.0, 1.5], dtype=torch.float64)
+    stats = MaskStats(int(mask.sum()), 3)
+    per_position = weights[:, None] * torch.ones(3, 5, dtype=torch.float64)
+    expected = aggregate(loss, mask, mode, stats, sample_weights=per_position)
+    assert torch.equal(aggregate(loss, mask, mode, stats, sample_weights=weights), expected)
+
+
+def test_per_row_sample_weights_are_refused_for_packed_rows():
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    segments = torch.tensor([[0, 0, 1, 1], [0, 0, 0, 0]])
+    with pytest.raises(
+        ValueError, match=r"sample_weights of shape \[2\] give one weight per row, but the rows"
+    ):
+        aggregate(
+            torch.ones(2, 4),
+            mask,
+            "token-mean",
+            MaskStats(8, 3),
+            segment_ids=segments,
+            sample_weights=torch.ones(2),
+        )
+    with pytest.raises(ValueError, match=r"sample_weights shape \(3,\) differs from the mask shape \(2, 4\)"):
+        aggregate(torch.ones(2, 4), mask, "token-mean", MaskStats(8, 2), sample_weights=torch.ones(3))
