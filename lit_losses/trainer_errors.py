@@ -31,8 +31,10 @@ _LIBRARIES = (
     Path(torch.__file__).resolve().parent,
 )
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
-_VAL_CHECK = re.compile(r"`val_check_interval` \((\d+)\) must be less than or equal to the number of the "
-                        r"training batches \((\d+)\)")  # fmt: skip
+_VAL_CHECK = re.compile(
+    r"`val_check_interval` \((\d+)\) must be less than or equal to the number of the "
+    r"training batches \((\d+)\)"
+)
 _TRAINER_OPTIONS = tuple(inspect.signature(Trainer.__init__).parameters)
 
 

@@ -86,8 +86,10 @@ class HistoryBasedMetric(MetricHandler):
                 self._append("metrics", {**evaluated, "steps": step, "epoch": epoch})
         if not self.windows:
             return None
-        window = {group: {k: list(v) for k, v in self.windows.get(group, {}).items()}
-                  for group in ("training_loss", "metrics")}  # fmt: skip
+        window = {
+            group: {k: list(v) for k, v in self.windows.get(group, {}).items()}
+            for group in ("training_loss", "metrics")
+        }
         return {**window, "window_size": self.size if self.size is not None else -1}
 
     def state_dict(self):

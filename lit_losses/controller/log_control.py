@@ -16,8 +16,17 @@ log = logging.getLogger("lit_losses.controller")
 
 _PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
 
-FORMAT_FIELDS = ("event_name", "control_name", "args", "state", "control", "path", "hf_path", "is_final",
-                 "metrics")  # fmt: skip
+FORMAT_FIELDS = (
+    "event_name",
+    "control_name",
+    "args",
+    "state",
+    "control",
+    "path",
+    "hf_path",
+    "is_final",
+    "metrics",
+)
 """The ``log_format`` fields besides the metric names (fms-hf-tuning's keyword arguments): the event as
 the controller names it, the controller, the trainer (``args``), a `TrainerStateView`, the
 `TrainerControl`; on ``on_save``: the checkpoint folder (``path``, ``hf_path``) and ``is_final``; on

@@ -57,8 +57,14 @@ class Firing:
         """fms-hf-tuning's keyword arguments: every metric by name (``None``: not available yet), the
         event's arguments, ``event_name``, ``args`` (the trainer), ``state`` and ``control``."""
         metrics = {name: self.callback.values.get(name) for name in self.callback.config.metrics}
-        return {**metrics, **self.extras, "event_name": event_name, "args": self.trainer,
-                "state": self.state(), "control": self.control}  # fmt: skip
+        return {
+            **metrics,
+            **self.extras,
+            "event_name": event_name,
+            "args": self.trainer,
+            "state": self.state(),
+            "control": self.control,
+        }
 
     def compute(self, handler: MetricHandler) -> Any:
         if handler.lightning_style():
@@ -85,11 +91,7 @@ def handle(firing: Firing) -> None:
     step = trainer.global_step
     if callback._keeps_history:
         firing.record_history()
-    for name, handler in callback.config.metrics.items():
-        if event in handler.events:
-            value = firing.compute(handler)
-            if value is not None:
-                callback.values[name] = {**value, "step": step} if isinstance(value, Mapping) else value
+    recompute_metrics(firing)
     controllers = callback._by_event.get(event, [])
     outcomes = [evaluate(c, callback.evaluator, callback.values, step, event) for c in controllers]
     acted = False
@@ -97,13 +99,7 @@ def handle(firing: Firing) -> None:
         controllers, combine_across_ranks(trainer, pl_module, outcomes), strict=True
     ):
         if outcome.error is not None:
-            error = outcome.error
-            if error == ELSEWHERE:
-                where = f"at step {step} on {event}"
-                error = f"controller {controller.name!r}: rule {controller.rule!r} {error} {where}"
-            if controller.on_error == "raise":
-                raise RuleFailure(error)
-            log.warning(error)
+            report_rule_error(firing, controller, outcome.error)
         elif not outcome.evaluated:
             missing = sorted(controller.names - callback.values.keys())
             callback._once(
@@ -118,6 +114,26 @@ def handle(firing: Firing) -> None:
     if event == "on_optimizer_step_end":
         for handler in callback.config.operations.values():
             handler.after_step(trainer, pl_module, callback)
+
+
+def recompute_metrics(firing: Firing) -> None:
+    """Recompute the metric handlers that compute on the event (a dict value gets the global ``step``)."""
+    values, step = firing.callback.values, firing.trainer.global_step
+    for name, handler in firing.callback.config.metrics.items():
+        if firing.event in handler.events:
+            value = firing.compute(handler)
+            if value is not None:
+                values[name] = {**value, "step": step} if isinstance(value, Mapping) else value
+
+
+def report_rule_error(firing: Firing, controller: Controller, error: str) -> None:
+    """Raise `RuleFailure` (``on_error: raise``) or log a warning for a rule that failed to evaluate."""
+    if error == ELSEWHERE:
+        where = f"at step {firing.trainer.global_step} on {firing.event}"
+        error = f"controller {controller.name!r}: rule {controller.rule!r} {error} {where}"
+    if controller.on_error == "raise":
+        raise RuleFailure(error)
+    log.warning(error)
 
 
 def perform(firing: Firing, controller: Controller) -> None:
@@ -136,8 +152,13 @@ def perform(firing: Firing, controller: Controller) -> None:
         "event_kwargs": firing.extras,
     }
     if trainer.is_global_zero:
-        log.log(controller.log_level, "controller %r fired at step %d on %s", controller.name,
-                trainer.global_step, event_name)  # fmt: skip
+        log.log(
+            controller.log_level,
+            "controller %r fired at step %d on %s",
+            controller.name,
+            trainer.global_step,
+            event_name,
+        )
     for target, action in controller.operations:
         handler = callback.config.operations[target]
         if not (action in handler.every_rank or trainer.is_global_zero):

@@ -133,8 +133,14 @@ class SpikeRecovery(OperationHandler):
         if trainer.is_global_zero:
             log.warning(
                 "[controller %s] loss spike at step %d: rolled back to %s (attempt %d of %d), skipping %d "
-                "micro-batches", context["controller"], step, restored, len(self.attempts), max_attempts, skip
-            )  # fmt: skip
+                "micro-batches",
+                context["controller"],
+                step,
+                restored,
+                len(self.attempts),
+                max_attempts,
+                skip,
+            )
 
     # ---- snapshots -----------------------------------------------------------------------------
     @staticmethod

@@ -255,9 +255,14 @@ def _probs_and_entropy(log_p: Tensor, scratch: _Scratch, compiled: bool) -> tupl
 
 
 def _entropy_logit_grad_(
-    log_p: Tensor, p: Tensor | None, coef: Tensor, g_ent: Tensor, entropy: Tensor, scratch: _Scratch,
+    log_p: Tensor,
+    p: Tensor | None,
+    coef: Tensor,
+    g_ent: Tensor,
+    entropy: Tensor,
+    scratch: _Scratch,
     compiled: bool,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     """``∂/∂z`` without its target term, ``p ⊙ [coef − g_H (log p + H)]``, written over ``log_p``.
 
     ``compiled`` (and ``p`` not formed): one fused read-write of ``log p`` (`entropy_kernels`).

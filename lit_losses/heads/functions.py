@@ -110,8 +110,9 @@ class ChunkedLogProbs(torch.autograd.Function):
         with autocast_off(hidden.device):
             if torch.is_grad_enabled():  # create_graph=True: a differentiable recompute (exact 2nd order)
                 g_ent = g_ent if ctx.with_entropy else None
-                grads = differentiable_grads(hidden, weight, bias, targets, g_lp, g_lse, g_ent,
-                                             ctx.chunk_size, ctx.accum_dtype, needs)  # fmt: skip
+                grads = differentiable_grads(
+                    hidden, weight, bias, targets, g_lp, g_lse, g_ent, ctx.chunk_size, ctx.accum_dtype, needs
+                )
             else:
                 grads = ChunkedLogProbs._backward(
                     ctx, hidden, weight, bias, targets, entropy, g_lp, g_lse, g_ent
@@ -162,9 +163,15 @@ class ChunkedWeightedCE(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
-        token_weights: Tensor, chunk_size: int, accum_dtype: torch.dtype,
-    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        targets: Tensor,
+        token_weights: Tensor,
+        chunk_size: int,
+        accum_dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor]:
         acc = _accum_dtype(hidden, accum_dtype)
         n = hidden.shape[0]
         w_tok = token_weights.to(acc)
@@ -191,8 +198,9 @@ class ChunkedWeightedCE(torch.autograd.Function):
         hidden, weight, bias, targets, w_tok = ctx.saved_tensors[3:]  # create_graph=True: recompute
         with autocast_off(hidden.device):
             g_lp, needs = -w_tok * g_loss, ctx.needs_input_grad[:3]
-            grads = differentiable_grads(hidden, weight, bias, targets, g_lp, None, None, ctx.chunk_size,
-                                         ctx.accum_dtype, needs)  # fmt: skip
+            grads = differentiable_grads(
+                hidden, weight, bias, targets, g_lp, None, None, ctx.chunk_size, ctx.accum_dtype, needs
+            )
         return *grads, None, None, None, None
 
 

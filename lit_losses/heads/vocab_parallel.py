@@ -268,9 +268,13 @@ class VocabParallelHead(FusedLMHead):
             return route.backend.fused_ce(head, h, y, w)
 
     def pointwise_loss(
-        self, hidden: Tensor, targets: Tensor, chunk_loss: ChunkLoss, with_entropy: bool = False,
+        self,
+        hidden: Tensor,
+        targets: Tensor,
+        chunk_loss: ChunkLoss,
+        with_entropy: bool = False,
         needs: Sequence[str] | None = None,
-    ) -> Tensor:  # fmt: skip
+    ) -> Tensor:
         """`FusedLMHead.pointwise_loss` over the vocabulary shards (always fused: ``needs`` is unused)."""
         self._checked(hidden, targets)
         _, h, y = valid_tokens(hidden, targets, self.ignore_index)

@@ -119,25 +119,29 @@ def _hint(fn: Callable[..., Any], name: str) -> Any:
         return None
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_PLAIN_HINTS: tuple[tuple[type, Callable[[Any], bool], str], ...] = (
+    (int, _is_int, "an integer"),
+    (bool, lambda value: isinstance(value, bool), "true or false"),
+    (str, lambda value: isinstance(value, str), "a string"),
+)
+"""The plain types a parameter's value is checked against: the type, the check, what it must be."""
+
+
 def _typed(value: Any, hint: Any, where: str, own: str) -> Any:
     """``value`` if it fits ``hint`` (``float`` takes an int, as YAML writes ``2`` for ``2.0``)."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
+    plain = next((p for p in _PLAIN_HINTS if p[0] is hint), None)
     if hint is float:
-        if number and math.isfinite(value):
+        if (_is_int(value) or isinstance(value, float)) and math.isfinite(value):
             return float(value)
         expected = "a finite number"
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
+    elif plain is not None:
+        if plain[1](value):
             return value
-        expected = "an integer"
-    elif hint is bool:
-        if isinstance(value, bool):
-            return value
-        expected = "true or false"
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-        expected = "a string"
+        expected = plain[2]
     elif get_origin(hint) is Literal:
         if value in get_args(hint):
             return value
