@@ -4,6 +4,9 @@ functions (ruff's McCabe limit), the formatter's layout everywhere."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,6 +98,19 @@ def test_autograd_depends_on_torch_only():
         if name.startswith("lit_losses.autograd"):
             outside = {t for t in targets if not t.startswith("lit_losses.autograd")}
             assert not outside, f"{name} imports {sorted(outside)}"
+
+
+def test_heads_and_autograd_load_torch_alone():
+    """A user of the fused head (or of the custom-gradient toolkit) in their own loop needs neither
+    Lightning nor transformers: importing them loads neither (a fresh interpreter, its ``sys.modules``)."""
+    code = (
+        "import sys, lit_losses.heads, lit_losses.heads.functional, lit_losses.autograd\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('lightning', 'pytorch_lightning', 'transformers', 'jsonargparse')))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.strip() == "[]", result.stdout
 
 
 def test_loss_context_imports_nothing_above_heads_and_aggregation():

@@ -204,7 +204,15 @@ class VocabParallelHead(FusedLMHead):
         accum_dtype: torch.dtype = torch.float32,
         check_finite: bool = True,
     ) -> None:
-        super().__init__(weight, bias, BACKEND_NAME, chunk_size, ignore_index, accum_dtype, check_finite)
+        super().__init__(
+            weight,
+            bias,
+            backend=BACKEND_NAME,
+            chunk_size=chunk_size,
+            ignore_index=ignore_index,
+            accum_dtype=accum_dtype,
+            check_finite=check_finite,
+        )
         if is_vocab_sharded(weight):
             if shard is not None:
                 raise ValueError("give the shard either as a DTensor weight or as `shard`, not both")

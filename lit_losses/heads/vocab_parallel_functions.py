@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lit_losses.heads.chunked_ops import _row_dot
+from lit_losses.heads.chunked_ops import row_dot
 from lit_losses.heads.higher_order import refuse_double_backward
 from lit_losses.heads.precision import autocast_off
 
@@ -71,7 +71,7 @@ class ChunkStatistics:
         self.e = torch.exp(self.z)
         sums = [self.e.sum(1), z_y]
         if with_entropy:
-            sums.append(_row_dot(self.e, self.z))
+            sums.append(row_dot(self.e, self.z))
         sums = all_reduce_(torch.stack(sums, 1), dist.ReduceOp.SUM, shard.group)
         self.log_s = torch.log(sums[:, 0])
         self.lse = m + self.log_s
