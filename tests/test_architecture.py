@@ -113,6 +113,38 @@ def test_heads_and_autograd_load_torch_alone():
     assert result.stdout.strip() == "[]", result.stdout
 
 
+def reachable(name: str) -> set[str]:
+    """Every module ``name`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for target in GRAPH.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_lightning_native_controller_imports_nothing_from_the_fms_adapter():
+    adapter = "lit_losses.controller.fms"
+    assert "lit_losses.controller.events" in GRAPH[adapter]  # the adapter builds on the native modules
+    native = sorted(n for n in MODULES if n.startswith("lit_losses.controller.") and n != adapter)
+    assert "lit_losses.controller.perform" in native
+    for name in native:
+        assert adapter not in reachable(name), f"{name} reaches the fms-hf-tuning adapter"
+
+
+def test_one_event_reads_the_callback_through_its_public_api():
+    """``perform`` (one event) uses the callback's public names only, no ``callback._x``."""
+    tree = ast.parse(MODULES["lit_losses.controller.perform"].read_text())
+    private = sorted(
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+    )
+    assert not private, private
+
+
 def test_loss_context_imports_nothing_above_heads_and_aggregation():
     allowed = (
         "lit_losses.heads",

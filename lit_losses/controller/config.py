@@ -13,22 +13,25 @@ import yaml
 from lit_losses.controller.entries import Controller, build_controllers
 from lit_losses.controller.events import resolve_handler_events
 from lit_losses.controller.metrics import METRIC_HANDLERS, MetricHandler
-from lit_losses.controller.operations import (
-    OPERATION_HANDLERS,
-    HFControls,
-    LightningOperations,
-    OperationHandler,
-)
+from lit_losses.controller.operations import OPERATION_HANDLERS, LightningOperations, OperationHandler
 from lit_losses.controller.rules import RULE_FUNCTIONS, RuleError
 from lit_losses.errors import ConfigError
 from lit_losses.registry import Registry
 
 TOP_LEVEL = ("controller-metrics", "controller_metrics", "operations", "controllers")
-RESERVED_OPERATIONS: dict[str, type[OperationHandler]] = {
-    "lightning": LightningOperations,
-    "hfcontrols": HFControls,
-}
-"""Operations every config has, under these names."""
+RESERVED_OPERATIONS: dict[str, type[OperationHandler]] = {"lightning": LightningOperations}
+"""Operations every config has, under these names (`reserve_operation`; the fms-hf-tuning adapter adds
+``hfcontrols``)."""
+
+
+def reserve_operation(name: str, cls: type[OperationHandler]) -> None:
+    """Give every config the operation ``name`` of class ``cls`` (no other class may take that name).
+
+    Raises:
+        ValueError: ``name`` is reserved for another class already.
+    """
+    if RESERVED_OPERATIONS.setdefault(name, cls) is not cls:
+        raise ValueError(f"operation name {name!r} is reserved for {RESERVED_OPERATIONS[name].__name__}")
 
 
 @dataclass
@@ -37,7 +40,7 @@ class ControllerConfig:
 
     Attributes:
         metrics: the metric handlers, by name (the names rules read).
-        operations: the operation handlers, by name (``lightning`` and ``hfcontrols`` always included).
+        operations: the operation handlers, by name (the `RESERVED_OPERATIONS` always included).
         controllers: the controllers, in YAML order.
     """
 
