@@ -194,7 +194,7 @@ class Objective:
         num_tokens = stats.get_local(LABELS_KEY).num_tokens
         path = self.path(stage, needed)
         base_batch = None if self.base_loss.plain_ce else self.base_loss.for_batch(batch, mask, accum_dtype)
-        if path == "fused":
+        if path == "fused":  # the base loss and the terms chunk by chunk inside the head
             fused = FusedTerms(
                 self.regularizers,
                 batch=batch,
@@ -209,27 +209,20 @@ class Objective:
                 hidden, labels, fused, with_entropy="entropy" in needed, needs=("logprobs", *needed)
             )
             base, reg_total, terms = fused.finish()
-            metrics = base_metrics(base_batch, stats)
-            return LossOutput(
-                total,
-                base=base,
-                regularizer_total=reg_total,
-                stats=stats,
-                terms=terms,
-                num_tokens=num_tokens,
-                base_metrics=metrics,
+        else:  # the base loss from the head, then the terms on a LossContext
+            if path == "plain_ce":
+                base = head.weighted_ce(hidden, labels, weights)
+                head_out = HeadOutput()
+            else:
+                head_out = head(hidden, labels, ("logprobs", *[o for o in needed if o != "logprobs"]))
+                base = base_value(base_batch, weights=weights, logprobs=head_out.logprobs, mask=mask)
+            ctx = LossContext(
+                batch, head=head_out, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage
             )
-        if path == "plain_ce":
-            base = head.weighted_ce(hidden, labels, weights)
-            head_out = HeadOutput()
-        else:
-            head_out = head(hidden, labels, ("logprobs", *[o for o in needed if o != "logprobs"]))
-            base = base_value(base_batch, weights=weights, logprobs=head_out.logprobs, mask=mask)
-        ctx = LossContext(batch, head=head_out, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage)
-        reg_total, terms = (regularize or self.regularizers)(ctx)
-        if stage == "train" and self.base_loss_weight == 0 and torch.is_grad_enabled():
-            check_something_to_optimize(reg_total, terms, f"step {step}")
-        total = (base if self.base_loss_weight == 1.0 else self.base_loss_weight * base) + reg_total
+            reg_total, terms = (regularize or self.regularizers)(ctx)
+            if stage == "train" and self.base_loss_weight == 0 and torch.is_grad_enabled():
+                check_something_to_optimize(reg_total, terms, f"step {step}")
+            total = (base if self.base_loss_weight == 1.0 else self.base_loss_weight * base) + reg_total
         return LossOutput(
             total,
             base=base,
