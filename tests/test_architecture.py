@@ -113,6 +113,28 @@ def test_heads_and_autograd_load_torch_alone():
     assert result.stdout.strip() == "[]", result.stdout
 
 
+def test_the_cli_resolves_short_class_names_despite_the_lazy_top_level():
+    """``lit_losses`` imports its API on first use; the CLI imports it up front, so that jsonargparse
+    finds ``TinyLM`` and ``TrainingController`` by their short names (a fresh interpreter: nothing
+    imported them before)."""
+    controller = (
+        '{controllers: [{name: c, triggers: [on_log], rule: "True", operations: [lightning.should_log]}]}'
+    )
+    args = [
+        "fit",
+        "--model=TinyLM",
+        "--trainer.callbacks+=TrainingController",
+        f"--trainer.callbacks.config={controller}",
+        "--print_config",
+    ]
+    code = f"from lit_losses.cli import cli_main\ncli_main({args!r})"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "class_path: lit_losses.TinyLM" in result.stdout
+    assert "class_path: lit_losses.TrainingController" in result.stdout
+
+
 def reachable(name: str) -> set[str]:
     """Every module ``name`` imports, directly or through others."""
     seen: set[str] = set()

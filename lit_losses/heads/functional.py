@@ -71,7 +71,7 @@ def check_head_options(backend: str, chunk_size: int | None, matmul_precision: s
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class HeadSettings:
     """One functional call's weight, bias and options (what a backend reads: a
     `lit_losses.heads.backend.HeadConfig`), checked when built.
