@@ -167,6 +167,18 @@ def test_one_event_reads_the_callback_through_its_public_api():
     assert not private, private
 
 
+def test_no_module_imports_another_modules_private_names():
+    found = [
+        f"{name}: {node.module}.{alias.name}"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("lit_losses"))
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+    assert not found, found
+
+
 def test_loss_context_imports_nothing_above_heads_and_aggregation():
     allowed = (
         "lit_losses.heads",
