@@ -179,6 +179,51 @@ def test_no_module_imports_another_modules_private_names():
     assert not found, found
 
 
+KEYWORD_AREAS = (
+    "lit_losses.heads",
+    "lit_losses.controller",
+    "lit_losses.module",
+    "lit_losses.loss.objective",
+)
+"""Packages whose internal calls are checked by `test_internal_calls_name_their_fourth_argument_on` (the
+others follow as they are reworked)."""
+
+
+def fixed_arity_names() -> set[str]:
+    """Functions and classes defined in lit_losses whose calls have a fixed number of positional arguments
+    (no ``*args`` in the function or the class's ``__init__``)."""
+    names: dict[str, bool] = {}
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                fixed = node.args.vararg is None
+            elif isinstance(node, ast.ClassDef):
+                inits = [b for b in node.body if isinstance(b, ast.FunctionDef) and b.name == "__init__"]
+                fixed = not inits or inits[0].args.vararg is None
+            else:
+                continue
+            names[node.name] = names.get(node.name, True) and fixed
+    return {name for name, fixed in names.items() if fixed}
+
+
+def test_internal_calls_name_their_fourth_argument_on():
+    """A call of a lit_losses function with more than three arguments names the fourth and later ones:
+    two swapped positional arguments go unnoticed, two swapped keywords cannot happen."""
+    internal = fixed_arity_names()
+    found = []
+    for name, path in MODULES.items():
+        if not name.startswith(KEYWORD_AREAS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or any(isinstance(a, ast.Starred) for a in node.args):
+                continue
+            func = node.func
+            callee = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if callee in internal and len(node.args) > 3:
+                found.append(f"{name}:{node.lineno} {callee}(...{len(node.args)} positional)")
+    assert not found, found
+
+
 def test_loss_context_imports_nothing_above_heads_and_aggregation():
     allowed = (
         "lit_losses.heads",

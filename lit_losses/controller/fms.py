@@ -309,4 +309,4 @@ def _render_log_format(text: str, context: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-register_message_form(MessageForm("log_format", "log_level", _check_log_format, _render_log_format))
+register_message_form(MessageForm("log_format", "log_level", _check_log_format, render=_render_log_format))

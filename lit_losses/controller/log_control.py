@@ -75,7 +75,7 @@ def _render_expressions(text: str, context: dict[str, Any]) -> str:
     return _PLACEHOLDER.sub(lambda m: _render_expression(m, context), text)
 
 
-register_message_form(MessageForm("message", "level", _check_expressions, _render_expressions))
+register_message_form(MessageForm("message", "level", _check_expressions, render=_render_expressions))
 
 
 class LogControl(OperationHandler):

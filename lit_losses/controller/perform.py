@@ -60,7 +60,7 @@ def handle(firing: Firing) -> None:
         convention.before_event(firing)
     recompute_metrics(firing)
     controllers = callback.controllers_on(event)
-    outcomes = [evaluate(c, callback.evaluator, callback.values, step, event) for c in controllers]
+    outcomes = [evaluate(c, callback.evaluator, callback.values, step=step, event=event) for c in controllers]
     acted = False
     for controller, outcome in zip(
         controllers, combine_across_ranks(trainer, pl_module, outcomes), strict=True

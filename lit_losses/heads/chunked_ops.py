@@ -288,7 +288,7 @@ def backprop_probs(
     low-precision inputs keep fp32 logit gradients).
     """
     if p.device.type != "cpu" or not (p.dtype == h.dtype == weight.dtype):
-        backprop_chunk(p.mul_(coef[:, None]), targets, g_target, h, weight, grads)
+        backprop_chunk(p.mul_(coef[:, None]), targets, g_target, h=h, weight=weight, grads=grads)
         return
     grad_h, grad_w, grad_b = grads
     if grad_h is not None:

@@ -103,7 +103,14 @@ class HeadSettings:
 
     def check_inputs(self, hidden: Tensor, targets: Tensor) -> None:
         """`check_head_inputs` of one call's ``hidden`` and ``targets`` against this weight and bias."""
-        check_head_inputs(hidden, targets, self.weight, self.bias, self.ignore_index, self.check_finite)
+        check_head_inputs(
+            hidden,
+            targets,
+            self.weight,
+            bias=self.bias,
+            ignore_index=self.ignore_index,
+            check_finite=self.check_finite,
+        )
 
 
 def linear_logprobs(
@@ -264,7 +271,7 @@ def linear_cross_entropy(
         with in_compute_dtype(head, h) as (cast, h):
             return route.backend.fused_ce(cast, h, y, w)
     w = weight_vector(w, h.shape[0], h.device)
-    out = linear_logprobs(hidden, weight, targets, bias, **head.options())
+    out = linear_logprobs(hidden, weight, targets, bias=bias, **head.options())
     logprobs = out.logprobs[valid]
     return -(w.to(logprobs.dtype) * logprobs).sum()
 
@@ -349,7 +356,7 @@ def linear_pointwise_loss(
     if route.fused:
         with in_compute_dtype(head, h) as (cast, h):
             return route.backend.fused_pointwise(cast, h, y, chunk_loss, with_entropy)
-    out = linear_logprobs(hidden, weight, targets, bias, outputs=outputs, **head.options())
+    out = linear_logprobs(hidden, weight, targets, bias=bias, outputs=outputs, **head.options())
     lse = None if out.lse is None else out.lse[valid]
     entropy = out.entropy[valid] if with_entropy and out.entropy is not None else None
     return chunk_loss(0, int(h.shape[0]), out.logprobs[valid], lse, entropy)

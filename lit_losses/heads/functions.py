@@ -111,11 +111,28 @@ class ChunkedLogProbs(torch.autograd.Function):
             if torch.is_grad_enabled():  # create_graph=True: a differentiable recompute (exact 2nd order)
                 g_ent = g_ent if ctx.with_entropy else None
                 grads = differentiable_grads(
-                    hidden, weight, bias, targets, g_lp, g_lse, g_ent, ctx.chunk_size, ctx.accum_dtype, needs
+                    hidden,
+                    weight,
+                    bias,
+                    targets=targets,
+                    g_lp=g_lp,
+                    g_lse=g_lse,
+                    g_ent=g_ent,
+                    chunk_size=ctx.chunk_size,
+                    accum_dtype=ctx.accum_dtype,
+                    needs=needs,
                 )
             else:
                 grads = ChunkedLogProbs._backward(
-                    ctx, hidden, weight, bias, targets, entropy, g_lp, g_lse, g_ent
+                    ctx,
+                    hidden,
+                    weight,
+                    bias=bias,
+                    targets=targets,
+                    entropy=entropy,
+                    g_lp=g_lp,
+                    g_lse=g_lse,
+                    g_ent=g_ent,
                 )
         return *grads, None, None, None, None
 
@@ -136,11 +153,21 @@ class ChunkedLogProbs(torch.autograd.Function):
             z = scratch.logits(h, weight, bias)
             coef = g_lse[s:e] - g_lp[s:e]
             if not use_entropy:
-                backprop_probs(softmax_(z), coef, y, g_lp[s:e], h, weight, (gh, grad_w, grad_b))
+                backprop_probs(
+                    softmax_(z), coef, y, g_target=g_lp[s:e], h=h, weight=weight, grads=(gh, grad_w, grad_b)
+                )
                 continue
             log_p = softmax_(z, log=True)
-            dz = entropy_logit_grad_(log_p, None, coef, g_ent[s:e].to(acc), entropy[s:e], scratch, compiled)
-            backprop_chunk(dz, y, g_lp[s:e], h, weight, (gh, grad_w, grad_b))
+            dz = entropy_logit_grad_(
+                log_p,
+                None,
+                coef,
+                g_ent=g_ent[s:e].to(acc),
+                entropy=entropy[s:e],
+                scratch=scratch,
+                compiled=compiled,
+            )
+            backprop_chunk(dz, y, g_lp[s:e], h=h, weight=weight, grads=(gh, grad_w, grad_b))
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
         return grad_h, grad_w, grad_b
@@ -185,7 +212,9 @@ class ChunkedWeightedCE(torch.autograd.Function):
             logprobs[s:e], _, log_p = target_log_probs_(z, y)
             # d(−w ℓ)/dz = w (p − e_y)
             gh = None if grad_h is None else grad_h[s:e]
-            backprop_probs(log_p.exp_(), w_c, y, -w_c, h, weight, (gh, grad_w, grad_b))
+            backprop_probs(
+                log_p.exp_(), w_c, y, g_target=-w_c, h=h, weight=weight, grads=(gh, grad_w, grad_b)
+            )
         save_gradients(ctx, (grad_h, grad_w, grad_b), weight, bias, hidden, weight, bias, targets, w_tok)
         ctx.chunk_size, ctx.accum_dtype = chunk_size, accum_dtype
         ctx.mark_non_differentiable(logprobs)
@@ -199,7 +228,16 @@ class ChunkedWeightedCE(torch.autograd.Function):
         with autocast_off(hidden.device):
             g_lp, needs = -w_tok * g_loss, ctx.needs_input_grad[:3]
             grads = differentiable_grads(
-                hidden, weight, bias, targets, g_lp, None, None, ctx.chunk_size, ctx.accum_dtype, needs
+                hidden,
+                weight,
+                bias,
+                targets=targets,
+                g_lp=g_lp,
+                g_lse=None,
+                g_ent=None,
+                chunk_size=ctx.chunk_size,
+                accum_dtype=ctx.accum_dtype,
+                needs=needs,
             )
         return *grads, None, None, None, None
 
@@ -247,17 +285,21 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
             lp_c, lse_c, log_p = target_log_probs_(z, y)
             if with_entropy:
                 p, ent_c = probs_and_entropy(log_p, scratch, compiled)
-                loss_c, (g_lp, g_lse, g_ent) = chunk_loss_grads(chunk_loss, s, e, (lp_c, lse_c, ent_c), acc)
+                loss_c, (g_lp, g_lse, g_ent) = chunk_loss_grads(
+                    chunk_loss, s, e, values=(lp_c, lse_c, ent_c), acc=acc
+                )
             else:
                 p = log_p.exp_()
-                loss_c, (g_lp, g_lse) = chunk_loss_grads(chunk_loss, s, e, (lp_c, lse_c), acc)
+                loss_c, (g_lp, g_lse) = chunk_loss_grads(chunk_loss, s, e, values=(lp_c, lse_c), acc=acc)
             coef = g_lse - g_lp
             if with_entropy and bool(g_ent.ne(0).any()):
-                dz = entropy_logit_grad_(log_p, p, coef, g_ent, ent_c, scratch, compiled)
-                backprop_chunk(dz, y, g_lp, h, weight, (gh, grad_w, grad_b))
+                dz = entropy_logit_grad_(
+                    log_p, p, coef, g_ent=g_ent, entropy=ent_c, scratch=scratch, compiled=compiled
+                )
+                backprop_chunk(dz, y, g_lp, h=h, weight=weight, grads=(gh, grad_w, grad_b))
             else:
                 p = log_p.exp_() if p is None else p
-                backprop_probs(p, coef, y, g_lp, h, weight, (gh, grad_w, grad_b))
+                backprop_probs(p, coef, y, g_target=g_lp, h=h, weight=weight, grads=(gh, grad_w, grad_b))
             total += loss_c
         save_gradients(ctx, (grad_h, grad_w, grad_b), weight, bias)
         return total

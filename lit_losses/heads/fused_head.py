@@ -148,7 +148,9 @@ class FusedLMHead:
             ValueError: bad inputs (shapes, target range, non-finite hidden states), unknown outputs, or
                 outputs the backend cannot give.
         """
-        return linear_logprobs(hidden, self.weight, targets, self.bias, outputs=outputs, **self.options())
+        return linear_logprobs(
+            hidden, self.weight, targets, bias=self.bias, outputs=outputs, **self.options()
+        )
 
     def weighted_ce(self, hidden: Tensor, targets: Tensor, token_weights: Tensor | float) -> Tensor:
         """Plain-CE fast path: ``Σ_t w_t · (−log p_t[y_t])`` over valid positions, gradients fused.
@@ -172,7 +174,7 @@ class FusedLMHead:
             hidden,
             self.weight,
             targets,
-            self.bias,
+            bias=self.bias,
             token_weights=token_weights,
             reduction="sum",
             **self.options(),
@@ -213,8 +215,8 @@ class FusedLMHead:
             hidden,
             self.weight,
             targets,
-            chunk_loss,
-            self.bias,
+            chunk_loss=chunk_loss,
+            bias=self.bias,
             with_entropy=with_entropy,
             needs=needs,
             **self.options(),

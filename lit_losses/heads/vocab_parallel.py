@@ -242,17 +242,29 @@ class VocabParallelHead(FusedLMHead):
         shape = (self.shard.vocab_size, self.weight.shape[-1])
         meta_w = torch.empty(shape, device="meta")
         meta_b = None if self.bias is None else torch.empty(shape[:1], device="meta")
-        check_head_inputs(hidden, targets, meta_w, meta_b, self.ignore_index, self.check_finite)
+        check_head_inputs(
+            hidden,
+            targets,
+            meta_w,
+            bias=meta_b,
+            ignore_index=self.ignore_index,
+            check_finite=self.check_finite,
+        )
 
     def _config(self, hidden: Tensor) -> tuple[ShardedHeadConfig, Tensor]:
         """This rank's rows and ``hidden`` in the compute dtype (casts are differentiable)."""
         weight, bias = self.weight, self.bias
         if is_vocab_sharded(weight):
             weight, bias = weight.to_local(), None if bias is None else bias.to_local()
-        dtype = compute_dtype(hidden, weight, bias, self.accum_dtype)
+        dtype = compute_dtype(hidden, weight, bias, accum_dtype=self.accum_dtype)
         bias = None if bias is None else bias.to(dtype)
         config = ShardedHeadConfig(
-            weight.to(dtype), bias, self.chunk_size, self.ignore_index, self.accum_dtype, self.shard
+            weight.to(dtype),
+            bias,
+            self.chunk_size,
+            ignore_index=self.ignore_index,
+            accum_dtype=self.accum_dtype,
+            shard=self.shard,
         )
         return config, hidden.to(dtype)
 
