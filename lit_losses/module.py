@@ -93,7 +93,8 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         super().__init__()
         self.head_backend = check_choice(head_backend, Backend, "model.head_backend")
         self.save_hyperparameters()
-        self.head_chunk_size, self.ignore_index = chunk_size_option(head_chunk_size), ignore_index
+        self.head_chunk_size = chunk_size_option(head_chunk_size)
+        self.ignore_index = ignore_index
         self.check_finite = check_finite
         self.optimizer_config = OptimizerConfig.coerce(optimizer)
         self.objective = Objective.from_options(
@@ -105,9 +106,11 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             base_loss_args=base_loss_args,
             loss_agg_norm=loss_agg_norm,
         )
-        self.regularizer_set, self.loss_agg = self.objective.regularizers, loss_agg
+        self.regularizer_set = self.objective.regularizers
+        self.loss_agg = loss_agg
         self.base_loss_weight = self.objective.base_loss_weight
-        self.val_telemetry, self.step_telemetry = ValidationTelemetry(loss_agg), StepTelemetry()
+        self.val_telemetry = ValidationTelemetry(loss_agg)
+        self.step_telemetry = StepTelemetry()
 
     @property
     def telemetry(self) -> dict[str, Any]:

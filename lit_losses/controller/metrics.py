@@ -76,7 +76,8 @@ class MetricHandler(Handler):
     """The events on which `compute` is called (registered aliases, such as Hugging Face's, are accepted)."""
 
     def __init__(self, name: str, events: Sequence[str] | None = None, **arguments: Any) -> None:
-        self.name, self.arguments = name, arguments
+        self.name = name
+        self.arguments = arguments
         self.kwargs = arguments  # fms-hf-tuning's name of `arguments`
         if events is not None:
             self.events = tuple(events)

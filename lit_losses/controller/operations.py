@@ -53,7 +53,8 @@ class OperationHandler(Handler):
     """Actions that may only run on some events: action -> the allowed triggers."""
 
     def __init__(self, name: str, **arguments: Any) -> None:
-        self.name, self.arguments = name, arguments
+        self.name = name
+        self.arguments = arguments
         self.kwargs = arguments  # fms-hf-tuning's name of `arguments`
 
     def actions(self) -> tuple[str, ...]:

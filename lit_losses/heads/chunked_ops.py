@@ -92,7 +92,9 @@ class LogitScratch:
     ~40 ms per 128 MiB chunk, 10-15 % of the per-token head)."""
 
     def __init__(self, vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.vocab_size, self.dtype, self.device = vocab_size, dtype, device
+        self.vocab_size = vocab_size
+        self.dtype = dtype
+        self.device = device
         self._tensors: dict[str, Tensor] = {}
 
     def take(self, name: str, rows: int) -> Tensor:

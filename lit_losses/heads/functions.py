@@ -99,7 +99,9 @@ class ChunkedLogProbs(torch.autograd.Function):
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
         hidden, weight, bias, targets, with_entropy, chunk_size, accum_dtype = inputs
         ctx.save_for_backward(hidden, weight, bias, targets, output[2])
-        ctx.with_entropy, ctx.chunk_size, ctx.accum_dtype = with_entropy, chunk_size, accum_dtype
+        ctx.with_entropy = with_entropy
+        ctx.chunk_size = chunk_size
+        ctx.accum_dtype = accum_dtype
         if not with_entropy:
             ctx.mark_non_differentiable(output[2])
 
@@ -216,7 +218,8 @@ class ChunkedWeightedCE(torch.autograd.Function):
                 log_p.exp_(), w_c, y, g_target=-w_c, h=h, weight=weight, grads=(gh, grad_w, grad_b)
             )
         save_gradients(ctx, (grad_h, grad_w, grad_b), weight, bias, hidden, weight, bias, targets, w_tok)
-        ctx.chunk_size, ctx.accum_dtype = chunk_size, accum_dtype
+        ctx.chunk_size = chunk_size
+        ctx.accum_dtype = accum_dtype
         ctx.mark_non_differentiable(logprobs)
         return -(w_tok * logprobs).sum(), logprobs
 

@@ -177,7 +177,9 @@ class VocabParallelLogProbs(torch.autograd.Function):
             if with_entropy:
                 entropy[s:e] = stats.entropy
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
-        ctx.shard, ctx.with_entropy, ctx.chunk_size = shard, with_entropy, chunk_size
+        ctx.shard = shard
+        ctx.with_entropy = with_entropy
+        ctx.chunk_size = chunk_size
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
         return logprobs, lse, entropy

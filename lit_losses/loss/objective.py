@@ -103,7 +103,8 @@ class Objective:
                 "model.base_loss_weight is 0 and model.regularizers is empty: nothing to optimize "
                 "(add a regularizer or give the base loss a weight > 0)"
             )
-        self.regularizers, self.loss_agg = regularizers, loss_agg
+        self.regularizers = regularizers
+        self.loss_agg = loss_agg
         self.base_loss_weight = float(base_loss_weight)
         self.base_loss = BoundBaseLoss.resolve(base_loss, base_loss_args)
         self.loss_agg_norm = regularizers.agg_norm = agg_norm_option(loss_agg_norm, loss_agg, regularizers)
