@@ -119,26 +119,26 @@ def _hint(fn: Callable[..., Any], name: str) -> Any:
         return None
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-_PLAIN_HINTS: tuple[tuple[type, Callable[[Any], bool], str], ...] = (
-    (int, _is_int, "an integer"),
+_PLAIN_TYPES: tuple[tuple[type, Callable[[Any], bool], str], ...] = (
+    (int, lambda value: isinstance(value, int) and not isinstance(value, bool), "an integer"),
     (bool, lambda value: isinstance(value, bool), "true or false"),
     (str, lambda value: isinstance(value, str), "a string"),
 )
-"""The plain types a parameter's value is checked against: the type, the check, what it must be."""
+"""The plain types a parameter's value is checked against: the type, the check, what the value must be."""
+
+
+def _plain_type(hint: Any) -> tuple[type, Callable[[Any], bool], str] | None:
+    return next((plain for plain in _PLAIN_TYPES if plain[0] is hint), None)
 
 
 def _typed(value: Any, hint: Any, where: str, own: str) -> Any:
     """``value`` if it fits ``hint`` (``float`` takes an int, as YAML writes ``2`` for ``2.0``)."""
-    plain = next((p for p in _PLAIN_HINTS if p[0] is hint), None)
+    number = isinstance(value, int | float) and not isinstance(value, bool)
     if hint is float:
-        if (_is_int(value) or isinstance(value, float)) and math.isfinite(value):
+        if number and math.isfinite(value):
             return float(value)
         expected = "a finite number"
-    elif plain is not None:
+    elif (plain := _plain_type(hint)) is not None:
         if plain[1](value):
             return value
         expected = plain[2]
