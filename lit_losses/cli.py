@@ -27,6 +27,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
+import lit_losses
 from lit_losses.data.text import TextDataModule
 from lit_losses.errors import ConfigError
 from lit_losses.module import RegularizedLM
@@ -43,6 +44,10 @@ from lit_losses.run_dir import (
     launched_logger_versions,
 )
 from lit_losses.trainer_errors import RunStarted, lightning_config_error
+
+PUBLIC_API = {name: getattr(lit_losses, name) for name in lit_losses.__all__}
+"""The public API, imported (``lit_losses`` imports lazily): jsonargparse resolves short class names such
+as ``--model=TinyLM`` or ``--trainer.callbacks+=TrainingController`` among the classes imported."""
 
 _KEY = re.compile(r'Parser key "([^"]+)"')
 _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]")

@@ -104,15 +104,25 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         super().__init__()
         self.head_backend = check_choice(head_backend, Backend, "model.head_backend")
         self.save_hyperparameters()
-        self.head_chunk_size, self.ignore_index = chunk_size_option(head_chunk_size), ignore_index
+        self.head_chunk_size = chunk_size_option(head_chunk_size)
+        self.ignore_index = ignore_index
         self.check_finite = check_finite
         self.optimizer_config = OptimizerConfig.coerce(optimizer)
         self.objective = Objective.from_options(
-            regularizers, loss_agg, base_loss_weight, regularizer_grad_norm, base_loss, base_loss_args,
-            loss_agg_norm, grpo)  # fmt: skip
-        self.regularizer_set, self.loss_agg = self.objective.regularizers, self.objective.loss_agg
+            regularizers=regularizers,
+            loss_agg=loss_agg,
+            base_loss_weight=base_loss_weight,
+            regularizer_grad_norm=regularizer_grad_norm,
+            base_loss=base_loss,
+            base_loss_args=base_loss_args,
+            loss_agg_norm=loss_agg_norm,
+            grpo=grpo,
+        )
+        self.regularizer_set = self.objective.regularizers
+        self.loss_agg = self.objective.loss_agg
         self.base_loss_weight = self.objective.base_loss_weight
-        self.val_telemetry, self.step_telemetry = ValidationTelemetry(self.loss_agg), StepTelemetry()
+        self.val_telemetry = ValidationTelemetry(self.loss_agg)
+        self.step_telemetry = StepTelemetry()
 
     @property
     def telemetry(self) -> dict[str, Any]:
@@ -130,8 +140,14 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     def output_head(self) -> FusedLMHead:
         """The fused head over `output_projection` (references; vocabulary-parallel when sharded)."""
         weight, bias = self.output_projection()
-        return head_for(weight, bias, self.head_backend, chunk_size=self.head_chunk_size,
-                        ignore_index=self.ignore_index, check_finite=self.check_finite)  # fmt: skip
+        return head_for(
+            weight,
+            bias,
+            backend=self.head_backend,
+            chunk_size=self.head_chunk_size,
+            ignore_index=self.ignore_index,
+            check_finite=self.check_finite,
+        )
 
     def forward_logits(self, batch: dict[str, Tensor]) -> Tensor:
         """Full logits ``[B, T, V]`` (inference)."""
@@ -164,8 +180,16 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         batch_tensor(batch, "labels")
         hidden = self.forward_hidden(batch)
         stats = self.global_stats(batch, stage)
-        return self.objective(self.output_head(), hidden, batch, stats, int(self.global_step), stage,
-                              self.head_outputs_needed(), self.regularize)  # fmt: skip
+        return self.objective(
+            self.output_head(),
+            hidden,
+            batch=batch,
+            stats=stats,
+            step=int(self.global_step),
+            stage=stage,
+            needed=self.head_outputs_needed(),
+            regularize=self.regularize,
+        )
 
     def on_train_start(self) -> None:
         """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs."""
