@@ -193,7 +193,12 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
 
     def on_train_start(self) -> None:
         """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs."""
-        configure_train_loaders(self.trainer, self.mask_keys(), self.ignore_index, self.label_format)
+        configure_train_loaders(
+            self.trainer,
+            mask_keys=self.mask_keys(),
+            ignore_index=self.ignore_index,
+            label_format=self.label_format,
+        )
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         out = self.compute_loss(batch, "train")
