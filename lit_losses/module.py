@@ -24,6 +24,7 @@ from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.custom import CustomLossMixin
 from lit_losses.loss.objective import Objective, batch_tensor
 from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
+from lit_losses.non_finite import check_hidden_states, check_optimizer_step, non_finite_steps_handled
 from lit_losses.objectives import BaseLossName, GRPOPreset
 from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.parallel import ModelParallelMixin
@@ -59,7 +60,9 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         loss_agg: aggregation mode of the base loss.
         optimizer: AdamW and learning-rate schedule settings.
         ignore_index: label value of positions without a target.
-        check_finite: check hidden states for NaN/Inf before the head.
+        check_finite: refuse non-finite hidden states before the head and non-finite optimizer steps (with
+            a training controller: skip the step and let its rules act; `lit_losses.non_finite`);
+            ``False``: apply them as they are.
         regularizers: loss terms (`RegularizerSpec`; from YAML a list of dicts with its fields).
         regularizer_grad_norm: log each term's gradient norm w.r.t. the per-token log-probabilities.
         base_loss_weight: weight of the base loss (0: the regularizers are the whole loss).
@@ -146,7 +149,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             backend=self.head_backend,
             chunk_size=self.head_chunk_size,
             ignore_index=self.ignore_index,
-            check_finite=self.check_finite,
+            check_finite=self.check_finite and not non_finite_steps_handled(self._trainer),
         )
 
     def forward_logits(self, batch: dict[str, Tensor]) -> Tensor:
@@ -179,6 +182,8 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         """Loss of one micro-batch, normalized by the global counts (before ``loss_scale``)."""
         batch_tensor(batch, "labels")
         hidden = self.forward_hidden(batch)
+        if self.check_finite and not non_finite_steps_handled(self._trainer):
+            check_hidden_states(hidden, where=f"{stage} batch at step {int(self.global_step)}")
         stats = self.global_stats(batch, stage)
         return self.objective(
             self.output_head(),
@@ -213,6 +218,11 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         """Per-token log-probabilities ``[B, T]`` of the labels (0 at ignored positions)."""
         labels = batch_tensor(batch, "labels")
         return self.output_head()(self.forward_hidden(batch), labels, "logprobs").logprobs
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        """Skip (with a controller) or refuse (without) a step whose gradients are not finite
+        (`lit_losses.non_finite`)."""
+        check_optimizer_step(self, optimizer)
 
     def configure_optimizers(self) -> dict[str, Any]:
         return optimizer_and_schedule(self, self.optimizer_config, self._trainer)

@@ -72,6 +72,10 @@ class TrainingController(L.Callback):
         Then ``L.Trainer(callbacks=[controller])``.
     """
 
+    #: A non-finite optimizer step is skipped and shown to the rules (``train/non_finite_step``, a NaN
+    #: ``train/loss_total``) instead of stopping the run with an error (`lit_losses.non_finite`).
+    handles_non_finite_steps = True
+
     def __init__(self, config: str | Path | dict[str, Any]) -> None:
         super().__init__()
         self._source = load_source(config)
