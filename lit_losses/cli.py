@@ -283,7 +283,9 @@ def claim_run_dir(cli: LitLossesCLI) -> None:
             f"set another {_run_dir_option(trainer, trainer_config)}, resume with --ckpt_path, or pass "
             "--reuse_run_dir=true"
         )
-        cli.run_claim.config_file = claim_file(Path(trainer.log_dir), saver.config_filename, reuse, refuse)
+        cli.run_claim.config_file = claim_file(
+            Path(trainer.log_dir), saver.config_filename, reuse, refuse=refuse
+        )
         saver.config_filename = cli.run_claim.config_file.name
 
 

@@ -77,7 +77,8 @@ class PreemptionCheckpoint(Checkpoint):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Take the signals (after Lightning installed its own handlers, which run when a fit starts)."""
-        self.received, self.exit_code = None, None
+        self.received = None
+        self.exit_code = None
         self._launcher = getattr(trainer.strategy, "launcher", None)
         if threading.current_thread() is not threading.main_thread():
             rank_zero_warn(

@@ -115,9 +115,9 @@ def _diff(path: str, saved: Any, given: Any, changeable: bool, out: list[OptionC
     if isinstance(saved, Mapping) and isinstance(given, Mapping):
         for key in dict.fromkeys([*saved, *given]):
             sub = f"{path}[{key}]" if path.endswith("regularizers") else f"{path}.{key}"
-            _diff(sub, saved.get(key, _ABSENT), given.get(key, _ABSENT), changeable, out)
+            _diff(sub, saved.get(key, _ABSENT), given.get(key, _ABSENT), changeable=changeable, out=out)
     elif not _same(saved, given):
-        out.append(OptionChange(path, saved, given, changeable))
+        out.append(OptionChange(path, saved, given, changeable=changeable))
 
 
 def option_changes(
@@ -157,7 +157,7 @@ def option_changes(
             before = _canonical(key, before)
         if after is not _ABSENT:
             after = _canonical(key, after)
-        _diff(f"{prefix}.{key}", before, after, key in changeable, changes)
+        _diff(f"{prefix}.{key}", before, after, changeable=key in changeable, out=changes)
     return changes
 
 

@@ -169,12 +169,15 @@ class GlobalStatsLoader(DataLoader):
         resume, self._resume, self._pending_skip = self._resume, None, 0
         start = resume.resume_point(epoch, length, window_size) if resume else 0
         skipped = resume.skipped if resume and start else 0
-        self.position = LoaderPosition(epoch, start, skipped, length, window_size)
+        self.position = LoaderPosition(
+            epoch, start, skipped, length=length, accumulate_grad_batches=window_size
+        )
         batches = iterate_from(self, start + skipped)
         while length is None or self.position.index < length:
             if self._pending_skip:
                 dropped = sum(1 for _ in islice(batches, self._pending_skip))
-                self.position.skipped, self._pending_skip = self.position.skipped + dropped, 0
+                self.position.skipped += dropped
+                self._pending_skip = 0
             index = self.position.index
             size = window_size - index % window_size
             if length is not None:
@@ -182,7 +185,7 @@ class GlobalStatsLoader(DataLoader):
             window = list(islice(batches, size))
             if not window or (length is not None and len(window) < size):
                 break  # the data ended before Lightning's count: no partial window (see `skip`)
-            yield from self._attach(window, window_size, keys, index)
+            yield from self._attach(window, window_size, keys, index=index)
         self.position.done = True
 
     def _attach(self, window: list[Any], window_size: int, keys: Sequence[str], index: int) -> Iterator[Any]:
@@ -194,7 +197,7 @@ class GlobalStatsLoader(DataLoader):
                     f"{type(batch).__name__})"
                 )
         label_format = self.label_format or "next_token"
-        local = [count_masks(batch, keys, self.ignore_index, label_format) for batch in window]
+        local = [count_masks(batch, keys, self.ignore_index, label_format=label_format) for batch in window]
         totals, world_size = self._all_reduce(counts_to_tensor(sum_counts(local), keys))
         masks = tensor_to_counts(totals, keys)
         self.lookahead_seconds += time.perf_counter() - start

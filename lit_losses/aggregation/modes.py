@@ -189,7 +189,15 @@ def aggregate(
             f"{name}: loss matrix shape {tuple(loss_mat.shape)} differs from the mask shape "
             f"{tuple(mask.shape)}"
         )
-    w = token_weights(mask, mode, stats, segment_ids, loss_mat.dtype, norm, sample_weights)
+    w = token_weights(
+        mask,
+        mode,
+        stats,
+        segment_ids=segment_ids,
+        dtype=loss_mat.dtype,
+        norm=norm,
+        sample_weights=sample_weights,
+    )
     return (w * torch.where(mask.bool(), loss_mat, torch.zeros_like(loss_mat))).sum()
 
 

@@ -103,7 +103,8 @@ class SkipSampler(Sampler[Any]):
     """``sampler`` without its first ``start`` items (indices only: nothing is loaded to skip them)."""
 
     def __init__(self, sampler: Any, start: int) -> None:
-        self.sampler, self.start = sampler, start
+        self.sampler = sampler
+        self.start = start
 
     def __iter__(self) -> Iterator[Any]:
         return islice(iter(self.sampler), self.start, None)

@@ -144,7 +144,7 @@ def check_gradients(
     diff_idx = [i for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
     if not diff_idx:
         raise ValueError(f"check_gradients({label}): no floating-point tensor input to differentiate")
-    reports = [_jacobian_mismatch(fn, inputs, i, eps) for i in diff_idx]
+    reports = [_jacobian_mismatch(fn, inputs, i, eps=eps) for i in diff_idx]
     passed = torch.autograd.gradcheck(fn, inputs, eps=eps, atol=atol, rtol=rtol, raise_exception=False)
     gradgrad_passed = None
     if gradgrad:
@@ -162,7 +162,7 @@ def check_gradients(
         lines.append("  second derivatives (gradgradcheck) disagree with finite differences")
     if not ok and is_surrogate(fn):
         lines.append(f"  {label} is marked as a surrogate gradient: a mismatch is expected by design")
-    report = GradientReport(label, ok, reports, gradgrad_passed, "\n".join(lines))
+    report = GradientReport(label, ok, reports, gradgrad_passed=gradgrad_passed, message="\n".join(lines))
     if not ok and raise_exception:
         raise GradientCheckError(report.message)
     return report
@@ -212,6 +212,6 @@ def _jacobian_mismatch(
         index,
         err if math.isfinite(err) else float("inf"),
         float(analytical[j, k]) if diff.numel() else 0.0,
-        float(numerical[j, k]) if diff.numel() else 0.0,
-        (j, k),
+        numerical=float(numerical[j, k]) if diff.numel() else 0.0,
+        where=(j, k),
     )

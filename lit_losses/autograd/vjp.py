@@ -17,7 +17,9 @@ from torch import Tensor
 
 __all__ = ["CustomVJP", "custom_vjp"]
 
-_IN, _OUT, _NEW = "input", "output", "new"
+_IN = "input"
+_OUT = "output"
+_NEW = "new"
 
 
 class CustomVJP:
@@ -64,7 +66,8 @@ class CustomVJP:
         name: str | None = None,
         surrogate: bool = False,
     ) -> None:
-        self.forward_fn, self.backward_fn = forward, backward
+        self.forward_fn = forward
+        self.backward_fn = backward
         self.name = name or getattr(forward, "__name__", "custom_vjp")
         self.signature = inspect.signature(forward)
         self.is_surrogate = surrogate
@@ -132,7 +135,9 @@ def _make_function(forward_fn: Callable, backward_fn: Callable, name: str) -> ty
             outputs, new = rest[:n_out], rest[n_out:]
             tensors = [t for t in (*inputs, *outputs, *new) if isinstance(t, Tensor)]
             ctx.save_for_backward(*tensors)
-            ctx.layout, ctx.saved_is_tuple, ctx.n_out = layout, saved_is_tuple, n_out
+            ctx.layout = layout
+            ctx.saved_is_tuple = saved_is_tuple
+            ctx.n_out = n_out
             ctx.inputs_meta = [None if not isinstance(x, Tensor) else x for x in inputs]
             ctx.tensor_slots = (
                 [("in", i) for i, x in enumerate(inputs) if isinstance(x, Tensor)]
@@ -151,7 +156,7 @@ def _make_function(forward_fn: Callable, backward_fn: Callable, name: str) -> ty
                 ctx.non_tensor_inputs[i] if i in ctx.non_tensor_inputs else by_slot[("in", i)]
                 for i in range(ctx.n_inputs)
             ]
-            saved = [_restore_saved(kind, ref, inputs, by_slot) for kind, ref in ctx.layout]
+            saved = [_restore_saved(kind, ref, inputs, by_slot=by_slot) for kind, ref in ctx.layout]
             saved_obj = tuple(saved) if ctx.saved_is_tuple else saved[0]
             grad_out = grads[3 : 3 + ctx.n_out]
             grad_obj = tuple(grad_out) if ctx.n_out > 1 else grad_out[0]

@@ -40,7 +40,8 @@ class NextTokenCollator:
     """
 
     def __init__(self, collator: Callable[[list[Any]], Mapping[str, Any]], ignore_index: int = -100) -> None:
-        self.collator, self.ignore_index = collator, ignore_index
+        self.collator = collator
+        self.ignore_index = ignore_index
 
     def __call__(self, features: list[Any]) -> dict[str, Any]:
         batch = dict(self.collator(features))
@@ -166,7 +167,8 @@ class HFTextDataModule(TextDataModule):
         # the parent's lower bound on vocab_size is its own byte-level BPE's; this tokenizer is given
         super().__init__(paths=paths, vocab_size=max(size, MIN_VOCAB_SIZE), **kwargs)
         self.vocab_size = vocab_size
-        self.add_special_tokens, self.append_eos = add_special_tokens, append_eos
+        self.add_special_tokens = add_special_tokens
+        self.append_eos = append_eos
 
     def prepare_data(self) -> None:
         """Nothing to prepare: the tokenizer is already trained."""
@@ -189,7 +191,9 @@ class HFTextDataModule(TextDataModule):
 
         def build(docs: list[str]) -> MicroBatchDataset:
             pieces = Pieces.from_documents(self.encode(docs), self.seq_len)
-            return MicroBatchDataset(pieces, self.seq_len, self.tokens_per_batch, self.packing, self.pad_id)
+            return MicroBatchDataset(
+                pieces, self.seq_len, self.tokens_per_batch, packing=self.packing, pad_id=self.pad_id
+            )
 
         self.train_set = build(train_docs)
         self.val_set = build(val_docs) if val_docs else None

@@ -157,7 +157,8 @@ class MicroBatchDataset(torch.utils.data.Dataset):
     def __init__(
         self, pieces: Pieces, seq_len: int, tokens_per_batch: int, packing: bool, pad_id: int
     ) -> None:
-        self.pieces, self.pad_id = pieces, pad_id
+        self.pieces = pieces
+        self.pad_id = pad_id
         self.rows = pack_rows(pieces.lengths.tolist(), seq_len, packing)
         row_lengths = [int(pieces.lengths[row].sum()) for row in self.rows]
         self.batches = batch_rows(row_lengths, tokens_per_batch)

@@ -22,7 +22,7 @@ def rows_dataset(
         [row.labels for row in rows],
         {name: [row.fields[name] for row in rows] for name in (rows[0].fields if rows else {})},
     )
-    return MicroBatchDataset(pieces, seq_len, tokens_per_batch, packing, pad_id)
+    return MicroBatchDataset(pieces, seq_len, tokens_per_batch, packing=packing, pad_id=pad_id)
 
 
 def rl_dataset(
@@ -48,7 +48,7 @@ def rl_dataset(
         ([[1.0, 1.0, -1.0]], [[1.0, 1.0, 0.5]])
     """
     rows = complete_fields(parse_records(records, vocab_size, seq_len))
-    return rows_dataset(rows, seq_len, tokens_per_batch, packing, pad_id)
+    return rows_dataset(rows, seq_len, tokens_per_batch, packing=packing, pad_id=pad_id)
 
 
 class RLDataModule(TextDataModule):
@@ -134,7 +134,9 @@ class RLDataModule(TextDataModule):
         )
         self.hparams.clear()  # the parent saved its text options; these are this class's
         self.save_hyperparameters()
-        self.vocab_size, self.max_records, self.pad_id = vocab_size, max_records, pad_id
+        self.vocab_size = vocab_size
+        self.max_records = max_records
+        self.pad_id = pad_id
 
     def prepare_data(self) -> None:
         """Nothing to prepare: records are already tokenized."""
@@ -156,7 +158,9 @@ class RLDataModule(TextDataModule):
         train_rows, val_rows = self._split(self.read_rows())
 
         def build(rows: list[RLRow]) -> MicroBatchDataset:
-            return rows_dataset(rows, self.seq_len, self.tokens_per_batch, self.packing, self.pad_id)
+            return rows_dataset(
+                rows, self.seq_len, self.tokens_per_batch, packing=self.packing, pad_id=self.pad_id
+            )
 
         self.train_set = build(train_rows)
         self.val_set = build(val_rows) if val_rows else None

@@ -106,7 +106,8 @@ class _Fields:
     def __init__(
         self, record: Mapping[str, Any], where: str, known: tuple[str, ...], foreign: Mapping[str, str]
     ) -> None:
-        self.record, self.where = record, where
+        self.record = record
+        self.where = where
         for key in record:
             if key in foreign:
                 raise ConfigError(f"{where}: field {key!r} does not belong here: {foreign[key]}")
@@ -179,7 +180,9 @@ def _datum_tokens(fields: _Fields, vocab_size: int | None) -> list[int]:
         model_input = [t for c in chunks for t in c["tokens"]]
     elif isinstance(model_input, Mapping) and "tokens" in model_input:
         model_input = model_input["tokens"]
-    return _Fields({"model_input": model_input}, fields.where, DATUM_KEYS, {}).ints("model_input", vocab_size)
+    return _Fields({"model_input": model_input}, fields.where, DATUM_KEYS, foreign={}).ints(
+        "model_input", vocab_size
+    )
 
 
 def _flat_targets(f: _Fields, n: int, logprobs: list, weights: list | None) -> list[bool]:
@@ -211,7 +214,7 @@ def _flat_record(f: _Fields, vocab_size: int | None) -> Converted:
         raise f.fail(f"field 'tokens' has {n} token(s); a record needs a prompt token and a completion")
     logprobs = f.floats("logprobs", n, logprob=True)
     weights = f.floats("weights", n, required=False)
-    targets = _flat_targets(f, n, logprobs, weights)
+    targets = _flat_targets(f, n, logprobs, weights=weights)
     if f.get("advantage", required=False) is not None and f.get("advantages", required=False) is not None:
         raise f.fail("give 'advantage' (one per record) or 'advantages' (one per token), not both")
     if f.get("advantages", required=False) is not None:
@@ -226,7 +229,7 @@ def _flat_record(f: _Fields, vocab_size: int | None) -> Converted:
     ref = f.floats("ref_logprobs", n, required=False, logprob=True)
     if ref is not None:
         columns["ref_logprobs"] = ("ref_logprobs", ref)
-    return _shifted(f, tokens[:-1], tokens[1:], targets[1:], columns, offset=1)
+    return _shifted(f, tokens[:-1], tokens[1:], chosen=targets[1:], columns=columns, offset=1)
 
 
 def _datum_record(f: _Fields, vocab_size: int | None) -> Converted:
@@ -235,7 +238,7 @@ def _datum_record(f: _Fields, vocab_size: int | None) -> Converted:
         raise f.fail(f"field 'loss_fn_inputs' must be an object, got {type(inputs).__name__}")
     tokens = _datum_tokens(f, vocab_size)
     n = len(tokens)
-    g = _Fields(inputs, f"{f.where} loss_fn_inputs", DATUM_INPUTS, INPUTS_FOREIGN)
+    g = _Fields(inputs, f"{f.where} loss_fn_inputs", DATUM_INPUTS, foreign=INPUTS_FOREIGN)
     targets_ids = g.sequence("target_tokens", n)
     weights, mask = g.floats("weights", n, required=False), g.floats("mask", n, required=False)
     if weights is None and mask is None:
@@ -259,7 +262,7 @@ def _datum_record(f: _Fields, vocab_size: int | None) -> Converted:
     ref = g.floats("ref_logprobs", n, required=False, logprob=True)
     if ref is not None:
         columns["ref_logprobs"] = ("ref_logprobs", ref)
-    return _shifted(g, tokens, targets_ids, targets, columns, offset=0)
+    return _shifted(g, tokens, targets_ids, chosen=targets, columns=columns, offset=0)
 
 
 def _shifted(
@@ -301,10 +304,10 @@ def parse_record(record: Any, where: str, vocab_size: int | None = None, seq_len
     if not isinstance(record, Mapping):
         raise ConfigError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
     if "tokens" in record:
-        f = _Fields(record, where, FLAT_KEYS, FLAT_FOREIGN)
+        f = _Fields(record, where, FLAT_KEYS, foreign=FLAT_FOREIGN)
         inputs, labels, fields = _flat_record(f, vocab_size)
     elif "model_input" in record or "loss_fn_inputs" in record:
-        f = _Fields(record, where, DATUM_KEYS, DATUM_FOREIGN)
+        f = _Fields(record, where, DATUM_KEYS, foreign=DATUM_FOREIGN)
         inputs, labels, fields = _datum_record(f, vocab_size)
     else:
         raise ConfigError(
@@ -339,7 +342,7 @@ def read_jsonl(
                 record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ConfigError(f"{where} is not valid JSON ({err.msg}, column {err.colno})") from None
-            rows.append((parse_record(record, where, vocab_size, seq_len), where))
+            rows.append((parse_record(record, where, vocab_size, seq_len=seq_len), where))
     return rows
 
 
@@ -348,7 +351,8 @@ def parse_records(
 ) -> list[tuple[RLRow, str]]:
     """The rows of in-memory records, each with its ``records[i]``."""
     return [
-        (parse_record(r, f"{name}[{i}]", vocab_size, seq_len), f"{name}[{i}]") for i, r in enumerate(records)
+        (parse_record(r, f"{name}[{i}]", vocab_size, seq_len=seq_len), f"{name}[{i}]")
+        for i, r in enumerate(records)
     ]
 
 

@@ -133,7 +133,7 @@ def generate_rollouts(
         length = int(torch.randint(3, 7, (1,), generator=generator))
         word = torch.randint(0, 26, (length,), generator=generator).tolist()
         prompt = encode("".join(string.ascii_lowercase[i] for i in word) + "?")
-        group = sample_group(model, prompt, group_size, max_new_tokens, generator)
+        group = sample_group(model, prompt, group_size, max_new_tokens=max_new_tokens, generator=generator)
         rewards = [reward(prompt, completion) for completion, _ in group]
         for (completion, logprobs), r, adv in zip(group, rewards, group_advantages(rewards), strict=True):
             lps = [None] * len(prompt) + [round(lp, DIGITS) for lp in logprobs]
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in ("num_prompts", "group_size", "max_new_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
-    records = generate_rollouts(args.num_prompts, args.group_size, args.max_new_tokens, args.seed)
+    records = generate_rollouts(args.num_prompts, args.group_size, args.max_new_tokens, seed=args.seed)
     write_jsonl(records, args.out)
     mean_reward = math.fsum(r["reward"] for r in records) / len(records)
     print(f"wrote {len(records)} records to {args.out} (mean reward {mean_reward:.3f})")

@@ -135,10 +135,16 @@ class TextDataModule(L.LightningDataModule):
         if max_documents is not None and max_documents < 1:
             raise ConfigError(f"data.max_documents={max_documents} must be >= 1")
         self.save_hyperparameters()
-        self.paths, self.text_field = paths, text_field
-        self.vocab_size, self.seq_len, self.tokens_per_batch = vocab_size, seq_len, tokens_per_batch
-        self.packing, self.val_fraction, self.max_documents = packing, val_fraction, max_documents
-        self.seed, self.num_workers = seed, num_workers
+        self.paths = paths
+        self.text_field = text_field
+        self.vocab_size = vocab_size
+        self.seq_len = seq_len
+        self.tokens_per_batch = tokens_per_batch
+        self.packing = packing
+        self.val_fraction = val_fraction
+        self.max_documents = max_documents
+        self.seed = seed
+        self.num_workers = num_workers
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.sources = self._resolve_sources()
         self.tokenizer = None
@@ -201,7 +207,9 @@ class TextDataModule(L.LightningDataModule):
         def build(docs: list[str]) -> MicroBatchDataset:
             ids = [[*enc.ids, eos] for enc in self.tokenizer.encode_batch(docs)]
             pieces = Pieces.from_documents(ids, self.seq_len)
-            return MicroBatchDataset(pieces, self.seq_len, self.tokens_per_batch, self.packing, self.pad_id)
+            return MicroBatchDataset(
+                pieces, self.seq_len, self.tokens_per_batch, packing=self.packing, pad_id=self.pad_id
+            )
 
         self.train_set = build(train_docs)
         self.val_set = build(val_docs) if val_docs else None

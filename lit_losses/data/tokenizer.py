@@ -12,7 +12,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from lit_losses.errors import ConfigError
 
 #: Special tokens, in id order: end of document, padding.
-EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
 SPECIAL_TOKENS = (EOS_TOKEN, PAD_TOKEN)
 #: The byte-level alphabet every vocabulary must hold, plus the special tokens.
 MIN_VOCAB_SIZE = len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIAL_TOKENS)

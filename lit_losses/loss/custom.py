@@ -78,7 +78,7 @@ def forward_backward_custom(
         >>> model.output_projection()[0].grad is not None  # backward ran
         True
     """
-    call = _CustomCall(model, data, loss_fn, regularizers)
+    call = _CustomCall(model, data, loss_fn, regularizers=regularizers)
     return call.finish(call.terms.executors.run(call.active, call.ctx))
 
 
@@ -103,7 +103,7 @@ async def forward_backward_custom_async(
         >>> metrics["base_loss"]["custom"], metrics["loss_total"] == metrics["base_loss"]["value"]
         ({'queries': 1.0}, True)
     """
-    call = _CustomCall(model, data, loss_fn, regularizers)
+    call = _CustomCall(model, data, loss_fn, regularizers=regularizers)
     return call.finish(await call.terms.executors.run_async(call.active, call.ctx))
 
 
@@ -115,7 +115,8 @@ class _CustomCall:
             raise ValueError("forward_backward_custom: give loss_fn or regularizers (or both)")
         specs = [as_spec(r, f"regularizers[{i}]") for i, r in enumerate(regularizers or ())]
         executors = model.regularizer_set.executors  # one event loop and process pool per model
-        self.model, self.has_base = model, loss_fn is not None
+        self.model = model
+        self.has_base = loss_fn is not None
         self.terms = RegularizerSet(specs, model.loss_agg, executors=executors)
         base = [RegularizerSpec(BASE_NAME, fn=loss_fn, legacy=True)] if loss_fn is not None else []
         self.base = RegularizerSet(base, model.loss_agg, executors=executors)
@@ -127,10 +128,13 @@ class _CustomCall:
         hidden, head = model.forward_head_outputs(batch, outputs)  # FSDP gathers the parameters here
         mask_keys = ("labels", *self.terms.mask_keys())
         self.group = _data_parallel_group(model)
-        stats = step_stats(batch, mask_keys, model.ignore_index, self.group)
+        stats = step_stats(batch, mask_keys, model.ignore_index, group=self.group)
         step = int(model.global_step)
-        self.ctx = LossContext(batch, head, hidden, labels != model.ignore_index, stats, step, "train")
-        self.base_active, self.reg_active = self.base.prepare(self.ctx), self.terms.prepare(self.ctx)
+        self.ctx = LossContext(
+            batch, head, hidden, mask=labels != model.ignore_index, stats=stats, step=step, stage="train"
+        )
+        self.base_active = self.base.prepare(self.ctx)
+        self.reg_active = self.terms.prepare(self.ctx)
         self.active = self.base_active + self.reg_active
 
     def finish(self, outcomes: list[Any]) -> dict[str, Any]:
@@ -312,7 +316,7 @@ class CustomLossMixin:
         regularizers: Sequence[Mapping[str, Any] | RegularizerSpec] | None = None,
     ) -> dict[str, Any]:
         """The design's call for manual loops: see `lit_losses.loss.custom.forward_backward_custom`."""
-        return forward_backward_custom(self, data, loss_fn, regularizers)
+        return forward_backward_custom(self, data, loss_fn, regularizers=regularizers)
 
     async def forward_backward_custom_async(
         self,

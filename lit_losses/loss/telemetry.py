@@ -152,7 +152,8 @@ class ValidationTelemetry(nn.Module):
     def __init__(self, loss_agg: AggMode) -> None:
         super().__init__()
         self.loss_agg = loss_agg
-        self.loss, self.loss_total = MeanMetric(), MeanMetric()
+        self.loss = MeanMetric()
+        self.loss_total = MeanMetric()
 
     def record(self, module: Any, out: LossOutput) -> None:
         """`update` with one validation micro-batch and log ``val/loss`` (on the progress bar) and

@@ -266,7 +266,9 @@ class HFCausalLM(RegularizedLM):
         if dtype is not None:
             check_choice(dtype, DType, "model.dtype")
         if model is None:
-            model = build_causal_lm(model_name_or_path, config, vocab_size, attn_implementation, dtype)
+            model = build_causal_lm(
+                model_name_or_path, config, vocab_size, attn_implementation=attn_implementation, dtype=dtype
+            )
         elif model_name_or_path is not None or config is not None:
             raise ConfigError("HFCausalLM: give model, or model_name_or_path, or config; not several")
         if lora is not None:
@@ -348,7 +350,7 @@ class HFCausalLM(RegularizedLM):
         training starts, on every rank at once)."""
         body = self.body
         dtype = next(body.parameters()).dtype
-        leak = packing_leak(body, self.output_projection()[0].shape[0], self.attn_implementation, dtype)
+        leak = packing_leak(body, self.output_projection()[0].shape[0], self.attn_implementation, dtype=dtype)
         low = dtype not in PACKING_TOLERANCE or torch.is_autocast_enabled(next(body.parameters()).device.type)
         if leak <= (LOW_PRECISION_PACKING_TOLERANCE if low else PACKING_TOLERANCE[dtype]):
             return ""

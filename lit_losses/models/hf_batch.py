@@ -130,7 +130,9 @@ def body_inputs(batch: Mapping[str, Any], attn_implementation: str, dtype: torch
         return inputs
     inputs["position_ids"] = segment_positions(segments) if positions is None else positions
     if not attn_implementation.startswith("flash_attention"):
-        inputs["attention_mask"] = packed_attention_mask(segments, attn_implementation, dtype, padding)
+        inputs["attention_mask"] = packed_attention_mask(
+            segments, attn_implementation, dtype, padding=padding
+        )
     return inputs
 
 

@@ -64,7 +64,9 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
-        self.n_heads, self.head_dim, self.rope_base = n_heads, d_model // n_heads, rope_base
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.rope_base = rope_base
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
 
@@ -125,11 +127,16 @@ class TinyTransformer(nn.Module):
         rope_base: float = 10000.0,
     ) -> None:
         super().__init__()
-        check_transformer_shape(vocab_size, d_model, n_layers, n_heads, d_ff, rope_base)
+        check_transformer_shape(
+            vocab_size, d_model, n_layers, n_heads=n_heads, d_ff=d_ff, rope_base=rope_base
+        )
         d_ff = d_ff or 64 * math.ceil(8 * d_model / 3 / 64)
-        self.head_dim, self.rope_base = d_model // n_heads, rope_base
+        self.head_dim = d_model // n_heads
+        self.rope_base = rope_base
         self.embed = nn.Embedding(vocab_size, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_ff, rope_base) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(
+            Block(d_model, n_heads, d_ff, rope_base=rope_base) for _ in range(n_layers)
+        )
         self.norm = RMSNorm(d_model)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2 style scaled init of the residual projections
@@ -206,7 +213,9 @@ class TinyLM(RegularizedLM):
     ) -> None:
         super().__init__(**kwargs)
         self.save_hyperparameters()
-        self.body = TinyTransformer(vocab_size, d_model, n_layers, n_heads, d_ff, rope_base)
+        self.body = TinyTransformer(
+            vocab_size, d_model, n_layers, n_heads=n_heads, d_ff=d_ff, rope_base=rope_base
+        )
         self.lm_head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
         if self.lm_head is not None:
             nn.init.normal_(self.lm_head.weight, std=0.02)

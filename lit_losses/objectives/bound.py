@@ -81,11 +81,11 @@ class BoundBaseLoss:
         """The base loss bound to one micro-batch (its ``reads`` checked and taken at the valid tokens; a
         base loss that is not pointwise also gets `SEQUENCE_INDEX`)."""
         where = f"base loss {self.name!r}"
-        inputs = {key: valid_values(batch, key, mask, where, dtype) for key in self.entry.reads}
+        inputs = {key: valid_values(batch, key, mask, reader=where, dtype=dtype) for key in self.entry.reads}
         if not self.pointwise:
             ids = sequence_ids(mask, batch_segment_ids(batch))[mask]
             inputs[SEQUENCE_INDEX] = torch.unique(ids, return_inverse=True)[1]
-        return BaseLossBatch(self, inputs, dtype, mask.device)
+        return BaseLossBatch(self, inputs, dtype, device=mask.device)
 
 
 class BaseLossBatch:
@@ -114,7 +114,8 @@ class BaseLossBatch:
         dtype: torch.dtype,
         device: torch.device | None = None,
     ) -> None:
-        self.loss, self.inputs = loss, inputs
+        self.loss = loss
+        self.inputs = inputs
         self.fn = loss.entry.function(loss.params)
         self.sums = {name: torch.zeros((), dtype=dtype, device=device) for name in loss.metric_names}
 

@@ -152,7 +152,7 @@ def ppo(
     ``clip_ratio_low`` (``r < lo`` and ``A < 0``), ``clip_ratio_high`` (``r > hi`` and ``A > 0``) and
     ``clip_ratio_region`` (either).
     """
-    lo, hi = ppo_bounds(clip_low_threshold, clip_high_threshold, epsilon_low, epsilon_high)
+    lo, hi = ppo_bounds(clip_low_threshold, clip_high_threshold, epsilon_low, epsilon_high=epsilon_high)
     ratio = torch.exp(log_ratio(logprobs, inputs, importance_sampling_level))
     advantages = inputs[ADVANTAGES]
     unclipped = (ratio if delta is None else ratio.clamp(max=delta)) * advantages

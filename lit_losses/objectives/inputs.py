@@ -83,4 +83,4 @@ def token_values(batch: Mapping[str, Any], key: str, mask: Tensor, reader: str) 
 
 def valid_values(batch: Mapping[str, Any], key: str, mask: Tensor, reader: str, dtype: torch.dtype) -> Tensor:
     """`token_values` at the valid positions, row-major (the fused head's token order), in ``dtype``."""
-    return token_values(batch, key, mask, reader)[mask].to(dtype)
+    return token_values(batch, key, mask, reader=reader)[mask].to(dtype)

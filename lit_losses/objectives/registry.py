@@ -27,7 +27,8 @@ class BaseLossArgError(ValueError):
 
     def __init__(self, name: str, message: str) -> None:
         super().__init__(f"{name}: {message}")
-        self.name, self.message = name, message
+        self.name = name
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class BaseLoss:
                 raise ConfigError(
                     f"{where}.{key}: {own} has no parameter {key!r}{closest(key, known)}; {listed}"
                 )
-            bound[key] = _typed(value, _hint(self.fn, key), f"{where}.{key}", own)
+            bound[key] = _typed(value, _hint(self.fn, key), f"{where}.{key}", own=own)
         for key, parameter in self.parameters.items():
             if key not in bound:
                 if parameter.default is inspect.Parameter.empty:
@@ -145,8 +146,8 @@ def _typed(value: Any, hint: Any, where: str, own: str) -> Any:
     args = get_args(hint)
     if get_origin(hint) in (Union, UnionType) and len(args) == 2 and type(None) in args:
         inner = next(a for a in args if a is not type(None))
-        return None if value is None else _typed_plain(value, inner, where, own, nullable=True)
-    return _typed_plain(value, hint, where, own)
+        return None if value is None else _typed_plain(value, inner, where, own=own, nullable=True)
+    return _typed_plain(value, hint, where, own=own)
 
 
 def _typed_plain(value: Any, hint: Any, where: str, own: str, nullable: bool = False) -> Any:
@@ -226,7 +227,7 @@ def register_base_loss(
     """
 
     def decorator(fn: BaseLossFn) -> BaseLossFn:
-        entry = BaseLoss(name, fn, tuple(reads), tuple(metrics), pointwise, check)
+        entry = BaseLoss(name, fn, tuple(reads), metrics=tuple(metrics), pointwise=pointwise, check=check)
         BASE_LOSSES.register(name, entry)
         return fn
 

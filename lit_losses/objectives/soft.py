@@ -60,7 +60,7 @@ def sapo(
     """
     ratio = torch.exp(log_ratio(logprobs, inputs, importance_sampling_level))
     advantages = inputs[ADVANTAGES]
-    temperature = by_sign(advantages > 0, temperature_pos, temperature_neg, ratio)
+    temperature = by_sign(advantages > 0, temperature_pos, temperature_neg, like=ratio)
     return -torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature * advantages
 
 
@@ -82,8 +82,8 @@ def gamma_weight(
         summed = sequence_sum(log_ratio_tokens.clamp(-20.0, 20.0), inputs[SEQUENCE_INDEX])
         log_w = summed.clamp(VESPO_LOG_W_MIN, 20.0)
         nonneg = inputs[ADVANTAGES] >= 0
-        k = by_sign(nonneg, params["k_pos"], params["k_neg"], log_w)
-        rate = by_sign(nonneg, params["lambda_pos"], params["lambda_neg"], log_w)
+        k = by_sign(nonneg, params["k_pos"], params["k_neg"], like=log_w)
+        rate = by_sign(nonneg, params["lambda_pos"], params["lambda_neg"], like=log_w)
         phi = torch.exp(rate + k * log_w - rate * torch.exp(log_w))
         return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 

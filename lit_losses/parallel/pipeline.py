@@ -87,7 +87,8 @@ class PipelineLoss:
     ) -> None:
         if n_microbatches < 1:
             raise ConfigError(f"PipelineLoss: n_microbatches must be >= 1, got {n_microbatches}")
-        self.output_projection, self.n_microbatches = output_projection, n_microbatches
+        self.output_projection = output_projection
+        self.n_microbatches = n_microbatches
         terms = RegularizerSet(regularizers or (), loss_agg)
         try:
             self.objective = Objective(terms, loss_agg, base_loss_weight, loss_agg_norm=loss_agg_norm)
@@ -98,11 +99,9 @@ class PipelineLoss:
             raise ConfigError(
                 f"PipelineLoss: regularizers with mask keys {other}; a target holds labels only"
             )
-        self.head_backend, self.head_chunk_size, self.ignore_index = (
-            head_backend,
-            head_chunk_size,
-            ignore_index,
-        )
+        self.head_backend = head_backend
+        self.head_chunk_size = head_chunk_size
+        self.ignore_index = ignore_index
         self.process_group = process_group
         replicas = dist.get_world_size(process_group) if process_group is not None else 1
         self.loss_scale = float((n_microbatches if scale_grads else 1) * replicas)

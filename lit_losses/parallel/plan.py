@@ -19,7 +19,8 @@ from torch import nn
 from lit_losses.errors import ConfigError
 from lit_losses.parallel.config import ParallelConfig
 
-DATA_PARALLEL, TENSOR_PARALLEL = "data_parallel", "tensor_parallel"
+DATA_PARALLEL = "data_parallel"
+TENSOR_PARALLEL = "tensor_parallel"
 #: The root's methods that run the model (FSDP gathers the root's parameters around them): the loss, the
 #: inference calls, `forward_backward_custom`'s forward pass, and `HFCausalLM`'s packing probe and
 #: ``generate``.

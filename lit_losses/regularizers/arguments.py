@@ -62,7 +62,7 @@ def check_args(
         return
     parameters = list(signature.parameters.values())
     if not isinstance(target, type):
-        parameters = parameters[_supplied(target, parameters, args, legacy) :]
+        parameters = parameters[_supplied(target, parameters, args, legacy=legacy) :]
     accepted = [p.name for p in parameters if p.kind in _KEYWORD]
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         for key in args:

@@ -39,14 +39,24 @@ class FusedTerms:
         base_loss: Callable[[int, int, Tensor], Tensor] | None = None,
     ) -> None:
         terms, default_agg, norm = regularizers.terms, regularizers.default_agg, regularizers.agg_norm
-        self.terms, self.active = terms, regularizers.active()
-        self.batch, self.stats, self.step = batch, stats, step
-        self.base_weights, self.base_loss_weight, self.base_loss = base_weights, base_loss_weight, base_loss
+        self.terms = terms
+        self.active = regularizers.active()
+        self.batch = batch
+        self.stats = stats
+        self.step = step
+        self.base_weights = base_weights
+        self.base_loss_weight = base_loss_weight
+        self.base_loss = base_loss
         segment_ids = batch_segment_ids(batch)
         dtype = base_weights.dtype
         self.weights = {
             t.name: token_weights(
-                mask, t.spec.agg or default_agg, stats.get(LABELS_KEY), segment_ids, dtype, norm
+                mask,
+                t.spec.agg or default_agg,
+                stats.get(LABELS_KEY),
+                segment_ids=segment_ids,
+                dtype=dtype,
+                norm=norm,
             )[mask]
             for t in self.active
         }
@@ -62,7 +72,9 @@ class FusedTerms:
         chunk_batch = {**self.batch, **{k: v[start:end] for k, v in self.compact.items()}}
         chunk_mask = torch.ones(end - start, dtype=torch.bool, device=logprobs.device)
         head = HeadOutput(logprobs, lse, entropy)
-        ctx = LossContext(chunk_batch, head, None, chunk_mask, self.stats, self.step, "train")
+        ctx = LossContext(
+            chunk_batch, head, None, mask=chunk_mask, stats=self.stats, step=self.step, stage="train"
+        )
         if self.base_loss is None:  # cross-entropy: L = −log p
             base = -(self.base_weights[start:end] * logprobs).sum()
         else:
@@ -95,6 +107,6 @@ class FusedTerms:
             contribution = self.term_weights[name] * value
             total = total + contribution
             results[name] = TermResult(
-                value, self.term_weights[name], contribution, 0.0, self.customs.get(name, {})
+                value, self.term_weights[name], contribution, error=0.0, custom=self.customs.get(name, {})
             )
         return self.base_sum, total, results

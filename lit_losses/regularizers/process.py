@@ -170,8 +170,8 @@ def payload(term: Term, ctx: LossContext) -> tuple[bytes, list[Tensor]]:
                 {k: _copy(v) for k, v in d.fields.items()},
                 d.row,
                 d.segment,
-                _copy(d.positions),
-                _copy(d.target_mask),
+                positions=_copy(d.positions),
+                target_mask=_copy(d.target_mask),
             )
             for d in data
         ]
@@ -200,7 +200,9 @@ def run_term(blob: bytes) -> bytes:
             leaves = [x.requires_grad_(grad and x.is_floating_point()) for x in leaves]
             values = dict(zip(names, leaves, strict=True))
             head = HeadOutput(*(values.get(n) for n in HEAD_FIELDS))
-            out = fn(LossContext(batch, head, values.get("hidden"), mask, stats, step, stage))
+            out = fn(
+                LossContext(batch, head, values.get("hidden"), mask=mask, stats=stats, step=step, stage=stage)
+            )
     return pickle.dumps(_result(out, leaves))
 
 

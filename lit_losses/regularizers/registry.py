@@ -85,7 +85,10 @@ def register_regularizer(
     check_needs(needs, f"register_regularizer({name!r})")
 
     def decorator(target: Callable[..., Any]) -> Callable[..., Any]:
-        REGISTRY.register(name, RegistryEntry(name, target, tuple(needs), differentiable, pointwise))
+        REGISTRY.register(
+            name,
+            RegistryEntry(name, target, tuple(needs), differentiable=differentiable, pointwise=pointwise),
+        )
         return target
 
     return decorator

@@ -70,7 +70,8 @@ class RegularizerSet:
                 raise ConfigError(f"model.regularizers[{i}]: duplicate regularizer name {s.name!r}")
             seen.add(s.name)
         self.terms = {t.name: t for t in sorted((build_term(s) for s in specs), key=lambda t: t.name)}
-        self.default_agg, self.grad_norm = default_agg, grad_norm
+        self.default_agg = default_agg
+        self.grad_norm = grad_norm
         self.agg_norm: float | None = None
         """The constant of ``seq-mean-token-sum-norm`` (set by the `Objective`: ``model.loss_agg_norm``)."""
         self.executors = executors if executors is not None else TermExecutors()
@@ -184,7 +185,7 @@ class RegularizerSet:
                 continue
             try:
                 value, result.custom = aggregate_output(
-                    t, by_name[name], ctx, self.default_agg, self.agg_norm
+                    t, by_name[name], ctx, default_agg=self.default_agg, norm=self.agg_norm
                 )
             except Exception as exc:
                 self._handle_error(t, exc)
@@ -192,7 +193,8 @@ class RegularizerSet:
                 continue
             contribution = result.weight * value
             total = total + contribution
-            result.value, result.contribution = value.detach(), contribution.detach()
+            result.value = value.detach()
+            result.contribution = contribution.detach()
             if self.grad_norm:
                 result.grad_norm_sq = _grad_norm_sq(contribution, ctx)
         return total, results
@@ -229,13 +231,17 @@ def aggregate_output(
             f"{tuple(mask.shape)}"
         )
     sources = (ctx.head.logprobs, ctx.head.lse, ctx.head.entropy, ctx.hidden)
-    term.check_values(out, out.reshape(()) if scalar else out[mask], ctx.stage == "train", sources)
+    term.check_values(out, out.reshape(()) if scalar else out[mask], ctx.stage == "train", sources=sources)
     agg = term.spec.agg or default_agg
     stats = ctx.stats.get(key)
     if scalar:
-        value = scalar_value(out.reshape(()), term.spec.scalar, agg, ctx.stats.get_local(key), stats)
+        value = scalar_value(
+            out.reshape(()), term.spec.scalar, agg, local=ctx.stats.get_local(key), stats=stats
+        )
     else:
-        value = aggregate(out, mask, agg, stats, batch_segment_ids(ctx.batch), name=term.where, norm=norm)
+        value = aggregate(
+            out, mask, agg, stats=stats, segment_ids=batch_segment_ids(ctx.batch), name=term.where, norm=norm
+        )
     return value.to(torch.promote_types(value.dtype, torch.float32)), custom
 
 

@@ -75,8 +75,12 @@ class Datum:
         target_mask: Tensor | None = None,
         source: tuple[dict[str, Any], Tensor, slice | Tensor] | None = None,
     ) -> None:
-        self._fields, self.row, self.segment, self.positions = dict(fields), row, segment, positions
-        self._mask, self._source = target_mask, source  # source: (batch, mask, index) sliced lazily
+        self._fields = dict(fields)
+        self.row = row
+        self.segment = segment
+        self.positions = positions
+        self._mask = target_mask
+        self._source = source  # (batch, mask, index), sliced lazily
         self._index = source[2] if source is not None else None
 
     def _keys(self) -> list[str]:
@@ -89,7 +93,7 @@ class Datum:
             if self._source is None or key not in self._source[0] or key == GLOBAL_STATS_KEY:
                 raise KeyError(f"datum field {key!r} is missing; it has fields {sorted(self._keys())}")
             batch, mask, index = self._source
-            self._fields[key] = _field(batch[key], self.row, index, tuple(mask.shape))
+            self._fields[key] = _field(batch[key], self.row, index, shape=tuple(mask.shape))
         return self._fields[key]
 
     def __contains__(self, key: object) -> bool:
@@ -221,7 +225,7 @@ def _build(batch: dict[str, Any], mask: Tensor) -> tuple[list[Datum], Tensor, li
     data = []
     for row, segment, positions, index in spans:
         device_index = index.to(mask.device) if isinstance(index, Tensor) else index
-        data.append(Datum({}, row, segment, positions, source=(batch, mask, device_index)))
+        data.append(Datum({}, row, segment, positions=positions, source=(batch, mask, device_index)))
     return data, targets, counts
 
 

@@ -137,7 +137,7 @@ def as_spec(value: RegularizerSpec | Mapping[str, Any], where: str) -> Regulariz
     if not isinstance(value, RegularizerSpec):
         value = _from_mapping(value, where)
     entry = resolve(value.fn if value.fn is not None else value.name, where)
-    check_args(entry.target, value.args, where, value.name, value.legacy)
+    check_args(entry.target, value.args, where, name=value.name, legacy=value.legacy)
     return value
 
 

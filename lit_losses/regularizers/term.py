@@ -182,7 +182,7 @@ def has_grad_path(out: Tensor, sources: Iterable[Tensor | None]) -> bool:
 def _bind(entry: RegistryEntry, spec: RegularizerSpec, where: str) -> Callable[..., Any]:
     """``entry`` with ``spec.args`` bound; arguments it does not take, or of a type its signature refuses,
     are a `ConfigError` now (`check_args`), not at step 1."""
-    check_args(entry.target, spec.args, where, spec.name, spec.legacy)
+    check_args(entry.target, spec.args, where, name=spec.name, legacy=spec.legacy)
     try:
         return entry.build(spec.args)
     except (TypeError, ValueError) as exc:
@@ -219,17 +219,17 @@ def build_term(spec: RegularizerSpec) -> Term:
         differentiable = None if sequences and entry.differentiable else entry.differentiable
     pointwise = entry.pointwise if spec.pointwise is None else spec.pointwise
     is_async = is_coroutine_function(fn)
-    _check_executor(spec, fn, is_async, where)
+    _check_executor(spec, fn, is_async, where=where)
     call = sequences_term(fn) if sequences else fn
     return Term(
         spec,
         call,
         needs,
-        differentiable,
-        is_async,
-        spec.weight,
-        spec.enabled,
-        pointwise and not sequences,
+        differentiable=differentiable,
+        is_async=is_async,
+        weight=spec.weight,
+        enabled=spec.enabled,
+        pointwise=pointwise and not sequences,
         fn=fn,
         form="sequences" if sequences else "context",
     )

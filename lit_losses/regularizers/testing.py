@@ -61,7 +61,7 @@ def check_regularizer(
         values = dict(zip(names, tensors, strict=True))
         head = HeadOutput(values.get("logprobs"), values.get("lse"), values.get("entropy"))
         hidden_ = values.get("hidden", torch.zeros((*logprobs.shape, 1), dtype=torch.float64))
-        ctx = LossContext(data, head, hidden_, mask, stats, 0, "train")
+        ctx = LossContext(data, head, hidden_, mask=mask, stats=stats, step=0, stage="train")
         total, _ = terms(ctx)
         return total
 
