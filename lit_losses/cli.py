@@ -42,6 +42,7 @@ from lit_losses.run_dir import (
     is_global_zero,
     launched_logger_versions,
 )
+from lit_losses.run_end import add_run_callbacks
 from lit_losses.trainer_errors import RunStarted, lightning_config_error
 
 _KEY = re.compile(r'Parser key "([^"]+)"')
@@ -172,6 +173,8 @@ class LitLossesCLI(LightningCLI):
             isinstance(c, PreemptionCheckpoint) for c in self.trainer.callbacks
         ):
             self.trainer.callbacks.append(PreemptionCheckpoint())
+        if self.subcommand == "fit":
+            add_run_callbacks(self.trainer)
         claim_run_dir(self)
 
 
