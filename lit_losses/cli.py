@@ -372,7 +372,13 @@ def cli_main(args: list[str] | None = None) -> LitLossesCLI:
 
 
 def main() -> None:
-    """Console-script entry point ``lit-losses`` (exit status 0 on success)."""
+    """Console-script entry point ``lit-losses`` (exit status 0 on success); ``lit-losses report …`` is
+    `lit_losses.report.report_main`, every other subcommand LightningCLI's."""
+    if sys.argv[1:2] == ["report"]:
+        from lit_losses.report import report_main  # matplotlib only when a report is asked for
+
+        report_main(sys.argv[2:])
+        return
     cli_main()
 
 
