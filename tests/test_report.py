@@ -1,4 +1,4 @@
-"""``lit-losses report``: the plotted numbers are the logged ones, two runs overlay, no events is one error."""
+"""``lit-losses report``: the plotted numbers are the logged ones, two runs overlay, no events: one error."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from lit_losses.cli import main
-from lit_losses.report import panels
 from lit_losses.report_data import read_runs
 from tests.cli_runs import fit_short, read_scalars, run_folder
 
@@ -60,7 +59,8 @@ def test_report_plots_exactly_the_logged_values_of_two_runs(two_runs, tmp_path, 
             assert dict(zip(line["steps"], line["values"])) == scalars[tag], (title, label)
             checked += 1
     assert checked == 16
-    entropy = [ln["label"] for ln in plotted["Regularizer values"]["lines"] if ln["label"].endswith("/entropy/value")]
+    values = plotted["Regularizer values"]["lines"]
+    entropy = [ln["label"] for ln in values if ln["label"].endswith("/entropy/value")]
     assert entropy == [f"{labels[0]}: regularizers/entropy/value"]  # only the run that has the term
     (stacked,) = [p for t, p in plotted.items() if t == f"Regularizer contributions (stacked): {labels[0]}"]
     assert {ln["label"]: dict(zip(ln["steps"], ln["values"])) for ln in stacked["lines"]} == {
