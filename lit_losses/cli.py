@@ -27,6 +27,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
+from lit_losses.console import quiet_console, use_step_progress_bar
 from lit_losses.data.text import TextDataModule
 from lit_losses.errors import ConfigError
 from lit_losses.module import RegularizedLM
@@ -175,6 +176,7 @@ class LitLossesCLI(LightningCLI):
             self.trainer.callbacks.append(PreemptionCheckpoint())
         if self.subcommand == "fit":
             add_run_callbacks(self.trainer)
+            use_step_progress_bar(self.trainer, self.config["fit"]["trainer"].get("callbacks"))
         claim_run_dir(self)
 
 
@@ -356,6 +358,7 @@ def _fail_on_config_error(err: BaseException) -> None:
 
 def cli_main(args: list[str] | None = None) -> LitLossesCLI:
     """Run ``lit-losses`` with ``args`` (default: ``sys.argv[1:]``) and return the CLI object."""
+    quiet_console()
     try:
         return LitLossesCLI(
             RegularizedLM,
