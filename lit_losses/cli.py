@@ -30,6 +30,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lit_losses.console import quiet_console, use_step_progress_bar
 from lit_losses.data.text import TextDataModule
 from lit_losses.errors import ConfigError
+from lit_losses.import_hint import import_error_line
 from lit_losses.module import RegularizedLM
 from lit_losses.preemption import PreemptionCheckpoint
 from lit_losses.registry import closest
@@ -98,7 +99,7 @@ class LitLossesParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
             super().error(message, ex)
-        print(f"lit-losses: error: {one_line_error(message)}", file=sys.stderr)
+        print(f"lit-losses: error: {import_error_line(message) or one_line_error(message)}", file=sys.stderr)
         sys.exit(2)
 
 

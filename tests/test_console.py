@@ -27,3 +27,13 @@ def test_main_job_console_has_no_tips_or_deprecations_and_counts_optimizer_steps
     assert counts and counts[-1] == ("4", "4"), counts  # 4 optimizer steps of 3 micro-batches each
     assert {total for _, total in counts} == {"4"}
     assert "lit-losses: fit ended at step 4: max_steps=4 reached" in console
+
+
+def test_a_class_path_that_is_not_importable_says_how_to_make_it_importable(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "lit_losses.cli", "fit", "--model.class_path", "mypkg.MyLM"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("lit-losses: error: model.class_path 'mypkg.MyLM': No module named 'mypkg'")
+    assert "PYTHONPATH=" in proc.stderr and "pip install -e ." in proc.stderr
