@@ -1,10 +1,10 @@
 """``executor: process``: a sync term run in a worker process, with its exact gradient brought back.
 
-The worker receives detached copies of the term's inputs (the design's ``(data, logprobs_list)``, or a
+The worker receives detached copies of the term's inputs (the sequence form's ``(data, logprobs_list)``, or a
 `LossContext` with the head outputs it consumes), makes them leaves, calls the term and, when the scalar
 it returns requires grad, computes ``g_x = ∂value/∂x`` for each input ``x``. The main process rebuilds
 ``value + Σ_x ⟨g_x, x − x.detach()⟩``: the same value, and the same gradient with respect to the inputs
-(the design's linearization: gradients travel as weights). A process term returns a scalar; workers
+(a linearization: gradients travel as weights). A process term returns a scalar; workers
 compute on CPU copies of the inputs (the value and gradients come back to the inputs' device).
 """
 
