@@ -40,12 +40,44 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def run_variant(variant: str, hidden, weight, targets, upstream, chunk: int | None) -> None:
+    """One forward and backward of ``variant`` (``matmul3``: the three matmuls alone, no gradient)."""
+    import torch
+
+    from lit_losses.heads import FusedLMHead
+
+    if variant == "naive":
+        logits = (hidden @ weight.T).float()
+        lp = torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1)
+        lp.backward(upstream)
+    elif variant == "torch_chunked":
+        ce = torch.nn.functional.linear_cross_entropy(
+            hidden, weight, targets, reduction="none", options=torch.nn.LinearCrossEntropyOptions()
+        )
+        (-ce).backward(upstream.to(ce.dtype))
+    elif variant == "chunked":
+        head = FusedLMHead(weight, backend="chunked", chunk_size=chunk, check_finite=False)
+        head(hidden, targets).logprobs.backward(upstream)
+    elif variant in ("chunked_ce", "liger_ce"):  # liger: Liger's fused linear CE, reduction "sum"
+        backend = variant.removesuffix("_ce")
+        FusedLMHead(weight, backend=backend, chunk_size=chunk, check_finite=False).weighted_ce(
+            hidden, targets, 1.0 / hidden.shape[0]
+        ).backward()
+    elif variant == "liger_native":
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        LigerFusedLinearCrossEntropyLoss()(weight, hidden, targets).backward()
+    elif variant == "matmul3":
+        with torch.no_grad():
+            logits = hidden @ weight.T
+            _ = logits @ weight
+            _ = logits.T @ hidden
+
+
 def run_one(
     variant: str, n: int, d: int, v: int, repeats: int, dtype_name: str, device: str, chunk: int | None = None
 ) -> dict:
     import torch
-
-    from lit_losses.heads import FusedLMHead
 
     dtype = getattr(torch, dtype_name)
     g = torch.Generator().manual_seed(0)
@@ -56,32 +88,7 @@ def run_one(
 
     def step() -> None:
         hidden.grad = weight.grad = None
-        if variant == "naive":
-            logits = (hidden @ weight.T).float()
-            lp = torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1)
-            lp.backward(upstream)
-        elif variant == "torch_chunked":
-            ce = torch.nn.functional.linear_cross_entropy(
-                hidden, weight, targets, reduction="none", options=torch.nn.LinearCrossEntropyOptions()
-            )
-            (-ce).backward(upstream.to(ce.dtype))
-        elif variant == "chunked":
-            head = FusedLMHead(weight, backend="chunked", chunk_size=chunk, check_finite=False)
-            head(hidden, targets).logprobs.backward(upstream)
-        elif variant in ("chunked_ce", "liger_ce"):  # liger: Liger's fused linear CE, reduction "sum"
-            backend = variant.removesuffix("_ce")
-            FusedLMHead(weight, backend=backend, chunk_size=chunk, check_finite=False).weighted_ce(
-                hidden, targets, 1.0 / n
-            ).backward()
-        elif variant == "liger_native":
-            from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-
-            LigerFusedLinearCrossEntropyLoss()(weight, hidden, targets).backward()
-        elif variant == "matmul3":
-            with torch.no_grad():
-                logits = hidden @ weight.T
-                _ = logits @ weight
-                _ = logits.T @ hidden
+        run_variant(variant, hidden=hidden, weight=weight, targets=targets, upstream=upstream, chunk=chunk)
         if device == "cuda":
             torch.cuda.synchronize()
 

@@ -5,31 +5,52 @@ The public API, by concept (everything else is importable from its subpackage):
 - models: `RegularizedLM` (subclass it), `TinyLM` (built-in), `HFCausalLM` (Hugging Face models),
   `OptimizerConfig`, `Schedule`
 - the loss of a step: `LossContext`, `LossOutput`, `Objective`
-- fused output head: `FusedLMHead`, `HeadOutput`
+- fused output head: `FusedLMHead`, `HeadOutput`; functional: `linear_logprobs`, `linear_cross_entropy`
 - global-denominator aggregation: `GlobalStatsLoader`, `GlobalStats`, `AggMode`, `aggregate`
 - regularizers: `RegularizerSpec`, `RegularizerSet`, `RegularizerError`, `register_regularizer`
 - base losses by name (cross-entropy, Tinker's RL losses, SAPO, VESPO): `register_base_loss`;
   TRL's GRPO losses as one option: `GRPOPreset`
 - data: `TextDataModule`, `RLDataModule` (offline RL records)
 - training controller: `TrainingController`, `register_metric_handlers`, `register_operation_handlers`
+- preemption: `PreemptionCheckpoint` (``SIGTERM``: finish the step, checkpoint, exit ``128 + signal``)
 - extension points: `Registry`, `ConfigError`; custom gradients: the `autograd` subpackage
+
+Names are imported on first use (PEP 562 ``__getattr__``): ``import lit_losses.heads`` or
+``lit_losses.autograd`` loads torch alone, not Lightning or transformers.
 """
 
-from lit_losses import autograd  # the custom-gradient toolkit
-from lit_losses.aggregation import AggMode, GlobalStats, GlobalStatsLoader, aggregate
-from lit_losses.controller import TrainingController, register_metric_handlers, register_operation_handlers
-from lit_losses.data import RLDataModule, TextDataModule
-from lit_losses.errors import ConfigError
-from lit_losses.heads import FusedLMHead, HeadOutput
-from lit_losses.loss import LossContext, LossOutput
-from lit_losses.loss.objective import Objective
-from lit_losses.models import HFCausalLM, TinyLM
-from lit_losses.module import RegularizedLM
-from lit_losses.objectives import GRPOPreset, register_base_loss
-from lit_losses.optim import OptimizerConfig
-from lit_losses.registry import Registry
-from lit_losses.regularizers import RegularizerError, RegularizerSet, RegularizerSpec, register_regularizer
-from lit_losses.schedule import Schedule
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lit_losses import autograd
+    from lit_losses.aggregation import AggMode, GlobalStats, GlobalStatsLoader, aggregate
+    from lit_losses.controller import (
+        TrainingController,
+        register_metric_handlers,
+        register_operation_handlers,
+    )
+    from lit_losses.data import RLDataModule, TextDataModule
+    from lit_losses.errors import ConfigError
+    from lit_losses.heads import FusedLMHead, HeadOutput, linear_cross_entropy, linear_logprobs
+    from lit_losses.loss import LossContext, LossOutput
+    from lit_losses.loss.objective import Objective
+    from lit_losses.models import HFCausalLM, TinyLM
+    from lit_losses.module import RegularizedLM
+    from lit_losses.objectives import GRPOPreset, register_base_loss
+    from lit_losses.optim import OptimizerConfig
+    from lit_losses.preemption import PreemptionCheckpoint
+    from lit_losses.registry import Registry
+    from lit_losses.regularizers import (
+        RegularizerError,
+        RegularizerSet,
+        RegularizerSpec,
+        register_regularizer,
+    )
+    from lit_losses.schedule import Schedule
 
 __version__ = "0.1.0"
 
@@ -46,6 +67,7 @@ __all__ = [
     "LossOutput",
     "Objective",
     "OptimizerConfig",
+    "PreemptionCheckpoint",
     "RLDataModule",
     "Registry",
     "RegularizedLM",
@@ -58,8 +80,60 @@ __all__ = [
     "TrainingController",
     "aggregate",
     "autograd",
+    "linear_cross_entropy",
+    "linear_logprobs",
     "register_base_loss",
     "register_metric_handlers",
     "register_operation_handlers",
     "register_regularizer",
 ]
+
+#: The module each public name is imported from, on first access.
+_EXPORTS = {
+    "AggMode": "lit_losses.aggregation",
+    "GlobalStats": "lit_losses.aggregation",
+    "GlobalStatsLoader": "lit_losses.aggregation",
+    "aggregate": "lit_losses.aggregation",
+    "TrainingController": "lit_losses.controller",
+    "register_metric_handlers": "lit_losses.controller",
+    "register_operation_handlers": "lit_losses.controller",
+    "RLDataModule": "lit_losses.data",
+    "TextDataModule": "lit_losses.data",
+    "ConfigError": "lit_losses.errors",
+    "FusedLMHead": "lit_losses.heads",
+    "HeadOutput": "lit_losses.heads",
+    "linear_cross_entropy": "lit_losses.heads",
+    "linear_logprobs": "lit_losses.heads",
+    "LossContext": "lit_losses.loss",
+    "LossOutput": "lit_losses.loss",
+    "Objective": "lit_losses.loss.objective",
+    "HFCausalLM": "lit_losses.models",
+    "TinyLM": "lit_losses.models",
+    "RegularizedLM": "lit_losses.module",
+    "GRPOPreset": "lit_losses.objectives",
+    "register_base_loss": "lit_losses.objectives",
+    "PreemptionCheckpoint": "lit_losses.preemption",
+    "OptimizerConfig": "lit_losses.optim",
+    "Registry": "lit_losses.registry",
+    "RegularizerError": "lit_losses.regularizers",
+    "RegularizerSet": "lit_losses.regularizers",
+    "RegularizerSpec": "lit_losses.regularizers",
+    "register_regularizer": "lit_losses.regularizers",
+    "Schedule": "lit_losses.schedule",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module now; or a subpackage such as ``autograd``."""
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

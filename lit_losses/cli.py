@@ -27,6 +27,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
+import lit_losses
 from lit_losses.console import quiet_console, use_step_progress_bar
 from lit_losses.data.text import TextDataModule
 from lit_losses.errors import ConfigError
@@ -46,6 +47,10 @@ from lit_losses.run_dir import (
 )
 from lit_losses.run_end import add_run_callbacks
 from lit_losses.trainer_errors import RunStarted, lightning_config_error
+
+PUBLIC_API = {name: getattr(lit_losses, name) for name in lit_losses.__all__}
+"""The public API, imported (``lit_losses`` imports lazily): jsonargparse resolves short class names such
+as ``--model=TinyLM`` or ``--trainer.callbacks+=TrainingController`` among the classes imported."""
 
 _KEY = re.compile(r'Parser key "([^"]+)"')
 _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]")

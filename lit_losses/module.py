@@ -24,6 +24,7 @@ from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.custom import CustomLossMixin
 from lit_losses.loss.objective import Objective, batch_tensor
 from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
+from lit_losses.non_finite import check_hidden_states, check_optimizer_step, non_finite_steps_handled
 from lit_losses.objectives import BaseLossName, GRPOPreset
 from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.parallel import ModelParallelMixin
@@ -59,7 +60,9 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         loss_agg: aggregation mode of the base loss.
         optimizer: AdamW and learning-rate schedule settings.
         ignore_index: label value of positions without a target.
-        check_finite: check hidden states for NaN/Inf before the head.
+        check_finite: refuse non-finite hidden states before the head and non-finite optimizer steps (with
+            a training controller: skip the step and let its rules act; `lit_losses.non_finite`);
+            ``False``: apply them as they are.
         regularizers: loss terms (`RegularizerSpec`; from YAML a list of dicts with its fields).
         regularizer_grad_norm: log each term's gradient norm w.r.t. the per-token log-probabilities.
         base_loss_weight: weight of the base loss (0: the regularizers are the whole loss).
@@ -104,15 +107,25 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         super().__init__()
         self.head_backend = check_choice(head_backend, Backend, "model.head_backend")
         self.save_hyperparameters()
-        self.head_chunk_size, self.ignore_index = chunk_size_option(head_chunk_size), ignore_index
+        self.head_chunk_size = chunk_size_option(head_chunk_size)
+        self.ignore_index = ignore_index
         self.check_finite = check_finite
         self.optimizer_config = OptimizerConfig.coerce(optimizer)
         self.objective = Objective.from_options(
-            regularizers, loss_agg, base_loss_weight, regularizer_grad_norm, base_loss, base_loss_args,
-            loss_agg_norm, grpo)  # fmt: skip
-        self.regularizer_set, self.loss_agg = self.objective.regularizers, self.objective.loss_agg
+            regularizers=regularizers,
+            loss_agg=loss_agg,
+            base_loss_weight=base_loss_weight,
+            regularizer_grad_norm=regularizer_grad_norm,
+            base_loss=base_loss,
+            base_loss_args=base_loss_args,
+            loss_agg_norm=loss_agg_norm,
+            grpo=grpo,
+        )
+        self.regularizer_set = self.objective.regularizers
+        self.loss_agg = self.objective.loss_agg
         self.base_loss_weight = self.objective.base_loss_weight
-        self.val_telemetry, self.step_telemetry = ValidationTelemetry(self.loss_agg), StepTelemetry()
+        self.val_telemetry = ValidationTelemetry(self.loss_agg)
+        self.step_telemetry = StepTelemetry()
 
     @property
     def telemetry(self) -> dict[str, Any]:
@@ -130,8 +143,14 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     def output_head(self) -> FusedLMHead:
         """The fused head over `output_projection` (references; vocabulary-parallel when sharded)."""
         weight, bias = self.output_projection()
-        return head_for(weight, bias, self.head_backend, chunk_size=self.head_chunk_size,
-                        ignore_index=self.ignore_index, check_finite=self.check_finite)  # fmt: skip
+        return head_for(
+            weight,
+            bias,
+            backend=self.head_backend,
+            chunk_size=self.head_chunk_size,
+            ignore_index=self.ignore_index,
+            check_finite=self.check_finite and not non_finite_steps_handled(self._trainer),
+        )
 
     def forward_logits(self, batch: dict[str, Tensor]) -> Tensor:
         """Full logits ``[B, T, V]`` (inference)."""
@@ -163,13 +182,28 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         """Loss of one micro-batch, normalized by the global counts (before ``loss_scale``)."""
         batch_tensor(batch, "labels")
         hidden = self.forward_hidden(batch)
+        if self.check_finite and not non_finite_steps_handled(self._trainer):
+            check_hidden_states(hidden, where=f"{stage} batch at step {int(self.global_step)}")
         stats = self.global_stats(batch, stage)
-        return self.objective(self.output_head(), hidden, batch, stats, int(self.global_step), stage,
-                              self.head_outputs_needed(), self.regularize)  # fmt: skip
+        return self.objective(
+            self.output_head(),
+            hidden,
+            batch=batch,
+            stats=stats,
+            step=int(self.global_step),
+            stage=stage,
+            needed=self.head_outputs_needed(),
+            regularize=self.regularize,
+        )
 
     def on_train_start(self) -> None:
         """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs."""
-        configure_train_loaders(self.trainer, self.mask_keys(), self.ignore_index, self.label_format)
+        configure_train_loaders(
+            self.trainer,
+            mask_keys=self.mask_keys(),
+            ignore_index=self.ignore_index,
+            label_format=self.label_format,
+        )
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         out = self.compute_loss(batch, "train")
@@ -184,6 +218,11 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         """Per-token log-probabilities ``[B, T]`` of the labels (0 at ignored positions)."""
         labels = batch_tensor(batch, "labels")
         return self.output_head()(self.forward_hidden(batch), labels, "logprobs").logprobs
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        """Skip (with a controller) or refuse (without) a step whose gradients are not finite
+        (`lit_losses.non_finite`)."""
+        check_optimizer_step(self, optimizer)
 
     def configure_optimizers(self) -> dict[str, Any]:
         return optimizer_and_schedule(self, self.optimizer_config, self._trainer)

@@ -30,9 +30,21 @@ from lit_losses.optim import OptimizerConfig
 from lit_losses.regularizers import RegularizerSpec
 from lit_losses.stopped_epoch import reopen_stopped_epoch
 
-RUN_OPTIONS = ("head_backend", "head_chunk_size", "loss_agg", "optimizer", "ignore_index", "check_finite",
-               "regularizers", "regularizer_grad_norm", "base_loss_weight", "base_loss", "base_loss_args",
-               "loss_agg_norm", "grpo")  # fmt: skip
+RUN_OPTIONS = (
+    "head_backend",
+    "head_chunk_size",
+    "loss_agg",
+    "optimizer",
+    "ignore_index",
+    "check_finite",
+    "regularizers",
+    "regularizer_grad_norm",
+    "base_loss_weight",
+    "base_loss",
+    "base_loss_args",
+    "loss_agg_norm",
+    "grpo",
+)
 """`RegularizedLM`'s own arguments: what a resumed run may change (the others are the architecture)."""
 
 #: Options added after the first release, with their defaults: a checkpoint written before they existed

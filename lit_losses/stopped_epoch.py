@@ -1,5 +1,9 @@
 """Resuming from a checkpoint taken when ``max_steps`` stopped an epoch before its data ran out.
 
+The user need: extending a finished run (``max_steps`` raised, ``ckpt_path`` its last checkpoint). Without
+this repair the resumed run silently skips the rest of the stopped epoch's data and repeats the start of
+another permutation: a different, wrong data order with no error.
+
 When ``max_steps`` ends a fit in the middle of an epoch, Lightning still runs ``on_train_epoch_end`` and
 counts the epoch as *processed* (and, once the fit returns, *completed*); a checkpoint saved then
 (`ModelCheckpoint`'s epoch-end save, or ``trainer.save_checkpoint`` after the fit) reads, on resume, as

@@ -1,5 +1,10 @@
 """Lightning's own refusals of trainer options, as one `ConfigError` line.
 
+The user need: a mistyped or impossible trainer option given to ``lit-losses fit`` (``val_check_interval``
+larger than the epoch, an accelerator the host lacks). Without this module the CLI prints Lightning's
+multi-sentence traceback and exits with 1, like a crash, instead of one line naming the option and exit
+code 2.
+
 Lightning checks some trainer options only when a run sets up (``trainer.val_check_interval`` against the
 number of training batches, an accelerator that is not there, …) and raises a ``ValueError`` or a
 ``MisconfigurationException`` with a message over several sentences. `lightning_config_error` turns such an
@@ -31,8 +36,10 @@ _LIBRARIES = (
     Path(torch.__file__).resolve().parent,
 )
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
-_VAL_CHECK = re.compile(r"`val_check_interval` \((\d+)\) must be less than or equal to the number of the "
-                        r"training batches \((\d+)\)")  # fmt: skip
+_VAL_CHECK = re.compile(
+    r"`val_check_interval` \((\d+)\) must be less than or equal to the number of the "
+    r"training batches \((\d+)\)"
+)
 _TRAINER_OPTIONS = tuple(inspect.signature(Trainer.__init__).parameters)
 
 

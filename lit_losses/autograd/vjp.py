@@ -123,18 +123,8 @@ def _make_function(forward_fn: Callable, backward_fn: Callable, name: str) -> ty
             is_tuple = isinstance(output, tuple)
             outputs = output if is_tuple else (output,)
             saved_is_tuple = isinstance(saved, tuple)
-            items = saved if saved_is_tuple else (saved,)
-            layout, new = [], []
-            for item in items:
-                where = _locate(item, inputs, outputs)
-                if where is not None:
-                    layout.append(where)
-                elif isinstance(item, Tensor):
-                    layout.append((_NEW, len(new)))
-                    new.append(item.detach())
-                else:
-                    layout.append(("value", item))
-            return (is_tuple, len(outputs), (tuple(layout), saved_is_tuple), *outputs, *new)
+            layout, new = _saved_layout(saved if saved_is_tuple else (saved,), inputs, outputs)
+            return (is_tuple, len(outputs), (layout, saved_is_tuple), *outputs, *new)
 
         @staticmethod
         def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -161,16 +151,7 @@ def _make_function(forward_fn: Callable, backward_fn: Callable, name: str) -> ty
                 ctx.non_tensor_inputs[i] if i in ctx.non_tensor_inputs else by_slot[("in", i)]
                 for i in range(ctx.n_inputs)
             ]
-            saved = []
-            for kind, ref in ctx.layout:
-                if kind == _IN:
-                    saved.append(inputs[ref])
-                elif kind == _OUT:
-                    saved.append(by_slot[("out", ref)])
-                elif kind == _NEW:
-                    saved.append(by_slot[("new", ref)])
-                else:
-                    saved.append(ref)
+            saved = [_restore_saved(kind, ref, inputs, by_slot) for kind, ref in ctx.layout]
             saved_obj = tuple(saved) if ctx.saved_is_tuple else saved[0]
             grad_out = grads[3 : 3 + ctx.n_out]
             grad_obj = tuple(grad_out) if ctx.n_out > 1 else grad_out[0]
@@ -179,6 +160,33 @@ def _make_function(forward_fn: Callable, backward_fn: Callable, name: str) -> ty
 
     _Function.__name__ = _Function.__qualname__ = f"CustomVJP_{name}"
     return _Function
+
+
+def _saved_layout(
+    items: Sequence[Any], inputs: Sequence[Any], outputs: Sequence[Any]
+) -> tuple[tuple[tuple[str, Any], ...], list[Tensor]]:
+    """Where each saved item lives: ``(input, i)``, ``(output, j)``, ``(new, k)`` for the ``k``-th
+    intermediate tensor (returned detached in the list), or ``(value, item)`` for a Python value."""
+    layout, new = [], []
+    for item in items:
+        where = _locate(item, inputs, outputs)
+        if where is not None:
+            layout.append(where)
+        elif isinstance(item, Tensor):
+            layout.append((_NEW, len(new)))
+            new.append(item.detach())
+        else:
+            layout.append(("value", item))
+    return tuple(layout), new
+
+
+def _restore_saved(kind: str, ref: Any, inputs: Sequence[Any], by_slot: dict[tuple[str, int], Tensor]) -> Any:
+    """The saved item that `_saved_layout` recorded as ``(kind, ref)``, from backward's tensors."""
+    if kind == _IN:
+        return inputs[ref]
+    if kind in (_OUT, _NEW):
+        return by_slot[("out" if kind == _OUT else "new", ref)]
+    return ref
 
 
 def _locate(item: Any, inputs: Sequence[Any], outputs: Sequence[Any]) -> tuple[str, int] | None:

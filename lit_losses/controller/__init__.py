@@ -1,9 +1,14 @@
-"""Training controller: YAML rules on metrics, fired on Lightning events, performing operations."""
+"""Training controller: YAML rules on metrics, fired on Lightning events, performing operations.
+
+The Lightning-native controller is every module here but `lit_losses.controller.fms`, the fms-hf-tuning
+adapter, which this package imports so that fms-hf-tuning's configs and handlers run unchanged.
+"""
 
 from lit_losses.controller.callback import TrainingController
 from lit_losses.controller.config import ControllerConfig, parse_config
-from lit_losses.controller.events import ALL_EVENTS, HF_EVENTS, Trigger
-from lit_losses.controller.fms import TrainerControl, TrainerStateView
+from lit_losses.controller.control import TrainerControl
+from lit_losses.controller.events import ALL_EVENTS, Trigger
+from lit_losses.controller.fms import HF_EVENTS, HFControls, Operation, TrainerStateView
 from lit_losses.controller.history import HistoryBasedMetric
 from lit_losses.controller.log_control import LogControl
 from lit_losses.controller.metrics import (
@@ -18,10 +23,8 @@ from lit_losses.controller.metrics import (
 )
 from lit_losses.controller.operations import (
     OPERATION_HANDLERS,
-    HFControls,
     LightningOperations,
     LRControl,
-    Operation,
     OperationHandler,
     RegularizerControl,
     register_operation_handlers,

@@ -11,11 +11,13 @@ import lightning as L
 
 from lit_losses.aggregation.window import window_ends
 from lit_losses.controller.config import UnregisteredClassError, load_source, parse_config
+from lit_losses.controller.conventions import CALLING_CONVENTIONS, CallingConvention, event_arguments
+from lit_losses.controller.entries import Controller
 from lit_losses.controller.events import ALL_EVENTS
 from lit_losses.controller.loop import end_epoch
-from lit_losses.controller.metrics import epoch_progress, is_final, register_metric_handlers
+from lit_losses.controller.metrics import epoch_progress, register_metric_handlers
 from lit_losses.controller.operations import register_operation_handlers
-from lit_losses.controller.perform import Firing, eval_metrics, handle
+from lit_losses.controller.perform import Firing, handle
 from lit_losses.controller.rules import RuleEvaluator
 
 log = logging.getLogger("lit_losses.controller")
@@ -70,6 +72,10 @@ class TrainingController(L.Callback):
         Then ``L.Trainer(callbacks=[controller])``.
     """
 
+    #: A non-finite optimizer step is skipped and shown to the rules (``train/non_finite_step``, a NaN
+    #: ``train/loss_total``) instead of stopping the run with an error (`lit_losses.non_finite`).
+    handles_non_finite_steps = True
+
     def __init__(self, config: str | Path | dict[str, Any]) -> None:
         super().__init__()
         self._source = load_source(config)
@@ -78,10 +84,13 @@ class TrainingController(L.Callback):
         """The latest value of each metric, by metric name (a dict carries its ``step``)."""
         self.fired: list[dict[str, Any]] = []
         """``{"controller", "step", "event", "operations"}`` of every firing (this process)."""
-        self.log_history: list[dict[str, Any]] = []
-        """What fms-hf-tuning handlers read as ``state.log_history`` (kept only when one is configured)."""
         self.counters: dict[str, int] = {}
         self.config = None
+        self.conventions: list[CallingConvention] = []
+        """The calling conventions of this config's metric handlers besides lit_losses' own."""
+        self.convention_state: dict[str, Any] = {}
+        """What calling conventions keep for this controller (e.g. fms-hf-tuning's ``log_history``)."""
+        self._by_event: dict[str, list[Controller]] = {}
         self._skipped_once: set[str] = set()
         self._running: set[str] = set()
         self._end_epoch = False
@@ -99,7 +108,8 @@ class TrainingController(L.Callback):
         self._by_event = {e: [c for c in self.config.controllers if e in c.triggers] for e in ALL_EVENTS}
         self._events = {e for e in ALL_EVENTS if self._by_event[e]}
         self._events |= {e for h in self.config.metrics.values() for e in h.events}
-        self._keeps_history = any(not h.lightning_style() for h in self.config.metrics.values())
+        computes = [h.compute for h in self.config.metrics.values() if not h.lightning_style()]
+        self.conventions = [c for c in CALLING_CONVENTIONS if any(c.accepts(m) for m in computes)]
 
     def register_metric_handlers(self, *handlers: list[type] | type, **named: type) -> None:
         """Register metric handler classes (`register_metric_handlers`) and use them in this config."""
@@ -173,32 +183,47 @@ class TrainingController(L.Callback):
         self._on_event("on_validation_epoch_end", trainer, pl_module)
 
     def on_validation_end(self, trainer, pl_module):
-        self._on_event("on_validation_end", trainer, pl_module, metrics=eval_metrics(trainer))
+        self._on_event("on_validation_end", trainer, pl_module)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
-        folder = getattr(trainer.checkpoint_callback, "dirpath", None) or trainer.default_root_dir
-        final = is_final(trainer, epoch_progress(trainer))
-        self._on_event("on_save_checkpoint", trainer, pl_module, path=folder, hf_path=folder, is_final=final)
+        self._on_event("on_save_checkpoint", trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module):
         self._on_event("on_train_end", trainer, pl_module)
 
     # ---- one event ---------------------------------------------------------------------------
-    def _on_event(self, event: str, trainer: L.Trainer, pl_module: L.LightningModule, **extras: Any) -> None:
+    def _on_event(self, event: str, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.config is None or event not in self._events or trainer.sanity_checking:
             return
         if event in self._running:  # an operation that runs its own event again (a save on save)
             return
         self._running.add(event)
         try:
-            handle(Firing(self, event, trainer, pl_module, extras, epoch_progress(trainer)))
+            firing = Firing(
+                self,
+                event=event,
+                trainer=trainer,
+                pl_module=pl_module,
+                extras=event_arguments(event, trainer),
+                epoch=epoch_progress(trainer),
+            )
+            handle(firing)
         finally:
             self._running.discard(event)
 
-    def _once(self, key: str, message: str) -> None:
+    def controllers_on(self, event: str) -> list[Controller]:
+        """The controllers that ``event`` triggers, in YAML order."""
+        return self._by_event.get(event, [])
+
+    def note_once(self, key: str, message: str) -> None:
+        """Log ``message`` at INFO the first time ``key`` is noted (e.g. a rule skipped: metrics missing)."""
         if key not in self._skipped_once:
             self._skipped_once.add(key)
             log.info(message)
+
+    def request_epoch_end(self) -> None:
+        """End the epoch at the end of the current optimizer step's window (``should_epoch_stop``)."""
+        self._end_epoch = True
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -13,22 +13,25 @@ import yaml
 from lit_losses.controller.entries import Controller, build_controllers
 from lit_losses.controller.events import resolve_handler_events
 from lit_losses.controller.metrics import METRIC_HANDLERS, MetricHandler
-from lit_losses.controller.operations import (
-    OPERATION_HANDLERS,
-    HFControls,
-    LightningOperations,
-    OperationHandler,
-)
+from lit_losses.controller.operations import OPERATION_HANDLERS, LightningOperations, OperationHandler
 from lit_losses.controller.rules import RULE_FUNCTIONS, RuleError
 from lit_losses.errors import ConfigError
 from lit_losses.registry import Registry
 
 TOP_LEVEL = ("controller-metrics", "controller_metrics", "operations", "controllers")
-RESERVED_OPERATIONS: dict[str, type[OperationHandler]] = {
-    "lightning": LightningOperations,
-    "hfcontrols": HFControls,
-}
-"""Operations every config has, under these names."""
+RESERVED_OPERATIONS: dict[str, type[OperationHandler]] = {"lightning": LightningOperations}
+"""Operations every config has, under these names (`reserve_operation`; the fms-hf-tuning adapter adds
+``hfcontrols``)."""
+
+
+def reserve_operation(name: str, cls: type[OperationHandler]) -> None:
+    """Give every config the operation ``name`` of class ``cls`` (no other class may take that name).
+
+    Raises:
+        ValueError: ``name`` is reserved for another class already.
+    """
+    if RESERVED_OPERATIONS.setdefault(name, cls) is not cls:
+        raise ValueError(f"operation name {name!r} is reserved for {RESERVED_OPERATIONS[name].__name__}")
 
 
 @dataclass
@@ -37,7 +40,7 @@ class ControllerConfig:
 
     Attributes:
         metrics: the metric handlers, by name (the names rules read).
-        operations: the operation handlers, by name (``lightning`` and ``hfcontrols`` always included).
+        operations: the operation handlers, by name (the `RESERVED_OPERATIONS` always included).
         controllers: the controllers, in YAML order.
     """
 
@@ -131,36 +134,59 @@ def parse_config(source: str | Path | Mapping[str, Any]) -> ControllerConfig:
     for key in data:
         if key not in TOP_LEVEL:
             problems.append(f"{key}: unknown key (allowed: {list(TOP_LEVEL)})")
-    if "controller-metrics" in data and "controller_metrics" in data:
-        problems.append("controller_metrics: give either controller-metrics or controller_metrics, not both")
-    metric_key = "controller-metrics" if "controller-metrics" in data else "controller_metrics"
-    metrics = _build_entries(data.get(metric_key) or [], metric_key, METRIC_HANDLERS, problems)
-    for name, handler in list(metrics.items()):
-        if not _check_metric(handler, problems):
-            del metrics[name]
+    metrics = _metric_handlers(data, problems)
     metric_names = (*metrics, *(n for n in problems.unregistered if n not in metrics))
-    for name in metrics:
-        if name in RULE_FUNCTIONS or not name.isidentifier() or name.startswith("_"):
-            problems.append(
-                f"{metrics[name]._path}.name: {name!r} must be an identifier, not a rule function"
-            )
-    operations = {name: cls(name) for name, cls in RESERVED_OPERATIONS.items()}
-    entries = data.get("operations") or []
-    operations.update(
-        _build_entries(entries, "operations", OPERATION_HANDLERS, problems, RESERVED_OPERATIONS)
+    operations = _operation_handlers(data.get("operations") or [], metric_names, problems)
+    controllers = build_controllers(
+        data.get("controllers"), metric_names=metric_names, operations=operations, problems=problems
     )
-    for name, handler in operations.items():
-        try:
-            handler.validate(metric_names)
-        except (ConfigError, RuleError) as exc:
-            problems.append(f"{getattr(handler, '_path', f'operations.{name}')}.arguments: {exc}")
-    controllers = build_controllers(data.get("controllers"), metric_names, operations, problems)
     if problems:
         listing = "\n".join(f"  {p}" for p in problems)
         unregistered_only = all(p.startswith("!") for p in problems)
         error = UnregisteredClassError if unregistered_only else ConfigError
         raise error(f"controller config has {len(problems)} problem(s):\n{listing.replace('  !', '  ')}")
     return ControllerConfig(metrics, operations, controllers)
+
+
+def _metric_handlers(data: Mapping[str, Any], problems: _Problems) -> dict[str, MetricHandler]:
+    """The validated metric handlers of ``controller-metrics`` (or ``controller_metrics``), by name."""
+    if "controller-metrics" in data and "controller_metrics" in data:
+        problems.append("controller_metrics: give either controller-metrics or controller_metrics, not both")
+    metric_key = "controller-metrics" if "controller-metrics" in data else "controller_metrics"
+    metrics = _build_entries(
+        data.get(metric_key) or [], key=metric_key, registry=METRIC_HANDLERS, problems=problems
+    )
+    for name, handler in list(metrics.items()):
+        if not _check_metric(handler, problems):
+            del metrics[name]
+    for name in metrics:
+        if name in RULE_FUNCTIONS or not name.isidentifier() or name.startswith("_"):
+            problems.append(
+                f"{metrics[name]._path}.name: {name!r} must be an identifier, not a rule function"
+            )
+    return metrics
+
+
+def _operation_handlers(
+    entries: Any, metric_names: tuple[str, ...], problems: _Problems
+) -> dict[str, OperationHandler]:
+    """The reserved operations and those of ``operations``, each validated against ``metric_names``."""
+    operations = {name: cls(name) for name, cls in RESERVED_OPERATIONS.items()}
+    operations.update(
+        _build_entries(
+            entries,
+            key="operations",
+            registry=OPERATION_HANDLERS,
+            problems=problems,
+            reserved=RESERVED_OPERATIONS,
+        )
+    )
+    for name, handler in operations.items():
+        try:
+            handler.validate(metric_names)
+        except (ConfigError, RuleError) as exc:
+            problems.append(f"{getattr(handler, '_path', f'operations.{name}')}.arguments: {exc}")
+    return operations
 
 
 def _check_metric(handler: MetricHandler, problems: list[str]) -> bool:
@@ -191,52 +217,90 @@ def _build_entries(
 
     ``reserved`` maps names that only one class may take (``lightning``) to that class.
     """
-    reserved = reserved or {}
     built: dict[str, Any] = {}
     if not isinstance(entries, list):
         problems.append(f"{key}: must be a list, got {type(entries).__name__}")
         return built
     for i, entry in enumerate(entries):
-        path = f"{key}[{i}]"
-        if not isinstance(entry, Mapping):
-            problems.append(f"{path}: must be a mapping with name, class, arguments")
-            continue
-        unknown = sorted(set(entry) - {"name", "class", "arguments"})
-        if unknown:
-            problems.append(f"{path}: unknown keys {unknown}")
-        name, cls, arguments = entry.get("name"), entry.get("class"), entry.get("arguments") or {}
-        if not isinstance(name, str) or not name:
-            problems.append(f"{path}.name: missing or not a string")
-            continue
-        if name in built:
-            problems.append(f"{path}.name: duplicate {registry.kind} name {name!r}")
-            continue
-        if not isinstance(cls, str) or not cls:
-            problems.append(
-                f"{path}.class: must be a registered {registry.kind} name or an import path, got {cls!r}"
-            )
-            continue
-        try:
-            handler_cls = registry.get(cls, where=f"{path}.class")
-        except ConfigError as exc:
-            problems.append(str(exc) if "." in cls else f"!{exc}")
-            if "." not in cls:
-                problems.unregistered.add(name)
-            continue
-        if name in reserved and handler_cls is not reserved[name]:
-            problems.append(f"{path}.name: {name!r} is reserved for {reserved[name].__name__}")
-            continue
-        if not isinstance(arguments, Mapping):
-            problems.append(f"{path}.arguments: must be a mapping")
-            continue
-        try:
-            handler = handler_cls(name=name, **arguments)
-        except ConfigError as exc:
-            problems.append(f"{path}.arguments: {exc}")
-            continue
-        except Exception as exc:  # a handler whose constructor refuses its arguments
-            problems.append(f"{path}: {cls}({dict(arguments)}) failed: {type(exc).__name__}: {exc}")
-            continue
-        handler._path = path
-        built[name] = handler
+        named = _build_entry(
+            entry,
+            path=f"{key}[{i}]",
+            registry=registry,
+            problems=problems,
+            built=built,
+            reserved=reserved or {},
+        )
+        if named is not None:
+            built[named[0]] = named[1]
     return built
+
+
+def _entry_fields(entry: Any, path: str, problems: _Problems) -> tuple[str, Any, Any] | None:
+    """``(name, class, arguments)`` of one entry; ``None`` (with a problem) when it has no usable name."""
+    if not isinstance(entry, Mapping):
+        problems.append(f"{path}: must be a mapping with name, class, arguments")
+        return None
+    unknown = sorted(set(entry) - {"name", "class", "arguments"})
+    if unknown:
+        problems.append(f"{path}: unknown keys {unknown}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        problems.append(f"{path}.name: missing or not a string")
+        return None
+    return name, entry.get("class"), entry.get("arguments") or {}
+
+
+def _handler_class(
+    cls: Any, name: str, path: str, registry: Registry[type], problems: _Problems
+) -> type | None:
+    """The class an entry names; ``None`` (with a problem) when it is not given or not found (a name
+    not registered yet is marked with a leading ``!`` and kept in ``problems.unregistered``)."""
+    if not isinstance(cls, str) or not cls:
+        problems.append(
+            f"{path}.class: must be a registered {registry.kind} name or an import path, got {cls!r}"
+        )
+        return None
+    try:
+        return registry.get(cls, where=f"{path}.class")
+    except ConfigError as exc:
+        problems.append(str(exc) if "." in cls else f"!{exc}")
+        if "." not in cls:
+            problems.unregistered.add(name)
+        return None
+
+
+def _build_entry(
+    entry: Any,
+    path: str,
+    registry: Registry[type],
+    problems: _Problems,
+    built: Mapping[str, Any],
+    reserved: Mapping[str, type],
+) -> tuple[str, Any] | None:
+    """``(name, handler)`` of one entry at ``path``, or ``None`` with its problems appended."""
+    fields = _entry_fields(entry, path, problems)
+    if fields is None:
+        return None
+    name, cls, arguments = fields
+    if name in built:
+        problems.append(f"{path}.name: duplicate {registry.kind} name {name!r}")
+        return None
+    handler_cls = _handler_class(cls, name=name, path=path, registry=registry, problems=problems)
+    if handler_cls is None:
+        return None
+    if name in reserved and handler_cls is not reserved[name]:
+        problems.append(f"{path}.name: {name!r} is reserved for {reserved[name].__name__}")
+        return None
+    if not isinstance(arguments, Mapping):
+        problems.append(f"{path}.arguments: must be a mapping")
+        return None
+    try:
+        handler = handler_cls(name=name, **arguments)
+    except ConfigError as exc:
+        problems.append(f"{path}.arguments: {exc}")
+        return None
+    except Exception as exc:  # a handler whose constructor refuses its arguments
+        problems.append(f"{path}: {cls}({dict(arguments)}) failed: {type(exc).__name__}: {exc}")
+        return None
+    handler._path = path
+    return name, handler

@@ -107,7 +107,9 @@ def build_controllers(
             )
         except RuleError as exc:
             problems.append(f"{label}.rule: {exc}")
-        ops = _operations(entry.get("operations"), label, operations, list(trigger_names), problems)
+        ops = _operations(
+            entry.get("operations"), label, operations, triggers=list(trigger_names), problems=problems
+        )
         patience = _patience(entry.get("patience"), f"{label}.patience", problems)
         level = _config(entry.get("config"), f"{label}.config", problems)
         on_error = entry.get("on_error", "raise")
@@ -115,7 +117,17 @@ def build_controllers(
             problems.append(f"{label}.on_error: {on_error!r} is not one of {get_args(OnError)}")
         triggers = list(trigger_names)
         controllers.append(
-            Controller(name, triggers, str(rule), ops, patience, names, trigger_names, level, on_error)
+            Controller(
+                name,
+                triggers,
+                str(rule),
+                operations=ops,
+                patience=patience,
+                names=names,
+                trigger_names=trigger_names,
+                log_level=level,
+                on_error=on_error,
+            )
         )
     return controllers
 

@@ -1,9 +1,11 @@
-"""The events a controller can fire on: Lightning hooks, one event per optimizer step, and Hugging Face's
-event names (fms-hf-tuning's configs) as aliases of the Lightning hooks that mean the same thing."""
+"""The events a controller can fire on: Lightning hooks and one event per optimizer step, plus the aliases
+other conventions give them (`register_event_aliases`; the fms-hf-tuning adapter registers Hugging Face's
+event names)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 from lit_losses.errors import ConfigError
@@ -39,66 +41,88 @@ ALL_EVENTS: tuple[Trigger, ...] = get_args(Trigger)
 STEP_EVENTS: tuple[Trigger, ...] = ("on_optimizer_step_start", "on_optimizer_step_end")
 """The events that fire once per optimizer step (not Lightning hooks)."""
 
-HF_EVENTS: dict[str, Trigger | None] = {
-    "on_init_end": "on_fit_start",
-    "on_train_begin": "on_train_start",
-    "on_epoch_begin": "on_train_epoch_start",
-    "on_step_begin": "on_optimizer_step_start",
-    "on_pre_optimizer_step": "on_before_optimizer_step",
-    "on_optimizer_step": "on_optimizer_step_end",
-    "on_step_end": "on_optimizer_step_end",
-    "on_log": "on_optimizer_step_end",
-    "on_substep_end": None,
-    "on_epoch_end": "on_train_epoch_end",
-    "on_evaluate": "on_validation_end",
-    "on_prediction_step": "on_validation_batch_end",
-    "on_save": "on_save_checkpoint",
-    "on_train_end": "on_train_end",
-    "on_predict": None,
-    "on_push_begin": None,
-}
-"""Hugging Face ``TrainerCallback`` event names (as fms-hf-tuning configs use them) and the event they
-stand for here (``None``: no Lightning equivalent during ``fit``; using it is an error).
 
-``on_log``: lit_losses logs a step's values at every optimizer step, so it is ``on_optimizer_step_end``."""
+@dataclass(frozen=True)
+class EventAlias:
+    """Another convention's name of an event.
 
-_NO_EQUIVALENT = {
-    "on_substep_end": "Lightning has no hook for a micro-batch that does not end an accumulation window; "
-    "use on_train_batch_end (every micro-batch) or on_optimizer_step_end",
-    "on_predict": "prediction is not part of fit in Lightning",
-    "on_push_begin": "Lightning does not push to a hub",
-}
+    Attributes:
+        event: the event it stands for, or ``None``: it has no equivalent during ``fit`` (using it is an
+            error giving ``reason``).
+        source: whose name it is, for messages (``"Hugging Face"``).
+        reason: why there is no equivalent (with ``event`` ``None``).
+    """
+
+    event: Trigger | None
+    source: str
+    reason: str = ""
+
+
+EVENT_ALIASES: dict[str, EventAlias] = {}
+"""Every registered alias, by name (`register_event_aliases`)."""
+
+
+def register_event_aliases(
+    aliases: Mapping[str, Trigger | None], source: str, reasons: Mapping[str, str] | None = None
+) -> None:
+    """Accept the names of ``aliases`` wherever an event is named (triggers, a handler's events).
+
+    Args:
+        aliases: name -> the event it stands for (``None``: no equivalent; an error naming ``reasons``).
+        source: whose names they are, for messages.
+        reasons: for the names without an equivalent, why.
+
+    Raises:
+        ValueError: a name that is another event already or an alias of another event, or a target that
+            is not an event.
+    """
+    reasons = reasons or {}
+    for name, event in aliases.items():
+        if name in ALL_EVENTS:
+            if event != name:
+                raise ValueError(f"event alias {name!r} is an event already")
+            continue  # the same name in both conventions
+        if event is not None and event not in ALL_EVENTS:
+            raise ValueError(f"event alias {name!r} stands for an unknown event {event!r}")
+        alias = EventAlias(event, source, reasons.get(name, ""))
+        if EVENT_ALIASES.setdefault(name, alias) != alias:
+            raise ValueError(f"event alias {name!r} is registered for {EVENT_ALIASES[name]} already")
+
+
+def aliases_of(events: Iterable[str]) -> list[str]:
+    """The registered aliases of ``events``, in registration order."""
+    wanted = set(events)
+    return [name for name, alias in EVENT_ALIASES.items() if alias.event in wanted]
 
 
 def resolve_event(name: object, where: str) -> Trigger:
-    """The event ``name`` stands for (itself, or the Lightning event of a Hugging Face name).
+    """The event ``name`` stands for (itself, or the event of a registered alias).
 
     Args:
-        name: a `Trigger` or a key of `HF_EVENTS`.
+        name: a `Trigger` or a key of `EVENT_ALIASES`.
         where: what names it, for the message (``controllers[0] (c).triggers``).
 
     Raises:
-        ConfigError: an unknown name, or a Hugging Face event without an equivalent.
+        ConfigError: an unknown name, or an alias without an equivalent.
 
     Example:
-        >>> resolve_event("on_log", "triggers"), resolve_event("on_validation_end", "triggers")
-        ('on_optimizer_step_end', 'on_validation_end')
-        >>> resolve_event("on_predict", "triggers")
+        >>> resolve_event("on_validation_end", "triggers")
+        'on_validation_end'
+        >>> resolve_event("on_validation", "triggers")
         Traceback (most recent call last):
         ...
-        lit_losses.errors.ConfigError: triggers: Hugging Face event 'on_predict' has no Lightning equivalent \
-(prediction is not part of fit in Lightning)
+        lit_losses.errors.ConfigError: triggers: unknown trigger 'on_validation'; did you mean ...
     """
     if isinstance(name, str) and name in ALL_EVENTS:
         return name  # type: ignore[return-value]
-    if isinstance(name, str) and name in HF_EVENTS:
-        event = HF_EVENTS[name]
-        if event is None:
+    if isinstance(name, str) and name in EVENT_ALIASES:
+        alias = EVENT_ALIASES[name]
+        if alias.event is None:
             raise ConfigError(
-                f"{where}: Hugging Face event {name!r} has no Lightning equivalent ({_NO_EQUIVALENT[name]})"
+                f"{where}: {alias.source} event {name!r} has no Lightning equivalent ({alias.reason})"
             )
-        return event
-    known = (*ALL_EVENTS, *(k for k, v in HF_EVENTS.items() if v))
+        return alias.event
+    known = (*ALL_EVENTS, *(k for k, v in EVENT_ALIASES.items() if v.event))
     raise ConfigError(
         f"{where}: unknown trigger {name!r}{closest(str(name), known)}; choose among {list(known)}"
     )
@@ -107,16 +131,16 @@ def resolve_event(name: object, where: str) -> Trigger:
 def resolve_handler_events(names: Iterable[str], where: str) -> dict[Trigger, str]:
     """The events a metric handler computes on, each with the name it was declared with.
 
-    Hugging Face names without a Lightning equivalent are left out (a handler written for fms-hf-tuning
-    lists every event it supports); unknown names are an error.
+    Aliases without an equivalent are left out (a handler written for another convention lists every
+    event it supports); unknown names are an error.
 
     Example:
-        >>> resolve_handler_events(["on_log", "on_evaluate", "on_predict"], "m")
-        {'on_optimizer_step_end': 'on_log', 'on_validation_end': 'on_evaluate'}
+        >>> resolve_handler_events(["on_validation_end", "on_train_end"], "m")
+        {'on_validation_end': 'on_validation_end', 'on_train_end': 'on_train_end'}
     """
     events: dict[Trigger, str] = {}
     for name in names:
-        if name in HF_EVENTS and HF_EVENTS[name] is None:
+        if name in EVENT_ALIASES and EVENT_ALIASES[name].event is None:
             continue
         events.setdefault(resolve_event(name, where), name)
     return events

@@ -6,7 +6,7 @@ from collections import deque
 from typing import Any
 
 from lit_losses.controller.events import resolve_event
-from lit_losses.controller.metrics import MetricHandler, _number, epoch_progress, register_metric_handlers
+from lit_losses.controller.metrics import MetricHandler, as_number, epoch_progress, register_metric_handlers
 from lit_losses.errors import ConfigError
 
 TRAINING_LOSS_KEY = "train/loss_total"
@@ -66,7 +66,7 @@ class HistoryBasedMetric(MetricHandler):
         if "key" in self.arguments:
             value = metrics.get(self.arguments["key"])
             if value is not None:
-                self._append("key", {"values": _number(value), "steps": step})
+                self._append("key", {"values": as_number(value), "steps": step})
             if "key" not in self.windows:
                 return None
             values = list(self.windows["key"]["values"])
@@ -78,16 +78,19 @@ class HistoryBasedMetric(MetricHandler):
         epoch = epoch_progress(trainer)
         if event == "on_optimizer_step_end" and TRAINING_LOSS_KEY in metrics:
             self._append(
-                "training_loss", {"loss": _number(metrics[TRAINING_LOSS_KEY]), "steps": step, "epoch": epoch}
+                "training_loss",
+                {"loss": as_number(metrics[TRAINING_LOSS_KEY]), "steps": step, "epoch": epoch},
             )
         elif event == "on_validation_end":
-            evaluated = {f"eval_{k[4:]}": _number(v) for k, v in metrics.items() if k.startswith("val/")}
+            evaluated = {f"eval_{k[4:]}": as_number(v) for k, v in metrics.items() if k.startswith("val/")}
             if evaluated:
                 self._append("metrics", {**evaluated, "steps": step, "epoch": epoch})
         if not self.windows:
             return None
-        window = {group: {k: list(v) for k, v in self.windows.get(group, {}).items()}
-                  for group in ("training_loss", "metrics")}  # fmt: skip
+        window = {
+            group: {k: list(v) for k, v in self.windows.get(group, {}).items()}
+            for group in ("training_loss", "metrics")
+        }
         return {**window, "window_size": self.size if self.size is not None else -1}
 
     def state_dict(self):

@@ -1,5 +1,10 @@
 """What the controller asks of Lightning's training loop that Lightning has no public API for.
 
+The user need: controller operations that validate now (``should_validate``/``should_evaluate``) or end
+the epoch now (``should_epoch_stop``), e.g. to evaluate when a loss spikes or to cut an epoch short.
+Lightning offers no public call for either from a callback; without this module those operations could not
+exist. The controller's other loop actions (save, log now, scale the learning rate) sit beside them.
+
 Checked against lightning 2.6.6. Lightning cannot run the validation loop in the middle of ``fit`` on
 demand (``Trainer.validate`` starts a run of its own; when validation happens is fixed by
 ``val_check_interval`` at the start of fit), nor end an epoch from a callback (only the module's

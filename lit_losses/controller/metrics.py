@@ -8,16 +8,26 @@ from typing import Any
 
 import lightning as L
 
-from lit_losses.controller.events import ALL_EVENTS
-from lit_losses.controller.fms import takes_lightning_arguments
+from lit_losses.controller.conventions import lightning_style
+from lit_losses.controller.events import ALL_EVENTS, EVENT_ALIASES, aliases_of, resolve_event
 from lit_losses.controller.handler import Handler
 from lit_losses.controller.registration import register_classes, subclass_of
 from lit_losses.errors import ConfigError
 from lit_losses.registry import Registry
 
 
-def _number(value: Any) -> float:
+def as_number(value: Any) -> float:
+    """A logged value (a tensor of one element or a number) as a float."""
     return float(value.item() if hasattr(value, "item") else value)
+
+
+def logged_scalars(trainer: L.Trainer, prefix: str) -> dict[str, float]:
+    """The logged scalars whose name starts with ``prefix``, by the rest of their name."""
+    return {
+        key[len(prefix) :]: as_number(value)
+        for key, value in trainer.callback_metrics.items()
+        if key.startswith(prefix) and getattr(value, "numel", lambda: 1)() == 1
+    }
 
 
 def epoch_progress(trainer: L.Trainer) -> float:
@@ -44,15 +54,13 @@ class MetricHandler(Handler):
     subclass with `register_metric_handlers` to use it as ``class`` in the YAML (or give its import
     path).
 
-    fms-hf-tuning handlers work unchanged: ``__init__(self, **kwargs)`` passing ``events=[...]``
-    (Hugging Face names) to this constructor, ``validate() -> bool`` (``False`` refuses the config)
-    and ``compute(state=None, **kwargs) -> Any`` (called with a `TrainerStateView` and the event's
-    keyword arguments: ``event_name``, ``args`` (the trainer), ``control``, ``metrics`` on
-    ``on_evaluate``, ``path``/``is_final`` on ``on_save``).
+    A ``compute`` written in another calling convention is called through it
+    (`lit_losses.controller.conventions`; fms-hf-tuning's: ``compute(state=None, **kwargs)``,
+    `lit_losses.controller.fms`).
 
     Args:
         name: the name rules use for the values (``name`` in the YAML).
-        events: overrides the class's `events` (Lightning or Hugging Face names).
+        events: overrides the class's `events` (events or their registered aliases).
         **arguments: the entry's ``arguments`` mapping, checked by `validate`.
 
     Example:
@@ -65,11 +73,12 @@ class MetricHandler(Handler):
     """
 
     events: Sequence[str] = ALL_EVENTS
-    """The events on which `compute` is called (Hugging Face names are accepted)."""
+    """The events on which `compute` is called (registered aliases, such as Hugging Face's, are accepted)."""
 
     def __init__(self, name: str, events: Sequence[str] | None = None, **arguments: Any) -> None:
-        self.name, self.arguments = name, arguments
-        self.kwargs = arguments  # fms-hf-tuning's name
+        self.name = name
+        self.arguments = arguments
+        self.kwargs = arguments  # fms-hf-tuning's name of `arguments`
         if events is not None:
             self.events = tuple(events)
         self.event_names: dict[str, str] = {}
@@ -80,8 +89,8 @@ class MetricHandler(Handler):
         return self.name
 
     def lightning_style(self) -> bool:
-        """Whether `compute` takes ``(event, trainer, pl_module)`` (else fms-hf-tuning's keywords)."""
-        return takes_lightning_arguments(self.compute)
+        """Whether `compute` takes ``(event, trainer, pl_module)`` (else another calling convention's)."""
+        return lightning_style(self.compute)
 
     def get_events(self) -> list[str]:
         """The events it declared (fms-hf-tuning's accessor)."""
@@ -127,16 +136,11 @@ class Loss(MetricHandler):
 
     def compute(self, event, trainer, pl_module):
         value = trainer.callback_metrics.get(self.arguments.get("key", "train/loss_total"))
-        return None if value is None else {"loss": _number(value), "epoch": epoch_progress(trainer)}
+        return None if value is None else {"loss": as_number(value), "epoch": epoch_progress(trainer)}
 
 
-EVAL_SOURCES: dict[str, str | None] = {
-    "on_validation_end": "on_validation_end",
-    "on_validation_epoch_end": "on_validation_epoch_end",
-    "on_evaluate": "on_validation_end",
-    "on_predict": None,
-}
-"""``EvalMetrics``' ``source_event`` choices and the event each stands for (``None``: none in ``fit``)."""
+EVAL_EVENTS = ("on_validation_end", "on_validation_epoch_end")
+"""``EvalMetrics``' ``source_event`` choices (their registered aliases are accepted too)."""
 
 
 class EvalMetrics(MetricHandler):
@@ -144,30 +148,26 @@ class EvalMetrics(MetricHandler):
     (``{"loss": …, "eval_loss": …}``).
 
     Arguments (YAML): ``prefix`` (default ``val/``) and ``source_event``, when to read them:
-    ``on_validation_end`` (default; alias ``on_evaluate``) or ``on_validation_epoch_end``. Not available
-    before the first validation.
+    ``on_validation_end`` (default) or ``on_validation_epoch_end``, or an alias of them (`EVENT_ALIASES`).
+    Not available before the first validation.
     """
 
     events = ("on_validation_end",)
 
     def validate(self) -> None:
         self._unknown_arguments(("prefix", "source_event"))
-        source = self.arguments.get("source_event", "on_evaluate")
-        if source not in EVAL_SOURCES:
-            raise ConfigError(
-                f"source_event {source!r} is invalid for EvalMetrics; choose among {list(EVAL_SOURCES)}"
-            )
-        if EVAL_SOURCES[source] is None:
-            raise ConfigError(f"source_event {source!r}: Lightning does not predict during fit")
-        self.events = (EVAL_SOURCES[source],)
+        source = self.arguments.get("source_event", "on_validation_end")
+        if source in EVENT_ALIASES and EVENT_ALIASES[source].event is None:
+            resolve_event(source, "source_event")  # the alias's own error: no equivalent during fit
+        choices = [*EVAL_EVENTS, *aliases_of(EVAL_EVENTS)]
+        if source not in choices:
+            raise ConfigError(f"source_event {source!r} is invalid for EvalMetrics; choose among {choices}")
+        self.events = (resolve_event(source, "source_event"),)
 
     def compute(self, event, trainer, pl_module):
-        prefix = self.arguments.get("prefix", "val/")
         values: dict[str, float] = {}
-        for key, value in trainer.callback_metrics.items():
-            if key.startswith(prefix) and getattr(value, "numel", lambda: 1)() == 1:
-                name = key[len(prefix) :]
-                values[name] = values[f"eval_{name}"] = _number(value)
+        for name, value in logged_scalars(trainer, self.arguments.get("prefix", "val/")).items():
+            values[name] = values[f"eval_{name}"] = value
         return values or None
 
 

@@ -35,10 +35,9 @@ class OperationHandler(Handler):
     checkpointing, changes to the model or optimizer); the others run on rank 0 only. Register a
     subclass with `register_operation_handlers` to use it as ``class`` in the YAML.
 
-    fms-hf-tuning operations work unchanged (``Operation`` is this class): actions written as
-    ``should_x(self, control, **kwargs)`` get the `TrainerControl` and the keyword arguments of
-    fms-hf-tuning (``event_name``, ``control_name``, ``args``: the trainer, ``state``: a
-    `TrainerStateView`, and every metric value by name).
+    An action written in another calling convention is called through it
+    (`lit_losses.controller.conventions`; fms-hf-tuning's ``should_x(self, control, **kwargs)``:
+    `lit_losses.controller.fms`).
 
     Hooks for handlers that keep state across steps: `setup` (before training; check the module),
     `start` (training starts), `after_step` (after every optimizer step's controllers), `state_dict`.
@@ -54,8 +53,9 @@ class OperationHandler(Handler):
     """Actions that may only run on some events: action -> the allowed triggers."""
 
     def __init__(self, name: str, **arguments: Any) -> None:
-        self.name, self.arguments = name, arguments
-        self.kwargs = arguments  # fms-hf-tuning's name
+        self.name = name
+        self.arguments = arguments
+        self.kwargs = arguments  # fms-hf-tuning's name of `arguments`
 
     def actions(self) -> tuple[str, ...]:
         """The action names (methods ``should_<something>``), sorted."""
@@ -119,43 +119,6 @@ class LightningOperations(OperationHandler):
 
     def should_log(self, trainer, pl_module, context) -> None:
         log_now(trainer)
-
-
-class HFControls(OperationHandler):
-    """Hugging Face's ``TrainerControl`` flags, as fms-hf-tuning's ``hfcontrols`` (always available under
-    that name): each action sets its flag and the controller does what it asks, on every rank, once the
-    event's controllers have run.
-
-    - ``should_training_stop``: stop after this step.
-    - ``should_epoch_stop``: end the epoch after this optimizer step (requested mid-window, at the end
-      of the window).
-    - ``should_save``: save a checkpoint (as ``lightning.should_save_checkpoint``).
-    - ``should_evaluate``: run the validation loop now (as ``lightning.should_validate``).
-    - ``should_log``: send the current metrics to the loggers.
-    """
-
-    every_rank = ("should_training_stop", "should_epoch_stop", "should_save", "should_evaluate", "should_log")
-
-    def validate(self, metric_names):
-        self._unknown_arguments(())
-
-    def _flag(self, context: dict, flag: str) -> None:
-        setattr(context["control"], flag, True)
-
-    def should_training_stop(self, trainer, pl_module, context) -> None:
-        self._flag(context, "should_training_stop")
-
-    def should_epoch_stop(self, trainer, pl_module, context) -> None:
-        self._flag(context, "should_epoch_stop")
-
-    def should_save(self, trainer, pl_module, context) -> None:
-        self._flag(context, "should_save")
-
-    def should_evaluate(self, trainer, pl_module, context) -> None:
-        self._flag(context, "should_evaluate")
-
-    def should_log(self, trainer, pl_module, context) -> None:
-        self._flag(context, "should_log")
 
 
 class RegularizerControl(OperationHandler):
@@ -227,9 +190,6 @@ class LRControl(OperationHandler):
         scale_learning_rate(trainer, float(self.arguments["factor"]))
 
 
-Operation = OperationHandler
-"""fms-hf-tuning's name of `OperationHandler`."""
-
 OPERATION_HANDLERS: Registry[type[OperationHandler]] = Registry(
     "operation class", adapt=subclass_of(OperationHandler, "operation handler")
 )
@@ -240,7 +200,7 @@ def register_operation_handlers(
     *handlers: type[OperationHandler] | list[type[OperationHandler]], **named: type[OperationHandler]
 ) -> None:
     """Register `OperationHandler` subclasses (a YAML ``operations`` entry's ``class``), under their class
-    name, or under the keyword's name; lists are accepted as in fms-hf-tuning. The rules and errors are
+    name, or under the keyword's name; a list of classes is accepted too. The rules and errors are
     those of `register_metric_handlers`.
 
     Example:
@@ -255,4 +215,4 @@ def register_operation_handlers(
     register_classes(OPERATION_HANDLERS, handlers, named)
 
 
-register_operation_handlers(LightningOperations, HFControls, RegularizerControl, LRControl)
+register_operation_handlers(LightningOperations, RegularizerControl, LRControl)

@@ -1,5 +1,6 @@
-"""One event of a `TrainingController`: handlers computed and operations performed with the arguments each
-expects (lit_losses' Lightning objects or fms-hf-tuning's keywords), and the trainer doing what they ask."""
+"""One event of a `TrainingController`: its metric handlers computed, its controllers' rules decided, their
+operations performed, and the trainer doing what they ask. Handler methods written in another calling
+convention than lit_losses' are called through it (`lit_losses.controller.conventions`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 import lightning as L
 
+from lit_losses.controller.control import TrainerControl
+from lit_losses.controller.conventions import CALLING_CONVENTIONS, convention_for, lightning_style
 from lit_losses.controller.decisions import (
     ELSEWHERE,
     any_rank,
@@ -18,28 +21,18 @@ from lit_losses.controller.decisions import (
     patience_reached,
 )
 from lit_losses.controller.entries import Controller
-from lit_losses.controller.fms import TrainerControl, TrainerStateView, takes_lightning_arguments
 from lit_losses.controller.loop import log_now, save_now, validate_inside_fit
-from lit_losses.controller.metrics import MetricHandler, _number
+from lit_losses.controller.metrics import MetricHandler
 from lit_losses.controller.rules import RuleFailure
 
 log = logging.getLogger("lit_losses.controller")
 
 
-def eval_metrics(trainer: L.Trainer, prefix: str = "val/") -> dict[str, float]:
-    """The logged validation scalars as Hugging Face names them: ``val/<x>`` as ``eval_<x>``."""
-    return {
-        f"eval_{key[len(prefix) :]}": _number(value)
-        for key, value in trainer.callback_metrics.items()
-        if key.startswith(prefix) and getattr(value, "numel", lambda: 1)() == 1
-    }
-
-
 @dataclass
 class Firing:
     """What one event of a controller needs: the event, the Lightning objects, the event's keyword
-    arguments (``metrics`` on validation end; ``path``, ``hf_path``, ``is_final`` on checkpoint save),
-    the fractional epoch, and the `TrainerControl` that the event's operations set."""
+    arguments (`event_arguments` of the calling conventions), the fractional epoch, and the
+    `TrainerControl` that the event's operations set."""
 
     callback: Any
     event: str
@@ -50,31 +43,11 @@ class Firing:
     control: TrainerControl = field(default_factory=TrainerControl)
     requested_by: list[str] = field(default_factory=list)
 
-    def state(self) -> TrainerStateView:
-        return TrainerStateView.of(self.trainer, self.epoch, self.callback.log_history)
-
-    def fms_arguments(self, event_name: str) -> dict[str, Any]:
-        """fms-hf-tuning's keyword arguments: every metric by name (``None``: not available yet), the
-        event's arguments, ``event_name``, ``args`` (the trainer), ``state`` and ``control``."""
-        metrics = {name: self.callback.values.get(name) for name in self.callback.config.metrics}
-        return {**metrics, **self.extras, "event_name": event_name, "args": self.trainer,
-                "state": self.state(), "control": self.control}  # fmt: skip
-
     def compute(self, handler: MetricHandler) -> Any:
-        if handler.lightning_style():
+        """``handler``'s value on this event, called in its own convention."""
+        if lightning_style(handler.compute):
             return handler.compute(self.event, self.trainer, self.pl_module)
-        return handler.compute(**self.fms_arguments(handler.event_names.get(self.event, self.event)))
-
-    def record_history(self) -> None:
-        """Append this event's logged values to ``log_history`` (what fms-hf-tuning handlers read)."""
-        step, metrics = self.trainer.global_step, self.trainer.callback_metrics
-        if self.event == "on_optimizer_step_end" and "train/loss_total" in metrics:
-            entry = {"loss": _number(metrics["train/loss_total"])}
-        elif self.event == "on_validation_end":
-            entry = dict(self.extras.get("metrics", {}))
-        else:
-            return
-        self.callback.log_history.append({**entry, "epoch": self.epoch, "step": step})
+        return convention_for(handler.compute).compute(handler, self)
 
 
 def handle(firing: Firing) -> None:
@@ -83,30 +56,20 @@ def handle(firing: Firing) -> None:
     what they asked; after an optimizer step, the operation handlers' `after_step`."""
     callback, event, trainer, pl_module = firing.callback, firing.event, firing.trainer, firing.pl_module
     step = trainer.global_step
-    if callback._keeps_history:
-        firing.record_history()
-    for name, handler in callback.config.metrics.items():
-        if event in handler.events:
-            value = firing.compute(handler)
-            if value is not None:
-                callback.values[name] = {**value, "step": step} if isinstance(value, Mapping) else value
-    controllers = callback._by_event.get(event, [])
-    outcomes = [evaluate(c, callback.evaluator, callback.values, step, event) for c in controllers]
+    for convention in callback.conventions:
+        convention.before_event(firing)
+    recompute_metrics(firing)
+    controllers = callback.controllers_on(event)
+    outcomes = [evaluate(c, callback.evaluator, callback.values, step=step, event=event) for c in controllers]
     acted = False
     for controller, outcome in zip(
         controllers, combine_across_ranks(trainer, pl_module, outcomes), strict=True
     ):
         if outcome.error is not None:
-            error = outcome.error
-            if error == ELSEWHERE:
-                where = f"at step {step} on {event}"
-                error = f"controller {controller.name!r}: rule {controller.rule!r} {error} {where}"
-            if controller.on_error == "raise":
-                raise RuleFailure(error)
-            log.warning(error)
+            report_rule_error(firing, controller, outcome.error)
         elif not outcome.evaluated:
             missing = sorted(controller.names - callback.values.keys())
-            callback._once(
+            callback.note_once(
                 controller.name,
                 f"controller {controller.name!r}: metrics {missing} not available yet; rule skipped",
             )
@@ -118,6 +81,26 @@ def handle(firing: Firing) -> None:
     if event == "on_optimizer_step_end":
         for handler in callback.config.operations.values():
             handler.after_step(trainer, pl_module, callback)
+
+
+def recompute_metrics(firing: Firing) -> None:
+    """Recompute the metric handlers that compute on the event (a dict value gets the global ``step``)."""
+    values, step = firing.callback.values, firing.trainer.global_step
+    for name, handler in firing.callback.config.metrics.items():
+        if firing.event in handler.events:
+            value = firing.compute(handler)
+            if value is not None:
+                values[name] = {**value, "step": step} if isinstance(value, Mapping) else value
+
+
+def report_rule_error(firing: Firing, controller: Controller, error: str) -> None:
+    """Raise `RuleFailure` (``on_error: raise``) or log a warning for a rule that failed to evaluate."""
+    if error == ELSEWHERE:
+        where = f"at step {firing.trainer.global_step} on {firing.event}"
+        error = f"controller {controller.name!r}: rule {controller.rule!r} {error} {where}"
+    if controller.on_error == "raise":
+        raise RuleFailure(error)
+    log.warning(error)
 
 
 def perform(firing: Firing, controller: Controller) -> None:
@@ -132,21 +115,27 @@ def perform(firing: Firing, controller: Controller) -> None:
         "callback": callback,
         "control": firing.control,
         "trainer": trainer,
-        "state": firing.state(),
         "event_kwargs": firing.extras,
     }
+    for convention in CALLING_CONVENTIONS:
+        context.update(convention.action_context(firing))
     if trainer.is_global_zero:
-        log.log(controller.log_level, "controller %r fired at step %d on %s", controller.name,
-                trainer.global_step, event_name)  # fmt: skip
+        log.log(
+            controller.log_level,
+            "controller %r fired at step %d on %s",
+            controller.name,
+            trainer.global_step,
+            event_name,
+        )
     for target, action in controller.operations:
         handler = callback.config.operations[target]
         if not (action in handler.every_rank or trainer.is_global_zero):
             continue
         method = getattr(handler, action)
-        if takes_lightning_arguments(method):
+        if lightning_style(method):
             method(trainer, firing.pl_module, context)
         else:
-            method(**{**firing.fms_arguments(event_name), "control_name": controller.name})
+            convention_for(method).act(method, firing, controller)
     firing.requested_by.append(controller.name)
     callback.fired.append(
         {
@@ -170,7 +159,7 @@ def obey(firing: Firing) -> None:
     if asked["should_training_stop"] or flags[-1]:
         trainer.should_stop = True
     if asked["should_epoch_stop"]:
-        firing.callback._end_epoch = True
+        firing.callback.request_epoch_end()
     if asked["should_save"] and firing.event != "on_save_checkpoint":
         save_now(trainer, None, who)
     if asked["should_evaluate"]:

@@ -120,7 +120,7 @@ class SpikeRecovery(OperationHandler):
         if self.arguments.get("source", "snapshot") == "checkpoint":
             restored = self._restore_checkpoint(trainer, pl_module, controller)
         else:
-            restored = self._restore(trainer, pl_module, controller, self.snapshot)
+            restored = self._restore(trainer, pl_module, controller, state=self.snapshot)
         self.attempts = attempts  # restoring the controller's state restored this handler's too
         for optimizer in trainer.optimizers:
             optimizer.zero_grad(set_to_none=True)
@@ -133,8 +133,14 @@ class SpikeRecovery(OperationHandler):
         if trainer.is_global_zero:
             log.warning(
                 "[controller %s] loss spike at step %d: rolled back to %s (attempt %d of %d), skipping %d "
-                "micro-batches", context["controller"], step, restored, len(self.attempts), max_attempts, skip
-            )  # fmt: skip
+                "micro-batches",
+                context["controller"],
+                step,
+                restored,
+                len(self.attempts),
+                max_attempts,
+                skip,
+            )
 
     # ---- snapshots -----------------------------------------------------------------------------
     @staticmethod
@@ -180,7 +186,7 @@ class SpikeRecovery(OperationHandler):
             "regularizers": checkpoint.get("lit_losses_regularizers"),
             "controller": checkpoint.get("callbacks", {}).get(controller.state_key),
         }
-        self._restore(trainer, pl_module, controller, state)
+        self._restore(trainer, pl_module, controller, state=state)
         return f"checkpoint {path} (step {state['step']})"
 
     def state_dict(self) -> dict[str, Any]:

@@ -156,52 +156,79 @@ def _is_not(node: ast.AST) -> bool:
     return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)
 
 
+def _check_name(node: ast.Name, scope: set[str]) -> None:
+    if node.id.startswith("_"):
+        raise RuleError(f"name {node.id!r} is not allowed (names starting with '_')")
+    if node.id not in scope:
+        close = difflib.get_close_matches(node.id, sorted(scope), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise RuleError(f"name {node.id!r} is not defined{hint}; in scope: {sorted(scope)}")
+
+
+def _check_constant(node: ast.Constant, scope: set[str]) -> None:
+    value = node.value
+    if isinstance(value, str | bytes) and len(value) > MAX_STRING:
+        raise RuleError(f"string literal of {len(value)} characters (at most {MAX_STRING})")
+    if isinstance(value, bytes | complex) or value is Ellipsis:
+        raise RuleError(f"literal {value!r} is not allowed")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+        raise RuleError(f"integer literal {value} is too large")
+
+
+def _check_call(node: ast.Call, scope: set[str]) -> None:
+    if not isinstance(node.func, ast.Name) or node.func.id not in RULE_FUNCTIONS:
+        name = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
+        raise RuleError(f"call of {name!r} is not allowed; functions: {sorted(RULE_FUNCTIONS)}")
+    if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+        raise RuleError("keyword and starred arguments are not allowed in rules")
+
+
+def _check_subscript(node: ast.Subscript, scope: set[str]) -> None:
+    key = node.slice
+    if not (isinstance(key, ast.Constant) and isinstance(key.value, str | int)) and not (
+        isinstance(key, ast.UnaryOp) and isinstance(key.operand, ast.Constant)
+    ):
+        raise RuleError(f"subscripts take a literal key, got {ast.unparse(key)!r}")
+
+
+def _check_collection(node: ast.Tuple | ast.List, scope: set[str]) -> None:
+    if len(node.elts) > MAX_COLLECTION:
+        raise RuleError(f"literal collection of {len(node.elts)} elements (at most {MAX_COLLECTION})")
+
+
+def _check_binop(node: ast.BinOp, scope: set[str]) -> None:
+    if isinstance(node.op, ast.Pow):
+        exponent = node.right
+        if not (isinstance(exponent, ast.Constant) and isinstance(exponent.value, int | float)):
+            raise RuleError("the exponent of ** must be a number literal")
+        if abs(exponent.value) > MAX_EXPONENT:
+            raise RuleError(f"exponent {exponent.value} is too large (at most {MAX_EXPONENT})")
+    if isinstance(node.op, ast.Mult) and any(
+        (isinstance(side, ast.Constant) and isinstance(side.value, str))
+        or isinstance(side, ast.List | ast.Tuple)
+        for side in (node.left, node.right)
+    ):
+        raise RuleError("repeating strings or collections with * is not allowed")
+
+
+_NODE_CHECKS: dict[type[ast.AST], Any] = {
+    ast.Name: _check_name,
+    ast.Constant: _check_constant,
+    ast.Call: _check_call,
+    ast.Subscript: _check_subscript,
+    ast.Tuple: _check_collection,
+    ast.List: _check_collection,
+    ast.BinOp: _check_binop,
+}
+"""The checks of the node types that need more than being allowed."""
+
+
 def _check_node(node: ast.AST, scope: set[str]) -> None:
     if not isinstance(node, _ALLOWED):
         raise RuleError(f"{type(node).__name__} is not allowed in rules")
-    if isinstance(node, ast.Name):
-        if node.id.startswith("_"):
-            raise RuleError(f"name {node.id!r} is not allowed (names starting with '_')")
-        if node.id not in scope:
-            close = difflib.get_close_matches(node.id, sorted(scope), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise RuleError(f"name {node.id!r} is not defined{hint}; in scope: {sorted(scope)}")
-    elif isinstance(node, ast.Constant):
-        value = node.value
-        if isinstance(value, str | bytes) and len(value) > MAX_STRING:
-            raise RuleError(f"string literal of {len(value)} characters (at most {MAX_STRING})")
-        if isinstance(value, bytes | complex) or value is Ellipsis:
-            raise RuleError(f"literal {value!r} is not allowed")
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
-            raise RuleError(f"integer literal {value} is too large")
-    elif isinstance(node, ast.Call):
-        if not isinstance(node.func, ast.Name) or node.func.id not in RULE_FUNCTIONS:
-            name = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
-            raise RuleError(f"call of {name!r} is not allowed; functions: {sorted(RULE_FUNCTIONS)}")
-        if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
-            raise RuleError("keyword and starred arguments are not allowed in rules")
-    elif isinstance(node, ast.Subscript):
-        key = node.slice
-        if not (isinstance(key, ast.Constant) and isinstance(key.value, str | int)) and not (
-            isinstance(key, ast.UnaryOp) and isinstance(key.operand, ast.Constant)
-        ):
-            raise RuleError(f"subscripts take a literal key, got {ast.unparse(key)!r}")
-    elif isinstance(node, ast.Tuple | ast.List):
-        if len(node.elts) > MAX_COLLECTION:
-            raise RuleError(f"literal collection of {len(node.elts)} elements (at most {MAX_COLLECTION})")
-    elif isinstance(node, ast.BinOp):
-        if isinstance(node.op, ast.Pow):
-            exponent = node.right
-            if not (isinstance(exponent, ast.Constant) and isinstance(exponent.value, int | float)):
-                raise RuleError("the exponent of ** must be a number literal")
-            if abs(exponent.value) > MAX_EXPONENT:
-                raise RuleError(f"exponent {exponent.value} is too large (at most {MAX_EXPONENT})")
-        if isinstance(node.op, ast.Mult) and any(
-            (isinstance(side, ast.Constant) and isinstance(side.value, str))
-            or isinstance(side, ast.List | ast.Tuple)
-            for side in (node.left, node.right)
-        ):
-            raise RuleError("repeating strings or collections with * is not allowed")
+    for node_type, check in _NODE_CHECKS.items():
+        if isinstance(node, node_type):
+            check(node, scope)
 
 
 class RuleEvaluator:

@@ -122,9 +122,16 @@ class RLDataModule(TextDataModule):
         if max_records is not None and max_records < 1:
             raise ConfigError(f"data.max_records={max_records} must be >= 1")
         # the parent's lower bound on vocab_size is its byte-level BPE's; records carry their token ids
-        super().__init__(paths=paths, vocab_size=max(vocab_size, MIN_VOCAB_SIZE), seq_len=seq_len,
-                         tokens_per_batch=tokens_per_batch, packing=packing, val_fraction=val_fraction,
-                         seed=seed, num_workers=num_workers)  # fmt: skip
+        super().__init__(
+            paths=paths,
+            vocab_size=max(vocab_size, MIN_VOCAB_SIZE),
+            seq_len=seq_len,
+            tokens_per_batch=tokens_per_batch,
+            packing=packing,
+            val_fraction=val_fraction,
+            seed=seed,
+            num_workers=num_workers,
+        )
         self.hparams.clear()  # the parent saved its text options; these are this class's
         self.save_hyperparameters()
         self.vocab_size, self.max_records, self.pad_id = vocab_size, max_records, pad_id

@@ -54,8 +54,16 @@ IGNORE_INDEX = -100
 RL_FIELDS = ("sampling_logprobs", "advantages", "loss_weights", "sample_weights", "ref_logprobs")
 #: Fields a record may hold (flat form, then the Datum form); any other field is ignored unless it looks
 #: like a misspelling of one of these.
-FLAT_KEYS = ("tokens", "logprobs", "advantage", "advantages", "completion_mask", "weights", "ref_logprobs",
-             "sample_weight")  # fmt: skip
+FLAT_KEYS = (
+    "tokens",
+    "logprobs",
+    "advantage",
+    "advantages",
+    "completion_mask",
+    "weights",
+    "ref_logprobs",
+    "sample_weight",
+)
 DATUM_KEYS = ("model_input", "loss_fn_inputs", "sample_weight")
 DATUM_INPUTS = ("target_tokens", "logprobs", "advantages", "weights", "mask", "ref_logprobs")
 #: Fields of the other form, refused with a hint rather than ignored.

@@ -139,9 +139,15 @@ def generate_rollouts(
             lps = [None] * len(prompt) + [round(lp, DIGITS) for lp in logprobs]
             tokens, advantage = prompt + completion, round(adv, DIGITS)
             records.append(
-                {"tokens": tokens, "logprobs": lps, "ref_logprobs": list(lps), "advantage": advantage,
-                 "reward": r, "text": decode(tokens)}
-            )  # fmt: skip
+                {
+                    "tokens": tokens,
+                    "logprobs": lps,
+                    "ref_logprobs": list(lps),
+                    "advantage": advantage,
+                    "reward": r,
+                    "text": decode(tokens),
+                }
+            )
     return records
 
 

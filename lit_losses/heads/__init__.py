@@ -1,13 +1,24 @@
-"""Output heads: per-token log-probabilities, log-sum-exp and entropy from hidden states.
+"""Output heads: per-token log-probabilities, log-sum-exp and entropy from hidden states, and fused losses,
+logits never materialized. Depends on torch alone (no Lightning, no transformers).
 
-`FusedLMHead` is the interface; the backends that compute it are `HeadBackend` s registered in
-`HEAD_BACKENDS` (``chunked``, ``naive``, ``torch``, ``liger``), one module each, and `select_backend`
-decides which one computes a call. `VocabParallelHead` (the ``vocab_parallel`` backend) computes the same
-over an output projection sharded along the vocabulary (tensor parallel).
+Three layers, as in Liger-Kernel: the functional API (`linear_logprobs`, `linear_cross_entropy`,
+`linear_pointwise_loss`; `lit_losses.heads.functional`), `FusedLMHead` the object over it, and the backends
+that compute it: `HeadBackend` s registered in `HEAD_BACKENDS` (``chunked``, ``naive``, ``torch``,
+``liger``), one module each, among which `select_backend` (the one dispatcher) picks for a call.
+`VocabParallelHead` (the ``vocab_parallel`` backend) computes the same over an output projection sharded
+along the vocabulary (tensor parallel).
 """
 
 from lit_losses.heads.backend import HEAD_BACKENDS, HeadBackend, register_backend, select_backend
-from lit_losses.heads.fused_head import BACKEND_OUTPUTS, BACKENDS, Backend, FusedLMHead
+from lit_losses.heads.functional import (
+    BACKEND_OUTPUTS,
+    BACKENDS,
+    Backend,
+    linear_cross_entropy,
+    linear_logprobs,
+    linear_pointwise_loss,
+)
+from lit_losses.heads.fused_head import FusedLMHead
 from lit_losses.heads.output import HEAD_OUTPUTS, HeadOutput
 from lit_losses.heads.vocab_parallel import VocabParallelHead, head_for
 from lit_losses.heads.vocab_shard import VocabShard
@@ -24,6 +35,9 @@ __all__ = [
     "VocabParallelHead",
     "VocabShard",
     "head_for",
+    "linear_cross_entropy",
+    "linear_logprobs",
+    "linear_pointwise_loss",
     "register_backend",
     "select_backend",
 ]

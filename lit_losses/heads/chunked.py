@@ -81,9 +81,14 @@ def chunked_per_token(
     """
     valid, h, y = valid_tokens(hidden, targets, head.ignore_index)
     logprobs, lse, entropy = ChunkedLogProbs.apply(
-        h, head.weight, head.bias, y, "entropy" in outputs,
-        chunk_size_for(head, h.shape[0], "entropy" in outputs), head.accum_dtype,
-    )  # fmt: skip
+        h,
+        head.weight,
+        head.bias,
+        y,
+        "entropy" in outputs,
+        chunk_size_for(head, h.shape[0], "entropy" in outputs),
+        head.accum_dtype,
+    )
     return scatter_valid({"logprobs": logprobs, "lse": lse, "entropy": entropy}, outputs, valid)
 
 

@@ -17,14 +17,14 @@ coefficients are folded into the small operands instead of a pass over ``[chunk,
 ``∂/∂h = c ⊙ (p W) + g_ℓ ⊙ W_y`` and ``∂/∂W = pᵀ (c ⊙ h) + Σ_t g_ℓ,t e_{y_t} h_tᵀ``. The only element-wise
 work per logit is then one fused, in-place ``log_softmax`` in forward (``ℓ`` is read off it and
 ``lse = z_y − ℓ``) and one fused ``softmax`` in backward (the fast paths: ``log_softmax`` and ``exp``);
-``[chunk, V]`` work tensors are allocated once per pass (`_Scratch`).
+``[chunk, V]`` work tensors are allocated once per pass (`LogitScratch`).
 
 With the entropy, ``∂/∂z`` has a term in ``p_v log p_v`` that no folding removes. On CPU chunks of at
 least `lit_losses.heads.entropy_kernels.COMPILE_MIN_LOGITS` logits, two compiled kernels read ``log p``
 (the in-place ``log_softmax``) once for ``H = −Σ_v p_v log p_v`` and once to write ``∂/∂z`` over it
 (`lit_losses.heads.entropy_kernels`). Otherwise the passes are eager: ``p = exp(log p)`` in a second work
-tensor, ``H`` read with a blocked row dot (`_row_dot`) and ``∂/∂z`` formed in two element-wise passes
-(`_entropy_logit_grad_`); with two work tensors, a default chunk on CPU holds half the tokens
+tensor, ``H`` read with a blocked row dot (`row_dot`) and ``∂/∂z`` formed in two element-wise passes
+(`entropy_logit_grad_`); with two work tensors, a default chunk on CPU holds half the tokens
 (`lit_losses.heads.chunked.chunk_size_for`).
 
 Inputs of lower precision (bf16/fp16) accumulate in ``accum_dtype`` (fp32 by default); float64
@@ -86,13 +86,15 @@ def default_chunk_size(
     return int(max(16, min(max(n_tokens, 1), rows)))
 
 
-class _Scratch:
+class LogitScratch:
     """``[chunk, V]`` work tensors of one pass over the chunks, allocated at the first (largest) chunk
     and reused: a fresh allocation of that size costs page faults at every chunk (measured on CPU:
     ~40 ms per 128 MiB chunk, 10-15 % of the per-token head)."""
 
     def __init__(self, vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.vocab_size, self.dtype, self.device = vocab_size, dtype, device
+        self.vocab_size = vocab_size
+        self.dtype = dtype
+        self.device = device
         self._tensors: dict[str, Tensor] = {}
 
     def take(self, name: str, rows: int) -> Tensor:
@@ -157,7 +159,8 @@ def _matmul_into(out: Tensor, a: Tensor, b: Tensor, accumulate: bool) -> None:
         out.copy_(mm_in(a, b, out.dtype))
 
 
-def _accum_dtype(x: Tensor, accum_dtype: torch.dtype) -> torch.dtype:
+def accumulation_dtype(x: Tensor, accum_dtype: torch.dtype) -> torch.dtype:
+    """The dtype logits and gradients of ``x``'s chunks accumulate in: ``promote(x.dtype, accum_dtype)``."""
     return torch.promote_types(x.dtype, accum_dtype)
 
 
@@ -165,7 +168,7 @@ Grads = tuple[Tensor | None, Tensor | None, Tensor | None]
 """``(∂/∂hidden of the chunk, ∂/∂weight, ∂/∂bias)``, ``None`` where not needed."""
 
 
-def _gradient_buffers(
+def gradient_buffers(
     hidden: Tensor, weight: Tensor, acc: torch.dtype, need_h: bool, need_w: bool, need_b: bool
 ) -> Grads:
     """``(∂/∂hidden, ∂/∂weight, ∂/∂bias)`` buffers, ``None`` where not needed: ``∂/∂hidden`` is written
@@ -176,7 +179,7 @@ def _gradient_buffers(
     return grad_h, grad_w, grad_b
 
 
-def _backprop_chunk(
+def backprop_chunk(
     dz: Tensor, targets: Tensor, g_target: Tensor, h: Tensor, weight: Tensor, grads: Grads
 ) -> None:
     """Project one chunk's logit gradient ``dz + g_target ⊙ e_y`` (formed over ``dz``) onto ``grads``."""
@@ -191,31 +194,31 @@ def _backprop_chunk(
         grad_b += dz.sum(0)
 
 
-def _softmax_(z: Tensor, log: bool = False) -> Tensor:
+def softmax_(z: Tensor, log: bool = False) -> Tensor:
     """``softmax`` (or ``log softmax``) of the rows of ``z``: one fused pass per row, written over ``z``
     on CPU."""
     fn = torch.log_softmax if log else torch.softmax
     return fn(z, 1, out=z) if z.device.type == "cpu" else fn(z, 1)
 
 
-def _target_log_probs_(z: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def target_log_probs_(z: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(ℓ, lse, log p)`` of one chunk of logits ``z``, which is overwritten by ``log p`` on CPU.
 
     ``ℓ`` is read off the fused ``log_softmax`` and ``lse = z_y − ℓ``.
     """
     rows = torch.arange(z.shape[0], device=z.device)
     z_target = z[rows, targets]
-    log_p = _softmax_(z, log=True)
+    log_p = softmax_(z, log=True)
     logprobs = log_p[rows, targets]
     return logprobs, z_target - logprobs, log_p
 
 
-#: Columns per block of `_row_dot` (measured at ``[1024, 32768]`` fp32 on 2 cores: 64 is the fastest of
+#: Columns per block of `row_dot` (measured at ``[1024, 32768]`` fp32 on 2 cores: 64 is the fastest of
 #: 32-512, 12 ms against 57 ms for ``vecdot``).
 ROW_DOT_BLOCK = 64
 
 
-def _row_dot(a: Tensor, b: Tensor) -> Tensor:
+def row_dot(a: Tensor, b: Tensor) -> Tensor:
     """``Σ_v a_tv b_tv`` for each row ``t`` of two ``[n, V]`` tensors.
 
     On CPU, as batched products of `ROW_DOT_BLOCK` columns summed per row: one read of each operand and no
@@ -224,7 +227,7 @@ def _row_dot(a: Tensor, b: Tensor) -> Tensor:
 
     Example:
         >>> a, b = torch.rand(3, 512, dtype=torch.float64), torch.rand(3, 512, dtype=torch.float64)
-        >>> torch.allclose(_row_dot(a, b), (a * b).sum(1))
+        >>> torch.allclose(row_dot(a, b), (a * b).sum(1))
         True
     """
     n, V = a.shape
@@ -235,29 +238,34 @@ def _row_dot(a: Tensor, b: Tensor) -> Tensor:
     return torch.bmm(a.view(-1, 1, ROW_DOT_BLOCK), b.view(-1, ROW_DOT_BLOCK, 1)).view(n, -1).sum(1)
 
 
-def _entropy_kernels_for(hidden: Tensor, weight: Tensor, chunk_size: int) -> bool:
+def entropy_kernels_for(hidden: Tensor, weight: Tensor, chunk_size: int) -> bool:
     """Whether one call's entropy passes take the compiled kernels (`entropy_kernels`): decided once for
     all its chunks, from the first, largest one."""
     rows = min(hidden.shape[0], chunk_size)
     return entropy_kernels.use_compiled_entropy_kernels(hidden.device, rows, weight.shape[0])
 
 
-def _probs_and_entropy(log_p: Tensor, scratch: _Scratch, compiled: bool) -> tuple[Tensor | None, Tensor]:
+def probs_and_entropy(log_p: Tensor, scratch: LogitScratch, compiled: bool) -> tuple[Tensor | None, Tensor]:
     """``(p, H)`` of one chunk, ``H = −Σ_v p_v log p_v`` (a sum of non-negative terms).
 
     ``compiled``: one fused read of ``log p`` (`entropy_kernels`) and ``p`` is not formed (``None``).
-    Otherwise ``p = exp(log p)`` is written into work tensor ``"probs"`` and ``H`` read with `_row_dot`.
+    Otherwise ``p = exp(log p)`` is written into work tensor ``"probs"`` and ``H`` read with `row_dot`.
     """
     if compiled and (entropy := entropy_kernels.entropy(log_p)) is not None:
         return None, entropy
     p = torch.exp(log_p, out=scratch.take("probs", log_p.shape[0]))
-    return p, -_row_dot(p, log_p)
+    return p, -row_dot(p, log_p)
 
 
-def _entropy_logit_grad_(
-    log_p: Tensor, p: Tensor | None, coef: Tensor, g_ent: Tensor, entropy: Tensor, scratch: _Scratch,
+def entropy_logit_grad_(
+    log_p: Tensor,
+    p: Tensor | None,
+    coef: Tensor,
+    g_ent: Tensor,
+    entropy: Tensor,
+    scratch: LogitScratch,
     compiled: bool,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     """``∂/∂z`` without its target term, ``p ⊙ [coef − g_H (log p + H)]``, written over ``log_p``.
 
     ``compiled`` (and ``p`` not formed): one fused read-write of ``log p`` (`entropy_kernels`).
@@ -272,7 +280,7 @@ def _entropy_logit_grad_(
     return torch.addcmul(a[:, None], log_p, -g_ent[:, None], out=log_p).mul_(p)
 
 
-def _backprop_probs(
+def backprop_probs(
     p: Tensor, coef: Tensor, targets: Tensor, g_target: Tensor, h: Tensor, weight: Tensor, grads: Grads
 ) -> None:
     """Project ``∂/∂z = coef ⊙ p + g_target ⊙ e_y`` of one chunk; ``p`` may be overwritten.
@@ -282,7 +290,7 @@ def _backprop_probs(
     low-precision inputs keep fp32 logit gradients).
     """
     if p.device.type != "cpu" or not (p.dtype == h.dtype == weight.dtype):
-        _backprop_chunk(p.mul_(coef[:, None]), targets, g_target, h, weight, grads)
+        backprop_chunk(p.mul_(coef[:, None]), targets, g_target, h=h, weight=weight, grads=grads)
         return
     grad_h, grad_w, grad_b = grads
     if grad_h is not None:
@@ -296,7 +304,7 @@ def _backprop_probs(
         grad_b.index_add_(0, targets, g_target)
 
 
-def _save_gradients(ctx: Any, grads: Grads, weight: Tensor, bias: Tensor | None, *inputs: Any) -> None:
+def save_gradients(ctx: Any, grads: Grads, weight: Tensor, bias: Tensor | None, *inputs: Any) -> None:
     """Keep the gradients a fast path computed in forward (backward only rescales them), and ``inputs``
     for the differentiable recompute of a double backward (`differentiable_grads`)."""
     ctx.save_for_backward(*grads, *inputs)
@@ -304,7 +312,7 @@ def _save_gradients(ctx: Any, grads: Grads, weight: Tensor, bias: Tensor | None,
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
-def _scaled_gradients(ctx: Any, g_loss: Tensor) -> Grads:
+def scaled_gradients(ctx: Any, g_loss: Tensor) -> Grads:
     """The saved ``(∂/∂hidden, ∂/∂weight, ∂/∂bias)`` times the upstream scalar, in the inputs' dtypes."""
     grad_h, grad_w, grad_b = ctx.saved_tensors[:3]
     need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -334,7 +342,7 @@ def differentiable_grads(
     gradients are differentiable again, exactly, with respect to the inputs and the upstream gradients.
     The graph keeps each chunk's logits until it is freed (the price of a second derivative).
     """
-    acc = _accum_dtype(hidden, accum_dtype)
+    acc = accumulation_dtype(hidden, accum_dtype)
     n, V = hidden.shape[0], weight.shape[0]
     w = weight.to(acc)
     b = None if bias is None else bias.to(acc)
@@ -370,7 +378,7 @@ def differentiable_grads(
     return grad_h, grad_w, grad_b
 
 
-def _chunk_loss_grads(
+def chunk_loss_grads(
     chunk_loss: ChunkLoss, start: int, end: int, values: tuple[Tensor, ...], acc: torch.dtype
 ) -> tuple[Tensor, list[Tensor]]:
     """``chunk_loss`` of one chunk's per-token values (detached) and its gradient with respect to each

@@ -31,20 +31,20 @@ import torch
 from torch import Tensor
 
 from lit_losses.heads.chunked_ops import (
-    _accum_dtype,
-    _backprop_chunk,
-    _backprop_probs,
-    _chunk_loss_grads,
-    _entropy_kernels_for,
-    _entropy_logit_grad_,
-    _gradient_buffers,
-    _probs_and_entropy,
-    _save_gradients,
-    _scaled_gradients,
-    _Scratch,
-    _softmax_,
-    _target_log_probs_,
+    LogitScratch,
+    accumulation_dtype,
+    backprop_chunk,
+    backprop_probs,
+    chunk_loss_grads,
     differentiable_grads,
+    entropy_kernels_for,
+    entropy_logit_grad_,
+    gradient_buffers,
+    probs_and_entropy,
+    save_gradients,
+    scaled_gradients,
+    softmax_,
+    target_log_probs_,
 )
 from lit_losses.heads.higher_order import refuse_double_backward
 from lit_losses.heads.precision import autocast_off
@@ -80,26 +80,28 @@ class ChunkedLogProbs(torch.autograd.Function):
         chunk_size: int,
         accum_dtype: torch.dtype,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        acc = _accum_dtype(hidden, accum_dtype)
+        acc = accumulation_dtype(hidden, accum_dtype)
         n = hidden.shape[0]
         logprobs = hidden.new_empty(n, dtype=acc)
         lse = hidden.new_empty(n, dtype=acc)
         entropy = hidden.new_empty(n if with_entropy else 0, dtype=acc)
-        scratch = _Scratch(weight.shape[0], acc, hidden.device)
-        compiled = with_entropy and _entropy_kernels_for(hidden, weight, chunk_size)
+        scratch = LogitScratch(weight.shape[0], acc, hidden.device)
+        compiled = with_entropy and entropy_kernels_for(hidden, weight, chunk_size)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             z = scratch.logits(hidden[s:e], weight, bias)
-            logprobs[s:e], lse[s:e], log_p = _target_log_probs_(z, targets[s:e])
+            logprobs[s:e], lse[s:e], log_p = target_log_probs_(z, targets[s:e])
             if with_entropy:
-                _, entropy[s:e] = _probs_and_entropy(log_p, scratch, compiled)
+                _, entropy[s:e] = probs_and_entropy(log_p, scratch, compiled)
         return logprobs, lse, entropy
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
         hidden, weight, bias, targets, with_entropy, chunk_size, accum_dtype = inputs
         ctx.save_for_backward(hidden, weight, bias, targets, output[2])
-        ctx.with_entropy, ctx.chunk_size, ctx.accum_dtype = with_entropy, chunk_size, accum_dtype
+        ctx.with_entropy = with_entropy
+        ctx.chunk_size = chunk_size
+        ctx.accum_dtype = accum_dtype
         if not with_entropy:
             ctx.mark_non_differentiable(output[2])
 
@@ -110,36 +112,64 @@ class ChunkedLogProbs(torch.autograd.Function):
         with autocast_off(hidden.device):
             if torch.is_grad_enabled():  # create_graph=True: a differentiable recompute (exact 2nd order)
                 g_ent = g_ent if ctx.with_entropy else None
-                grads = differentiable_grads(hidden, weight, bias, targets, g_lp, g_lse, g_ent,
-                                             ctx.chunk_size, ctx.accum_dtype, needs)  # fmt: skip
+                grads = differentiable_grads(
+                    hidden,
+                    weight,
+                    bias,
+                    targets=targets,
+                    g_lp=g_lp,
+                    g_lse=g_lse,
+                    g_ent=g_ent,
+                    chunk_size=ctx.chunk_size,
+                    accum_dtype=ctx.accum_dtype,
+                    needs=needs,
+                )
             else:
                 grads = ChunkedLogProbs._backward(
-                    ctx, hidden, weight, bias, targets, entropy, g_lp, g_lse, g_ent
+                    ctx,
+                    hidden,
+                    weight,
+                    bias=bias,
+                    targets=targets,
+                    entropy=entropy,
+                    g_lp=g_lp,
+                    g_lse=g_lse,
+                    g_ent=g_ent,
                 )
         return *grads, None, None, None, None
 
     @staticmethod
     def _backward(ctx: Any, hidden, weight, bias, targets, entropy, g_lp, g_lse, g_ent):
-        acc = _accum_dtype(hidden, ctx.accum_dtype)
+        acc = accumulation_dtype(hidden, ctx.accum_dtype)
         n, chunk = hidden.shape[0], ctx.chunk_size
         zeros = hidden.new_zeros(n, dtype=acc)
         g_lp = zeros if g_lp is None else g_lp.to(acc)
         g_lse = zeros if g_lse is None else g_lse.to(acc)
         use_entropy = ctx.with_entropy and g_ent is not None
-        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
-        scratch = _Scratch(weight.shape[0], acc, hidden.device)
-        compiled = use_entropy and _entropy_kernels_for(hidden, weight, chunk)
+        grad_h, grad_w, grad_b = gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
+        scratch = LogitScratch(weight.shape[0], acc, hidden.device)
+        compiled = use_entropy and entropy_kernels_for(hidden, weight, chunk)
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
             h, y, gh = hidden[s:e], targets[s:e], None if grad_h is None else grad_h[s:e]
             z = scratch.logits(h, weight, bias)
             coef = g_lse[s:e] - g_lp[s:e]
             if not use_entropy:
-                _backprop_probs(_softmax_(z), coef, y, g_lp[s:e], h, weight, (gh, grad_w, grad_b))
+                backprop_probs(
+                    softmax_(z), coef, y, g_target=g_lp[s:e], h=h, weight=weight, grads=(gh, grad_w, grad_b)
+                )
                 continue
-            log_p = _softmax_(z, log=True)
-            dz = _entropy_logit_grad_(log_p, None, coef, g_ent[s:e].to(acc), entropy[s:e], scratch, compiled)
-            _backprop_chunk(dz, y, g_lp[s:e], h, weight, (gh, grad_w, grad_b))
+            log_p = softmax_(z, log=True)
+            dz = entropy_logit_grad_(
+                log_p,
+                None,
+                coef,
+                g_ent=g_ent[s:e].to(acc),
+                entropy=entropy[s:e],
+                scratch=scratch,
+                compiled=compiled,
+            )
+            backprop_chunk(dz, y, g_lp[s:e], h=h, weight=weight, grads=(gh, grad_w, grad_b))
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
         return grad_h, grad_w, grad_b
@@ -162,37 +192,56 @@ class ChunkedWeightedCE(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
-        token_weights: Tensor, chunk_size: int, accum_dtype: torch.dtype,
-    ) -> tuple[Tensor, Tensor]:  # fmt: skip
-        acc = _accum_dtype(hidden, accum_dtype)
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        targets: Tensor,
+        token_weights: Tensor,
+        chunk_size: int,
+        accum_dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor]:
+        acc = accumulation_dtype(hidden, accum_dtype)
         n = hidden.shape[0]
         w_tok = token_weights.to(acc)
         logprobs = hidden.new_empty(n, dtype=acc)
-        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
-        scratch = _Scratch(weight.shape[0], acc, hidden.device)
+        grad_h, grad_w, grad_b = gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
+        scratch = LogitScratch(weight.shape[0], acc, hidden.device)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             h, y, w_c = hidden[s:e], targets[s:e], w_tok[s:e]
             z = scratch.logits(h, weight, bias)
-            logprobs[s:e], _, log_p = _target_log_probs_(z, y)
+            logprobs[s:e], _, log_p = target_log_probs_(z, y)
             # d(−w ℓ)/dz = w (p − e_y)
             gh = None if grad_h is None else grad_h[s:e]
-            _backprop_probs(log_p.exp_(), w_c, y, -w_c, h, weight, (gh, grad_w, grad_b))
-        _save_gradients(ctx, (grad_h, grad_w, grad_b), weight, bias, hidden, weight, bias, targets, w_tok)
-        ctx.chunk_size, ctx.accum_dtype = chunk_size, accum_dtype
+            backprop_probs(
+                log_p.exp_(), w_c, y, g_target=-w_c, h=h, weight=weight, grads=(gh, grad_w, grad_b)
+            )
+        save_gradients(ctx, (grad_h, grad_w, grad_b), weight, bias, hidden, weight, bias, targets, w_tok)
+        ctx.chunk_size = chunk_size
+        ctx.accum_dtype = accum_dtype
         ctx.mark_non_differentiable(logprobs)
         return -(w_tok * logprobs).sum(), logprobs
 
     @staticmethod
     def backward(ctx: Any, g_loss: Tensor, _g_logprobs: Tensor | None):
         if not torch.is_grad_enabled():
-            return *_scaled_gradients(ctx, g_loss), None, None, None, None
+            return *scaled_gradients(ctx, g_loss), None, None, None, None
         hidden, weight, bias, targets, w_tok = ctx.saved_tensors[3:]  # create_graph=True: recompute
         with autocast_off(hidden.device):
             g_lp, needs = -w_tok * g_loss, ctx.needs_input_grad[:3]
-            grads = differentiable_grads(hidden, weight, bias, targets, g_lp, None, None, ctx.chunk_size,
-                                         ctx.accum_dtype, needs)  # fmt: skip
+            grads = differentiable_grads(
+                hidden,
+                weight,
+                bias,
+                targets=targets,
+                g_lp=g_lp,
+                g_lse=None,
+                g_ent=None,
+                chunk_size=ctx.chunk_size,
+                accum_dtype=ctx.accum_dtype,
+                needs=needs,
+            )
         return *grads, None, None, None, None
 
 
@@ -226,32 +275,36 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
         chunk_size: int,
         accum_dtype: torch.dtype,
     ) -> Tensor:
-        acc = _accum_dtype(hidden, accum_dtype)
+        acc = accumulation_dtype(hidden, accum_dtype)
         n = hidden.shape[0]
-        grad_h, grad_w, grad_b = _gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
+        grad_h, grad_w, grad_b = gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
         total = hidden.new_zeros((), dtype=acc)
-        scratch = _Scratch(weight.shape[0], acc, hidden.device)
-        compiled = with_entropy and _entropy_kernels_for(hidden, weight, chunk_size)
+        scratch = LogitScratch(weight.shape[0], acc, hidden.device)
+        compiled = with_entropy and entropy_kernels_for(hidden, weight, chunk_size)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             h, y, gh = hidden[s:e], targets[s:e], None if grad_h is None else grad_h[s:e]
             z = scratch.logits(h, weight, bias)
-            lp_c, lse_c, log_p = _target_log_probs_(z, y)
+            lp_c, lse_c, log_p = target_log_probs_(z, y)
             if with_entropy:
-                p, ent_c = _probs_and_entropy(log_p, scratch, compiled)
-                loss_c, (g_lp, g_lse, g_ent) = _chunk_loss_grads(chunk_loss, s, e, (lp_c, lse_c, ent_c), acc)
+                p, ent_c = probs_and_entropy(log_p, scratch, compiled)
+                loss_c, (g_lp, g_lse, g_ent) = chunk_loss_grads(
+                    chunk_loss, s, e, values=(lp_c, lse_c, ent_c), acc=acc
+                )
             else:
                 p = log_p.exp_()
-                loss_c, (g_lp, g_lse) = _chunk_loss_grads(chunk_loss, s, e, (lp_c, lse_c), acc)
+                loss_c, (g_lp, g_lse) = chunk_loss_grads(chunk_loss, s, e, values=(lp_c, lse_c), acc=acc)
             coef = g_lse - g_lp
             if with_entropy and bool(g_ent.ne(0).any()):
-                dz = _entropy_logit_grad_(log_p, p, coef, g_ent, ent_c, scratch, compiled)
-                _backprop_chunk(dz, y, g_lp, h, weight, (gh, grad_w, grad_b))
+                dz = entropy_logit_grad_(
+                    log_p, p, coef, g_ent=g_ent, entropy=ent_c, scratch=scratch, compiled=compiled
+                )
+                backprop_chunk(dz, y, g_lp, h=h, weight=weight, grads=(gh, grad_w, grad_b))
             else:
                 p = log_p.exp_() if p is None else p
-                _backprop_probs(p, coef, y, g_lp, h, weight, (gh, grad_w, grad_b))
+                backprop_probs(p, coef, y, g_target=g_lp, h=h, weight=weight, grads=(gh, grad_w, grad_b))
             total += loss_c
-        _save_gradients(ctx, (grad_h, grad_w, grad_b), weight, bias)
+        save_gradients(ctx, (grad_h, grad_w, grad_b), weight, bias)
         return total
 
     @staticmethod
@@ -261,5 +314,5 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
             "not kept)",
             "compute the loss from the per-token outputs of head(hidden, targets, outputs) instead",
         )
-        gh, gw, gb = _scaled_gradients(ctx, g_loss)
+        gh, gw, gb = scaled_gradients(ctx, g_loss)
         return gh, gw, gb, None, None, None, None, None

@@ -1,36 +1,28 @@
-"""`FusedLMHead`: one interface over the output-head backends; `select_backend` picks the backend."""
+"""`FusedLMHead`: the output head as an object over the functional API (`lit_losses.heads.functional`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lit_losses.choices import check_choice
-from lit_losses.heads import chunked, liger, naive, torch_lce
-from lit_losses.heads.backend import (
-    HEAD_BACKENDS,
-    BackendOutputs,
-    ChunkLoss,
-    select_backend,
-    valid_tokens,
-    weight_vector,
-)
+from lit_losses.heads.backend import ChunkLoss, select_backend
 from lit_losses.heads.chunked_ops import mm_in
-from lit_losses.heads.output import HeadOutput, check_head_inputs, normalize_outputs
+from lit_losses.heads.functional import (
+    BACKEND_OUTPUTS,
+    BACKENDS,
+    Backend,
+    check_head_options,
+    linear_cross_entropy,
+    linear_logprobs,
+    linear_pointwise_loss,
+)
+from lit_losses.heads.output import HeadOutput
 from lit_losses.heads.precision import MatmulPrecision, in_compute_dtype
 
-#: The head backends a configuration can name (``auto`` picks among the registered ones).
-Backend = Literal["auto", "chunked", "naive", "torch", "liger"]
-BACKENDS: tuple[str, ...] = get_args(Backend)
-#: Per-token outputs each registered backend can give (a live view of `HEAD_BACKENDS`).
-BACKEND_OUTPUTS = BackendOutputs()
-
-_BUILTIN = (chunked.CHUNKED, naive.NAIVE, torch_lce.TORCH, liger.LIGER)
-if set(BACKENDS) != {"auto", *(b.name for b in _BUILTIN)}:  # pragma: no cover - a maintenance error
-    raise RuntimeError(f"Backend lists {BACKENDS}; the built-in backends are {[b.name for b in _BUILTIN]}")
+__all__ = ["BACKENDS", "BACKEND_OUTPUTS", "Backend", "FusedLMHead"]
 
 
 class FusedLMHead:
@@ -43,7 +35,9 @@ class FusedLMHead:
     matmul (except by the ``naive`` reference). ``head.weighted_ce(hidden, targets, w)`` is the plain
     cross-entropy fast path ``Σ_t w_t · (−log p_t[y_t])`` whose gradients are computed in forward, and
     ``head.pointwise_loss`` the same for sums of per-token functions of ``(logprobs, lse, entropy)``.
-    Which backend computes a call is decided by `select_backend` from the registered `HeadBackend` s.
+    Which backend computes a call is decided by `select_backend` from the registered `HeadBackend` s. The
+    head holds the weight, the bias and the options; each method is one call of the functional API
+    (`linear_logprobs`, `linear_cross_entropy`, `linear_pointwise_loss`) with them.
 
     The head holds references: gradients accumulate into ``model.get_output_embeddings().weight`` (or tied).
 
@@ -99,15 +93,14 @@ class FusedLMHead:
         check_finite: bool = True,
         matmul_precision: MatmulPrecision = "auto",
     ) -> None:
-        check_choice(matmul_precision, MatmulPrecision, "matmul_precision")
-        if backend not in BACKENDS and backend not in HEAD_BACKENDS:
-            choices = BACKENDS + tuple(name for name in HEAD_BACKENDS if name not in BACKENDS)
-            raise ValueError(f"unknown head backend {backend!r}; choose among {choices}")
-        if chunk_size is not None and chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        self.weight, self.bias = weight, bias
-        self.backend, self.chunk_size = backend, chunk_size
-        self.ignore_index, self.accum_dtype, self.check_finite = ignore_index, accum_dtype, check_finite
+        check_head_options(backend, chunk_size, matmul_precision)
+        self.weight = weight
+        self.bias = bias
+        self.backend = backend
+        self.chunk_size = chunk_size
+        self.ignore_index = ignore_index
+        self.accum_dtype = accum_dtype
+        self.check_finite = check_finite
         self.matmul_precision = matmul_precision
 
     @classmethod
@@ -119,6 +112,18 @@ class FusedLMHead:
     def vocab_size(self) -> int:
         """``V``, the number of rows of the weight."""
         return self.weight.shape[0]
+
+    def options(self) -> dict[str, Any]:
+        """The keyword options of the functional calls: ``backend``, ``chunk_size``, ``ignore_index``,
+        ``accum_dtype``, ``check_finite``, ``matmul_precision``."""
+        return {
+            "backend": self.backend,
+            "chunk_size": self.chunk_size,
+            "ignore_index": self.ignore_index,
+            "accum_dtype": self.accum_dtype,
+            "check_finite": self.check_finite,
+            "matmul_precision": self.matmul_precision,
+        }
 
     def resolve_backend(self, outputs: Sequence[str]) -> str:
         """The name of the backend that computes the per-token ``outputs`` (for ``auto``: chunked); a
@@ -143,11 +148,9 @@ class FusedLMHead:
             ValueError: bad inputs (shapes, target range, non-finite hidden states), unknown outputs, or
                 outputs the backend cannot give.
         """
-        outputs = normalize_outputs(outputs)
-        check_head_inputs(hidden, targets, self.weight, self.bias, self.ignore_index, self.check_finite)
-        route = select_backend(self.backend, "per_token", outputs=outputs)
-        with in_compute_dtype(self, hidden) as (head, h):
-            return route.backend.per_token(head, h, targets, outputs)
+        return linear_logprobs(
+            hidden, self.weight, targets, bias=self.bias, outputs=outputs, **self.options()
+        )
 
     def weighted_ce(self, hidden: Tensor, targets: Tensor, token_weights: Tensor | float) -> Tensor:
         """Plain-CE fast path: ``Σ_t w_t · (−log p_t[y_t])`` over valid positions, gradients fused.
@@ -167,19 +170,15 @@ class FusedLMHead:
             ValueError: bad inputs, or per-token weights for a backend that takes one weight only
                 (``liger``).
         """
-        check_head_inputs(hidden, targets, self.weight, self.bias, self.ignore_index, self.check_finite)
-        valid, h, y = valid_tokens(hidden, targets, self.ignore_index)
-        uniform = not isinstance(token_weights, Tensor)
-        # CUDA-only kernels (Liger) compute in fp32 at best: float64 stays on the exact chunked path
-        cuda_kernel = hidden.is_cuda and hidden.dtype != torch.float64
-        route = select_backend(self.backend, "weighted_ce", uniform=uniform, on_cuda=cuda_kernel)
-        w = token_weights if uniform else token_weights[valid]
-        if route.fused:
-            with in_compute_dtype(self, h) as (head, h):
-                return route.backend.fused_ce(head, h, y, w)
-        w = weight_vector(w, h.shape[0], h.device)
-        logprobs = self(hidden, targets, "logprobs").logprobs[valid]
-        return -(w.to(logprobs.dtype) * logprobs).sum()
+        return linear_cross_entropy(
+            hidden,
+            self.weight,
+            targets,
+            bias=self.bias,
+            token_weights=token_weights,
+            reduction="sum",
+            **self.options(),
+        )
 
     def pointwise_loss(
         self,
@@ -212,18 +211,16 @@ class FusedLMHead:
         Raises:
             ValueError: bad inputs, or a backend that cannot give the values.
         """
-        check_head_inputs(hidden, targets, self.weight, self.bias, self.ignore_index, self.check_finite)
-        valid, h, y = valid_tokens(hidden, targets, self.ignore_index)
-        default = ("logprobs", "lse", "entropy") if with_entropy else ("logprobs", "lse")
-        outputs = ("logprobs", *(o for o in normalize_outputs(needs or default) if o != "logprobs"))
-        route = select_backend(self.backend, "pointwise", outputs=outputs)
-        if route.fused:
-            with in_compute_dtype(self, h) as (head, h):
-                return route.backend.fused_pointwise(head, h, y, chunk_loss, with_entropy)
-        out = self(hidden, targets, outputs)
-        lse = None if out.lse is None else out.lse[valid]
-        ent = out.entropy[valid] if with_entropy and out.entropy is not None else None
-        return chunk_loss(0, int(h.shape[0]), out.logprobs[valid], lse, ent)
+        return linear_pointwise_loss(
+            hidden,
+            self.weight,
+            targets,
+            chunk_loss=chunk_loss,
+            bias=self.bias,
+            with_entropy=with_entropy,
+            needs=needs,
+            **self.options(),
+        )
 
     def forward_logits(self, hidden: Tensor) -> Tensor:
         """Full logits ``h Wᵀ + b`` ``[..., V]`` of ``hidden [..., D]`` (materialized), compute dtype."""

@@ -48,7 +48,8 @@ class _FirstOrderOnly(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, what: str, instead: str) -> Tensor:
-        ctx.what, ctx.instead = what, instead
+        ctx.what = what
+        ctx.instead = instead
         return x.clone()
 
     @staticmethod

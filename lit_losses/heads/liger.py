@@ -90,7 +90,9 @@ def liger_weighted_ce(head: HeadConfig, h: Tensor, y: Tensor, token_weights: Ten
     """The plain cross-entropy of valid tokens ``h [n, D]``, ``y [n]`` with one weight for every token
     (`liger_uniform_ce_sum`; per-token weights are refused earlier, by `select_backend`)."""
     accum = torch.promote_types(head.weight.dtype, head.accum_dtype)
-    return liger_uniform_ce_sum(h, head.weight, head.bias, y, float(token_weights), accum)
+    return liger_uniform_ce_sum(
+        h, head.weight, head.bias, targets=y, token_weight=float(token_weights), accum_dtype=accum
+    )
 
 
 #: The ``liger`` backend: the plain-CE fast path with one weight for every token, on CUDA. ``auto`` takes it

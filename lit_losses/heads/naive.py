@@ -39,7 +39,7 @@ def naive_head(
         positions.
     """
     valid = targets != ignore_index
-    dtype = compute_dtype(hidden, weight, bias, accum_dtype)
+    dtype = compute_dtype(hidden, weight, bias, accum_dtype=accum_dtype)
     bias = None if bias is None else bias.to(dtype)
     logits = torch.nn.functional.linear(hidden.to(dtype), weight.to(dtype), bias)
     logp = torch.log_softmax(logits, dim=-1)
@@ -62,7 +62,15 @@ def naive_per_token(
 ) -> HeadOutput:
     """`naive_head` with the head's weight, bias, ``ignore_index`` and ``accum_dtype`` (all positions,
     ignored ones included, go through the matmul)."""
-    return naive_head(hidden, head.weight, head.bias, targets, outputs, head.ignore_index, head.accum_dtype)
+    return naive_head(
+        hidden,
+        head.weight,
+        head.bias,
+        targets=targets,
+        outputs=outputs,
+        ignore_index=head.ignore_index,
+        accum_dtype=head.accum_dtype,
+    )
 
 
 #: The ``naive`` backend (no fused losses: they are computed from its per-token outputs).

@@ -115,5 +115,6 @@ def check_head_inputs(
         n_bad = int((~torch.isfinite(hidden)).sum())
         raise ValueError(
             f"hidden states contain {n_bad} non-finite value(s) (NaN/Inf) before the output head; "
-            "pass check_finite=False to skip this check"
+            "pass check_finite=False to skip this check (model.init_args.check_finite=false from the CLI; a "
+            "TrainingController skips such steps and lets its rules act)"
         )

@@ -173,15 +173,24 @@ def in_compute_dtype(head: HeadConfig, hidden: Tensor) -> Iterator[tuple[HeadCon
         ...     torch.nn.functional.linear(h, cast.weight).dtype
         torch.float32
     """
-    dtype = compute_dtype(hidden, head.weight, head.bias, head.accum_dtype)
-    dtype = operand_dtype(hidden, head.weight, dtype, getattr(head, "matmul_precision", "full"))
+    dtype = compute_dtype(hidden, head.weight, head.bias, accum_dtype=head.accum_dtype)
+    dtype = operand_dtype(
+        hidden, head.weight, dtype, matmul_precision=getattr(head, "matmul_precision", "full")
+    )
     with autocast_off(hidden.device):
         if all(t is None or t.dtype == dtype for t in (hidden, head.weight, head.bias)):
             yield head, hidden
             return
         bias = None if head.bias is None else head.bias.to(dtype)
         weight = head.weight.to(dtype)
-        cast = CastHead(weight, bias, head.chunk_size, head.ignore_index, head.accum_dtype, weight.shape[0])
+        cast = CastHead(
+            weight,
+            bias,
+            head.chunk_size,
+            ignore_index=head.ignore_index,
+            accum_dtype=head.accum_dtype,
+            vocab_size=weight.shape[0],
+        )
         yield cast, hidden.to(dtype)
 
 

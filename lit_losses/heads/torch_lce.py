@@ -56,7 +56,7 @@ def torch_per_token(
     """`torch_lce_logprobs` on the valid positions (the head's ``chunk_size`` as torch's chunk size),
     scattered back to the shape of ``targets`` (0 at ignored positions)."""
     valid, h, y = valid_tokens(hidden, targets, head.ignore_index)
-    logprobs = torch_lce_logprobs(h, head.weight, head.bias, y, head.chunk_size)
+    logprobs = torch_lce_logprobs(h, head.weight, head.bias, targets=y, chunk_size=head.chunk_size)
     logprobs = logprobs.to(torch.promote_types(logprobs.dtype, head.accum_dtype))  # low-precision operands
     return scatter_valid({"logprobs": logprobs}, outputs, valid)
 

@@ -204,7 +204,15 @@ class VocabParallelHead(FusedLMHead):
         accum_dtype: torch.dtype = torch.float32,
         check_finite: bool = True,
     ) -> None:
-        super().__init__(weight, bias, BACKEND_NAME, chunk_size, ignore_index, accum_dtype, check_finite)
+        super().__init__(
+            weight,
+            bias,
+            backend=BACKEND_NAME,
+            chunk_size=chunk_size,
+            ignore_index=ignore_index,
+            accum_dtype=accum_dtype,
+            check_finite=check_finite,
+        )
         if is_vocab_sharded(weight):
             if shard is not None:
                 raise ValueError("give the shard either as a DTensor weight or as `shard`, not both")
@@ -234,17 +242,29 @@ class VocabParallelHead(FusedLMHead):
         shape = (self.shard.vocab_size, self.weight.shape[-1])
         meta_w = torch.empty(shape, device="meta")
         meta_b = None if self.bias is None else torch.empty(shape[:1], device="meta")
-        check_head_inputs(hidden, targets, meta_w, meta_b, self.ignore_index, self.check_finite)
+        check_head_inputs(
+            hidden,
+            targets,
+            meta_w,
+            bias=meta_b,
+            ignore_index=self.ignore_index,
+            check_finite=self.check_finite,
+        )
 
     def _config(self, hidden: Tensor) -> tuple[ShardedHeadConfig, Tensor]:
         """This rank's rows and ``hidden`` in the compute dtype (casts are differentiable)."""
         weight, bias = self.weight, self.bias
         if is_vocab_sharded(weight):
             weight, bias = weight.to_local(), None if bias is None else bias.to_local()
-        dtype = compute_dtype(hidden, weight, bias, self.accum_dtype)
+        dtype = compute_dtype(hidden, weight, bias, accum_dtype=self.accum_dtype)
         bias = None if bias is None else bias.to(dtype)
         config = ShardedHeadConfig(
-            weight.to(dtype), bias, self.chunk_size, self.ignore_index, self.accum_dtype, self.shard
+            weight.to(dtype),
+            bias,
+            self.chunk_size,
+            ignore_index=self.ignore_index,
+            accum_dtype=self.accum_dtype,
+            shard=self.shard,
         )
         return config, hidden.to(dtype)
 
@@ -268,9 +288,13 @@ class VocabParallelHead(FusedLMHead):
             return route.backend.fused_ce(head, h, y, w)
 
     def pointwise_loss(
-        self, hidden: Tensor, targets: Tensor, chunk_loss: ChunkLoss, with_entropy: bool = False,
+        self,
+        hidden: Tensor,
+        targets: Tensor,
+        chunk_loss: ChunkLoss,
+        with_entropy: bool = False,
         needs: Sequence[str] | None = None,
-    ) -> Tensor:  # fmt: skip
+    ) -> Tensor:
         """`FusedLMHead.pointwise_loss` over the vocabulary shards (always fused: ``needs`` is unused)."""
         self._checked(hidden, targets)
         _, h, y = valid_tokens(hidden, targets, self.ignore_index)

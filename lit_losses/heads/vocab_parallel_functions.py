@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lit_losses.heads.chunked_ops import _row_dot
+from lit_losses.heads.chunked_ops import row_dot
 from lit_losses.heads.higher_order import refuse_double_backward
 from lit_losses.heads.precision import autocast_off
 
@@ -71,7 +71,7 @@ class ChunkStatistics:
         self.e = torch.exp(self.z)
         sums = [self.e.sum(1), z_y]
         if with_entropy:
-            sums.append(_row_dot(self.e, self.z))
+            sums.append(row_dot(self.e, self.z))
         sums = all_reduce_(torch.stack(sums, 1), dist.ReduceOp.SUM, shard.group)
         self.log_s = torch.log(sums[:, 0])
         self.lse = m + self.log_s
@@ -170,12 +170,16 @@ class VocabParallelLogProbs(torch.autograd.Function):
         logprobs, lse = hidden.new_empty(n), hidden.new_empty(n)
         entropy = hidden.new_empty(n if with_entropy else 0)
         for s, e in _chunks(n, chunk_size):
-            stats = ChunkStatistics(_logits(hidden[s:e], weight, bias), targets[s:e], shard, with_entropy)
+            stats = ChunkStatistics(
+                _logits(hidden[s:e], weight, bias), targets[s:e], shard, with_entropy=with_entropy
+            )
             logprobs[s:e], lse[s:e] = stats.logprobs, stats.lse
             if with_entropy:
                 entropy[s:e] = stats.entropy
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
-        ctx.shard, ctx.with_entropy, ctx.chunk_size = shard, with_entropy, chunk_size
+        ctx.shard = shard
+        ctx.with_entropy = with_entropy
+        ctx.chunk_size = chunk_size
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
         return logprobs, lse, entropy
@@ -189,7 +193,7 @@ class VocabParallelLogProbs(torch.autograd.Function):
         g_lp = zeros if g_lp is None else g_lp
         g_lse = zeros if g_lse is None else g_lse
         g_ent = g_ent if ctx.with_entropy and g_ent is not None else None
-        grads = Gradients(hidden, weight, bias, ctx.needs_input_grad[:3])
+        grads = Gradients(hidden, weight, bias, needs=ctx.needs_input_grad[:3])
         with autocast_off(hidden.device):
             for s, e in _chunks(n, ctx.chunk_size):
                 h, y = hidden[s:e], targets[s:e]
@@ -199,8 +203,17 @@ class VocabParallelLogProbs(torch.autograd.Function):
                 cols = (y - shard.start).clamp(0, max(weight.shape[0] - 1, 0))
                 g_h = None if g_ent is None else g_ent[s:e]
                 ent = None if g_ent is None else entropy[s:e]
-                dz = logit_grad(p, log_p, g_lse[s:e] - g_lp[s:e], g_h, ent, owned, cols, g_lp[s:e])
-                grads.add_chunk(s, e, dz, h, weight)
+                dz = logit_grad(
+                    p,
+                    log_p,
+                    g_lse[s:e] - g_lp[s:e],
+                    g_ent=g_h,
+                    entropy=ent,
+                    owned=owned,
+                    cols=cols,
+                    g_target=g_lp[s:e],
+                )
+                grads.add_chunk(s, e, dz, h=h, weight=weight)
         return *grads.finish(shard), None, None, None, None
 
 
@@ -214,14 +227,23 @@ class VocabParallelWeightedCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden, weight, bias, targets, token_weights, shard, chunk_size: int):
         w_tok = token_weights.to(hidden.dtype)
-        grads = Gradients(hidden, weight, bias, ctx.needs_input_grad[:3])
+        grads = Gradients(hidden, weight, bias, needs=ctx.needs_input_grad[:3])
         total = hidden.new_zeros(())
         for s, e in _chunks(hidden.shape[0], chunk_size):
             h, y, w = hidden[s:e], targets[s:e], w_tok[s:e]
             stats = ChunkStatistics(_logits(h, weight, bias), y, shard, with_entropy=False)
             total -= torch.dot(w, stats.logprobs)
-            dz = logit_grad(stats.probs(), None, w, None, None, stats.owned, stats.cols, -w)  # w (p − e_y)
-            grads.add_chunk(s, e, dz, h, weight)
+            dz = logit_grad(
+                stats.probs(),
+                None,
+                w,
+                g_ent=None,
+                entropy=None,
+                owned=stats.owned,
+                cols=stats.cols,
+                g_target=-w,
+            )  # w (p − e_y)
+            grads.add_chunk(s, e, dz, h=h, weight=weight)
         ctx.save_for_backward(*grads.finish(shard))
         return total
 
@@ -241,20 +263,29 @@ class VocabParallelPointwiseLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden, weight, bias, targets, chunk_loss, with_entropy, shard, chunk_size: int):
-        grads = Gradients(hidden, weight, bias, ctx.needs_input_grad[:3])
+        grads = Gradients(hidden, weight, bias, needs=ctx.needs_input_grad[:3])
         total = hidden.new_zeros(())
         for s, e in _chunks(hidden.shape[0], chunk_size):
             h, y = hidden[s:e], targets[s:e]
-            stats = ChunkStatistics(_logits(h, weight, bias), y, shard, with_entropy)
+            stats = ChunkStatistics(_logits(h, weight, bias), y, shard, with_entropy=with_entropy)
             loss, (g_lp, g_lse, g_ent) = _chunk_loss_grads(
-                chunk_loss, s, e, (stats.logprobs, stats.lse, stats.entropy)
+                chunk_loss, s, e, values=(stats.logprobs, stats.lse, stats.entropy)
             )
             use_entropy = g_ent is not None and bool(g_ent.ne(0).any())
             log_p = stats.log_probs() if use_entropy else None
             p = stats.probs()
             g_h, ent = (g_ent, stats.entropy) if use_entropy else (None, None)
-            dz = logit_grad(p, log_p, g_lse - g_lp, g_h, ent, stats.owned, stats.cols, g_lp)
-            grads.add_chunk(s, e, dz, h, weight)
+            dz = logit_grad(
+                p,
+                log_p,
+                g_lse - g_lp,
+                g_ent=g_h,
+                entropy=ent,
+                owned=stats.owned,
+                cols=stats.cols,
+                g_target=g_lp,
+            )
+            grads.add_chunk(s, e, dz, h=h, weight=weight)
             total += loss
         ctx.save_for_backward(*grads.finish(shard))
         return total

@@ -87,7 +87,9 @@ class VocabShard:
                 "vocabulary of a tensor-parallel group; call the head inside a forward that FSDP manages "
                 "(RegularizedLM: compute_loss, predict_step, forward_logits; or register_fsdp_forward_method)"
             )
-        shard = cls.chunked(weight.shape[0], mesh.get_local_rank(dim), mesh.size(dim), mesh.get_group(dim))
+        shard = cls.chunked(
+            weight.shape[0], mesh.get_local_rank(dim), mesh.size(dim), group=mesh.get_group(dim)
+        )
         if weight.to_local().shape[0] != shard.size:
             raise ValueError(
                 f"the local shard of the output weight has {weight.to_local().shape[0]} rows; torch.chunk's "

@@ -101,7 +101,8 @@ class Objective:
                 "model.base_loss_weight is 0 and model.regularizers is empty: nothing to optimize "
                 "(add a regularizer or give the base loss a weight > 0)"
             )
-        self.regularizers, self.loss_agg = regularizers, loss_agg
+        self.regularizers = regularizers
+        self.loss_agg = loss_agg
         self.base_loss_weight = float(base_loss_weight)
         self.base_loss = BoundBaseLoss.resolve(base_loss, base_loss_args)
         self.loss_agg_norm = regularizers.agg_norm = agg_norm_option(loss_agg_norm, loss_agg, regularizers)
@@ -128,7 +129,14 @@ class Objective:
             scales = {"base_loss_weight": base_loss_weight, "regularizer_grad_norm": regularizer_grad_norm}
             return cls.from_options(**options, **scales)
         terms = RegularizerSet(regularizers or (), loss_agg, regularizer_grad_norm)
-        return cls(terms, loss_agg, base_loss_weight, base_loss, base_loss_args, loss_agg_norm)
+        return cls(
+            terms,
+            loss_agg=loss_agg,
+            base_loss_weight=base_loss_weight,
+            base_loss=base_loss,
+            base_loss_args=base_loss_args,
+            loss_agg_norm=loss_agg_norm,
+        )
 
     def head_outputs_needed(self) -> tuple[str, ...]:
         """Head outputs consumed by the loss terms (empty: ``cross_entropy`` alone, the fast path)."""
@@ -183,7 +191,7 @@ class Objective:
         mask = labels != head.ignore_index
         needed = self.head_outputs_needed() if needed is None else needed
         accum_dtype = torch.promote_types(hidden.dtype, torch.float32)
-        weights = self.base_weights(batch, mask, stats, accum_dtype)
+        weights = self.base_weights(batch, mask=mask, stats=stats, dtype=accum_dtype)
         if stage == "train" and stats.position == 0 and stats.get(LABELS_KEY).num_tokens == 0:
             self._warnings.warn(
                 f"optimizer step {step} has no valid label in any micro-batch; "
@@ -192,27 +200,44 @@ class Objective:
         num_tokens = stats.get_local(LABELS_KEY).num_tokens
         path = self.path(stage, needed)
         base_batch = None if self.base_loss.plain_ce else self.base_loss.for_batch(batch, mask, accum_dtype)
-        if path == "fused":
-            fused = FusedTerms(self.regularizers, batch, mask, stats, step, weights[mask],
-                               self.base_loss_weight, base_loss=base_batch)  # fmt: skip
+        if path == "fused":  # the base loss and the terms chunk by chunk inside the head
+            fused = FusedTerms(
+                self.regularizers,
+                batch=batch,
+                mask=mask,
+                stats=stats,
+                step=step,
+                base_weights=weights[mask],
+                base_loss_weight=self.base_loss_weight,
+                base_loss=base_batch,
+            )
             total = head.pointwise_loss(
                 hidden, labels, fused, with_entropy="entropy" in needed, needs=("logprobs", *needed)
             )
             base, reg_total, terms = fused.finish()
-            metrics = base_metrics(base_batch, stats)
-            return LossOutput(total, base, reg_total, stats, terms, num_tokens, metrics)
-        if path == "plain_ce":
-            base = head.weighted_ce(hidden, labels, weights)
-            head_out = HeadOutput()
-        else:
-            head_out = head(hidden, labels, ("logprobs", *[o for o in needed if o != "logprobs"]))
-            base = base_value(base_batch, weights, head_out.logprobs, mask)
-        ctx = LossContext(batch, head_out, hidden, mask, stats, step, stage)
-        reg_total, terms = (regularize or self.regularizers)(ctx)
-        if stage == "train" and self.base_loss_weight == 0 and torch.is_grad_enabled():
-            check_something_to_optimize(reg_total, terms, f"step {step}")
-        total = (base if self.base_loss_weight == 1.0 else self.base_loss_weight * base) + reg_total
-        return LossOutput(total, base, reg_total, stats, terms, num_tokens, base_metrics(base_batch, stats))
+        else:  # the base loss from the head, then the terms on a LossContext
+            if path == "plain_ce":
+                base = head.weighted_ce(hidden, labels, weights)
+                head_out = HeadOutput()
+            else:
+                head_out = head(hidden, labels, ("logprobs", *[o for o in needed if o != "logprobs"]))
+                base = base_value(base_batch, weights=weights, logprobs=head_out.logprobs, mask=mask)
+            ctx = LossContext(
+                batch, head=head_out, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage
+            )
+            reg_total, terms = (regularize or self.regularizers)(ctx)
+            if stage == "train" and self.base_loss_weight == 0 and torch.is_grad_enabled():
+                check_something_to_optimize(reg_total, terms, f"step {step}")
+            total = (base if self.base_loss_weight == 1.0 else self.base_loss_weight * base) + reg_total
+        return LossOutput(
+            total,
+            base=base,
+            regularizer_total=reg_total,
+            stats=stats,
+            terms=terms,
+            num_tokens=num_tokens,
+            base_metrics=base_metrics(base_batch, stats),
+        )
 
     def base_weights(
         self, batch: Mapping[str, Any], mask: Tensor, stats: GlobalStats, dtype: torch.dtype
@@ -220,15 +245,22 @@ class Objective:
         """``a_t · u_t · v_t``: the aggregation weights of ``loss_agg`` (global counts, ``sample_weights``
         ``u``) times the ``loss_weights`` ``v``; absent keys count as 1 (and cost nothing)."""
         where = f"base loss {self.base_loss.name!r}"
-        sample = token_values(batch, SAMPLE_WEIGHTS, mask, where) if SAMPLE_WEIGHTS in batch else None
+        sample = None
+        if SAMPLE_WEIGHTS in batch:
+            sample = token_values(batch, key=SAMPLE_WEIGHTS, mask=mask, reader=where)
         segments = batch_segment_ids(batch)
         weights = token_weights(
-            mask, self.loss_agg, stats.get(LABELS_KEY), segments, dtype, self.loss_agg_norm, sample
+            mask,
+            mode=self.loss_agg,
+            stats=stats.get(LABELS_KEY),
+            segment_ids=segments,
+            dtype=dtype,
+            norm=self.loss_agg_norm,
+            sample_weights=sample,
         )
         if LOSS_WEIGHTS in batch:
-            weights = weights * torch.where(
-                mask, token_values(batch, LOSS_WEIGHTS, mask, where).to(dtype), 0.0
-            )
+            loss_weights = token_values(batch, key=LOSS_WEIGHTS, mask=mask, reader=where)
+            weights = weights * torch.where(mask, loss_weights.to(dtype), 0.0)
         return weights
 
 

@@ -10,8 +10,10 @@ states (logit soft-capping, logit scaling) or whose output layer is not a plain 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -78,9 +80,10 @@ def build_causal_lm(
                 f"model.init_args.model_name_or_path {model_name_or_path!r} is not a local directory "
                 "(a checkpoint saved with save_pretrained; nothing is downloaded at run time)"
             )
-        return transformers.AutoModelForCausalLM.from_pretrained(
-            model_name_or_path, local_files_only=True, **options
-        )
+        with refused_as("model.init_args.model_name_or_path", options):
+            return transformers.AutoModelForCausalLM.from_pretrained(
+                model_name_or_path, local_files_only=True, **options
+            )
     config = dict(config)
     model_type = config.pop("model_type", None)
     known = sorted(transformers.CONFIG_MAPPING.keys())
@@ -96,10 +99,29 @@ def build_causal_lm(
                 f"model.init_args.vocab_size={vocab_size} (linked to data.vocab_size)"
             )
         config["vocab_size"] = vocab_size
-    hf_config = transformers.AutoConfig.for_model(model_type, **config)
     if "dtype" in options and options["dtype"] == "auto":
         options.pop("dtype")
-    return transformers.AutoModelForCausalLM.from_config(hf_config, **options)
+    with refused_as("model.init_args.config", options):
+        hf_config = transformers.AutoConfig.for_model(model_type, **config)
+        return transformers.AutoModelForCausalLM.from_config(hf_config, **options)
+
+
+@contextlib.contextmanager
+def refused_as(option: str, options: dict[str, Any]) -> Iterator[None]:
+    """Re-raise what ``transformers`` or ``peft`` refuse (their own exception types, often on several lines)
+    as one-line `ConfigError` s naming the option the user gave: ``option``, or ``attn_implementation`` /
+    ``dtype`` when the message names them."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as err:  # their types vary (ValueError, huggingface_hub's validation errors, ...)
+        message = (
+            " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+        )
+        named = [name for name in options if name in message]
+        where = f"model.init_args.{named[0]}" if named else option
+        raise ConfigError(f"{where}: {message}") from err
 
 
 def add_lora(model: PreTrainedModel, lora: dict[str, Any]) -> nn.Module:
@@ -108,11 +130,9 @@ def add_lora(model: PreTrainedModel, lora: dict[str, Any]) -> nn.Module:
         import peft
     except ImportError as err:  # pragma: no cover - depends on the optional extra
         raise ConfigError("model.init_args.lora needs peft: pip install 'lit_losses[hf]'") from err
-    try:
+    with refused_as("model.init_args.lora", {}):
         config = peft.LoraConfig(task_type="CAUSAL_LM", **lora)
-    except TypeError as err:
-        raise ConfigError(f"model.init_args.lora: {err}") from err
-    return peft.get_peft_model(model, config)
+        return peft.get_peft_model(model, config)
 
 
 def causal_lm_of(model: nn.Module) -> nn.Module:

@@ -116,9 +116,14 @@ class TinyTransformer(nn.Module):
     """
 
     def __init__(
-        self, vocab_size: int, d_model: int, n_layers: int, n_heads: int, d_ff: int | None = None,
+        self,
+        vocab_size: int,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        d_ff: int | None = None,
         rope_base: float = 10000.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         check_transformer_shape(vocab_size, d_model, n_layers, n_heads, d_ff, rope_base)
         d_ff = d_ff or 64 * math.ceil(8 * d_model / 3 / 64)

@@ -127,6 +127,18 @@ def _hint(fn: Callable[..., Any], name: str) -> Any:
         return None
 
 
+_PLAIN_TYPES: tuple[tuple[type, Callable[[Any], bool], str], ...] = (
+    (int, lambda value: isinstance(value, int) and not isinstance(value, bool), "an integer"),
+    (bool, lambda value: isinstance(value, bool), "true or false"),
+    (str, lambda value: isinstance(value, str), "a string"),
+)
+"""The plain types a parameter's value is checked against: the type, the check, what the value must be."""
+
+
+def _plain_type(hint: Any) -> tuple[type, Callable[[Any], bool], str] | None:
+    return next((plain for plain in _PLAIN_TYPES if plain[0] is hint), None)
+
+
 def _typed(value: Any, hint: Any, where: str, own: str) -> Any:
     """``value`` if it fits ``hint`` (``float`` takes an int, as YAML writes ``2`` for ``2.0``; ``X | None``
     takes ``None`` (YAML ``null``) or what ``X`` takes)."""
@@ -143,18 +155,10 @@ def _typed_plain(value: Any, hint: Any, where: str, own: str, nullable: bool = F
         if number and math.isfinite(value):
             return float(value)
         expected = "a finite number"
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
+    elif (plain := _plain_type(hint)) is not None:
+        if plain[1](value):
             return value
-        expected = "an integer"
-    elif hint is bool:
-        if isinstance(value, bool):
-            return value
-        expected = "true or false"
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-        expected = "a string"
+        expected = plain[2]
     elif get_origin(hint) is Literal:
         if value in get_args(hint):
             return value

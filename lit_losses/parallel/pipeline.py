@@ -134,8 +134,14 @@ class PipelineLoss:
         local = count_masks(batch, keys, self.ignore_index)
         stats = GlobalStats(self._global, self.loss_scale, local, position=0, window=self.n_microbatches)
         weight, bias = self.output_projection()
-        head = head_for(weight, bias, self.head_backend, chunk_size=self.head_chunk_size,
-                        ignore_index=self.ignore_index, check_finite=False)  # fmt: skip
+        head = head_for(
+            weight,
+            bias,
+            self.head_backend,
+            chunk_size=self.head_chunk_size,
+            ignore_index=self.ignore_index,
+            check_finite=False,
+        )
         return self.objective(head, output, batch, stats, max(self.step, 0), "train").total * self.loss_scale
 
     def step_loss(self, losses: Sequence[Tensor]) -> Tensor:

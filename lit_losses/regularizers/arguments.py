@@ -84,8 +84,12 @@ def check_args(
             raise ConfigError(f"{where}.args.{key}={args[key]!r}: regularizer {name!r} {expected}")
 
 
-def _supplied(target: Callable[..., Any], parameters: list[inspect.Parameter], args: Mapping[str, Any],
-              legacy: bool | None) -> int:  # fmt: skip
+def _supplied(
+    target: Callable[..., Any],
+    parameters: list[inspect.Parameter],
+    args: Mapping[str, Any],
+    legacy: bool | None,
+) -> int:
     """How many leading positional parameters the call fills (``ctx``, or ``data, logprobs_list``): the
     form `build_term` will tell, from the signature with the arguments it takes bound."""
     if legacy is None:

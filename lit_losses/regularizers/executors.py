@@ -1,5 +1,14 @@
-"""Where terms run: the main thread, one persistent event loop (async terms), daemon threads
-(``executor: thread``) and a process pool (``executor: process``), each with its time limit."""
+"""Where regularizer terms run, for terms that call slow or blocking code: the main thread, one persistent
+event loop (async terms), daemon threads (``executor: thread``) and a process pool (``executor: process``),
+each with its time limit.
+
+The user need: a term that waits on I/O (a reward model or judge behind an HTTP API), runs long Python code
+holding the GIL, or may hang. Without this module such a term runs inline on the training thread: every
+step waits for it, terms run one after another instead of together, and a term that never returns hangs
+the run with no error. With it, an async term shares one event loop, a thread or process term runs beside
+the others, and one past its ``timeout_s`` fails with a `RegularizerError` (its ``on_error`` policy
+decides).
+"""
 
 from __future__ import annotations
 

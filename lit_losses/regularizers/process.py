@@ -1,8 +1,14 @@
 """``executor: process``: a sync term run in a worker process, with its exact gradient brought back.
 
-The worker receives detached copies of the term's inputs (the sequence form's ``(data, logprobs_list)``, or a
-`LossContext` with the head outputs it consumes), makes them leaves, calls the term and, when the scalar
-it returns requires grad, computes ``g_x = ∂value/∂x`` for each input ``x``. The main process rebuilds
+The user need: a term whose Python code holds the GIL for long (a CPU-bound metric, a parser, a library
+that is not thread-safe) or that may crash or hang the interpreter. In a thread it would still stall the
+training thread and a crash would take the run down; in a worker process it runs beside training, a hang is
+ended by killing the worker at ``timeout_s``, and its gradient still reaches the model. Without this module
+such terms have no isolation: ``executor: process`` would be refused.
+
+The worker receives detached copies of the term's inputs (``(data, logprobs_list)``, or a `LossContext`
+with the head outputs it consumes), makes them leaves, calls the term and, when the scalar it returns
+requires grad, computes ``g_x = ∂value/∂x`` for each input ``x``. The main process rebuilds
 ``value + Σ_x ⟨g_x, x − x.detach()⟩``: the same value, and the same gradient with respect to the inputs
 (a linearization: gradients travel as weights). A process term returns a scalar; workers
 compute on CPU copies of the inputs (the value and gradients come back to the inputs' device).

@@ -130,8 +130,11 @@ class Datum:
         """``{"target_tokens", "weights"[, "logprobs", "advantages"]}`` at the targets."""
         targets = self[LABELS_KEY][self.target_mask]
         inputs = {"target_tokens": targets}
-        for name, keys in (("weights", ("weights", "loss_weights")), ("logprobs", ("sampling_logprobs",)),
-                           ("advantages", ("advantages",))):  # fmt: skip
+        for name, keys in (
+            ("weights", ("weights", "loss_weights")),
+            ("logprobs", ("sampling_logprobs",)),
+            ("advantages", ("advantages",)),
+        ):
             value = next((v for v in map(self._at_targets, keys) if v is not None), None)
             if value is not None:
                 inputs[name] = value

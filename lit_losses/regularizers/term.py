@@ -222,6 +222,14 @@ def build_term(spec: RegularizerSpec) -> Term:
     _check_executor(spec, fn, is_async, where)
     call = sequences_term(fn) if sequences else fn
     return Term(
-        spec, call, needs, differentiable, is_async, spec.weight, spec.enabled, pointwise and not sequences,
-        fn=fn, form="sequences" if sequences else "context",
-    )  # fmt: skip
+        spec,
+        call,
+        needs,
+        differentiable,
+        is_async,
+        spec.weight,
+        spec.enabled,
+        pointwise and not sequences,
+        fn=fn,
+        form="sequences" if sequences else "context",
+    )

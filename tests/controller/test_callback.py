@@ -128,5 +128,5 @@ def test_cli_run_with_the_controlled_config(tmp_path):
 
     cli, _ = run_cli(["--config", str(REPO / "configs" / "controlled.yaml")], tmp_path)
     (ctrl,) = [c for c in cli.trainer.callbacks if isinstance(c, TrainingController)]
-    assert [c.name for c in ctrl.config.controllers] == ["loss-runaway"]
+    assert [c.name for c in ctrl.config.controllers] == ["loss-not-finite", "loss-runaway"]
     assert "train_loss" in ctrl.values and cli.trainer.global_step == 6

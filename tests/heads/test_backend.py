@@ -1,5 +1,7 @@
 """Every registered head backend against a float64 reference written here (plain ``F.linear`` +
-``log_softmax``): per-token outputs, ``weighted_ce`` and ``pointwise_loss``, values and gradients.
+``log_softmax``): per-token outputs, ``weighted_ce`` and ``pointwise_loss``, values and gradients, each
+through `FusedLMHead` and through the functional API (``linear_logprobs``, ``linear_cross_entropy``,
+``linear_pointwise_loss``).
 
 The cases are generated from `HEAD_BACKENDS`, so a newly registered backend is tested by this file without
 editing it. A backend that is not available here (``torch`` without `F.linear_cross_entropy`, ``liger``
@@ -12,13 +14,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lit_losses.heads import BACKEND_OUTPUTS, BACKENDS, HEAD_BACKENDS, Backend, FusedLMHead, HeadBackend
+from lit_losses.heads import (
+    BACKEND_OUTPUTS,
+    BACKENDS,
+    HEAD_BACKENDS,
+    Backend,
+    FusedLMHead,
+    HeadBackend,
+    linear_cross_entropy,
+    linear_logprobs,
+    linear_pointwise_loss,
+)
 from lit_losses.heads.backend import select_backend
 from lit_losses.heads.naive import naive_per_token
 
 IGNORE = -100
 DTYPES = [torch.float64, torch.float32]
 BIAS = [True, False]
+APIS = ["module", "functional"]
 
 
 def tolerance(dtype, name=None):
@@ -104,11 +117,15 @@ def output_cases():
 
 
 # ---- per-token outputs -------------------------------------------------------------------------
-def check_per_token(name, outputs, dtype, bias, v=101):
+def check_per_token(name, outputs, dtype, bias, v=101, api="module"):
     _, device = usable(name)
     *leaves, targets = problem(dtype, bias, device, v=v)
     ref_leaves = float64_leaves(leaves)
-    out = FusedLMHead(leaves[1], leaves[2], backend=name, chunk_size=8)(leaves[0], targets, outputs)
+    hidden, weight, b = leaves
+    if api == "module":
+        out = FusedLMHead(weight, b, backend=name, chunk_size=8)(hidden, targets, outputs)
+    else:
+        out = linear_logprobs(hidden, weight, targets, b, outputs=outputs, backend=name, chunk_size=8)
     ref = reference(*ref_leaves, targets)
     g = upstream(targets, outputs)
     ignored = targets == IGNORE
@@ -129,8 +146,9 @@ def check_per_token(name, outputs, dtype, bias, v=101):
 @pytest.mark.parametrize("bias", BIAS, ids=["bias", "no_bias"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("name", "outputs"), output_cases())
-def test_per_token_outputs_match_the_reference(name, outputs, dtype, bias):
-    check_per_token(name, outputs, dtype, bias)
+@pytest.mark.parametrize("api", APIS)
+def test_per_token_outputs_match_the_reference(api, name, outputs, dtype, bias):
+    check_per_token(name, outputs, dtype, bias, api=api)
 
 
 @pytest.mark.parametrize("name", ["chunked", "vocab_parallel"])
@@ -153,18 +171,26 @@ def test_undeclared_outputs_are_refused(name):
 
 
 # ---- plain cross-entropy -----------------------------------------------------------------------
-def check_weighted_ce(name, uniform, dtype, bias):
+def weighted_ce(api, name, leaves, targets, w):
+    """``Σ_t w_t · (−log p_t[y_t])`` with ``FusedLMHead.weighted_ce`` or ``linear_cross_entropy``."""
+    hidden, weight, bias = leaves
+    if api == "module":
+        return FusedLMHead(weight, bias, backend=name, chunk_size=8).weighted_ce(hidden, targets, w)
+    options = dict(token_weights=w, reduction="sum", backend=name, chunk_size=8)
+    return linear_cross_entropy(hidden, weight, targets, bias, **options)
+
+
+def check_weighted_ce(name, uniform, dtype, bias, api="module"):
     backend, device = usable(name)
     *leaves, targets = problem(dtype, bias, device)
     ref_leaves = float64_leaves(leaves)
-    head = FusedLMHead(leaves[1], leaves[2], backend=name, chunk_size=8)
     w = 0.37 if uniform else torch.rand(targets.shape, generator=torch.Generator().manual_seed(2)).double()
     w_backend = w if uniform else w.to(device, dtype)
     if backend.fused_ce is not None and not backend.takes_weights(uniform):
         with pytest.raises(ValueError, match="one weight for every token"):
-            head.weighted_ce(leaves[0], targets, w_backend)
+            weighted_ce(api, name, leaves, targets, w_backend)
         return
-    loss = head.weighted_ce(leaves[0], targets, w_backend) * 1.7
+    loss = weighted_ce(api, name, leaves, targets, w_backend) * 1.7
     ref_w = w if uniform else w.to(device)
     ref_loss = -(ref_w * reference(*ref_leaves, targets)["logprobs"]).sum() * 1.7
     assert_matches(loss, leaves, ref_loss, ref_leaves, dtype, name)
@@ -174,8 +200,21 @@ def check_weighted_ce(name, uniform, dtype, bias):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("uniform", [True, False], ids=["uniform", "per_token"])
 @pytest.mark.parametrize("name", HEAD_BACKENDS.names())
-def test_weighted_ce_matches_the_reference(name, uniform, dtype, bias):
-    check_weighted_ce(name, uniform, dtype, bias)
+@pytest.mark.parametrize("api", APIS)
+def test_weighted_ce_matches_the_reference(api, name, uniform, dtype, bias):
+    check_weighted_ce(name, uniform, dtype, bias, api=api)
+
+
+@pytest.mark.parametrize("name", HEAD_BACKENDS.names())
+def test_linear_cross_entropy_mean_is_torchs_cross_entropy(name):
+    _, device = usable(name)
+    *leaves, targets = problem(torch.float64, True, device)
+    ref_leaves = float64_leaves(leaves)
+    loss = linear_cross_entropy(leaves[0], leaves[1], targets, leaves[2], backend=name, chunk_size=8)
+    ref_loss = F.cross_entropy(F.linear(*ref_leaves).flatten(0, -2), targets.flatten(), ignore_index=IGNORE)
+    assert_matches(loss, leaves, ref_loss, ref_leaves, torch.float64, name)
+    none_valid = torch.full_like(targets, IGNORE)
+    assert float(linear_cross_entropy(leaves[0], leaves[1], none_valid, backend=name).detach()) == 0.0
 
 
 # ---- pointwise losses --------------------------------------------------------------------------
@@ -184,18 +223,27 @@ def chunk_loss(s, e, lp, lse, ent):
     return loss if ent is None else loss + 0.3 * ent.sum()
 
 
-def check_pointwise(name, with_entropy, dtype, bias):
+def pointwise_loss(api, name, leaves, targets, with_entropy):
+    """``Σ chunk_loss`` with ``FusedLMHead.pointwise_loss`` or ``linear_pointwise_loss``."""
+    hidden, weight, bias = leaves
+    if api == "module":
+        head = FusedLMHead(weight, bias, backend=name, chunk_size=8)
+        return head.pointwise_loss(hidden, targets, chunk_loss, with_entropy=with_entropy)
+    options = dict(with_entropy=with_entropy, backend=name, chunk_size=8)
+    return linear_pointwise_loss(hidden, weight, targets, chunk_loss, bias, **options)
+
+
+def check_pointwise(name, with_entropy, dtype, bias, api="module"):
     backend, device = usable(name)
     *leaves, targets = problem(dtype, bias, device)
     ref_leaves = float64_leaves(leaves)
-    head = FusedLMHead(leaves[1], leaves[2], backend=name, chunk_size=8)
     needed = ("logprobs", "lse", "entropy") if with_entropy else ("logprobs", "lse")
     # a backend computes it fused, from its per-token outputs, or (no per-token mode) delegates to chunked
     if backend.fused_pointwise is None and backend.outputs and not backend.gives(needed):
         with pytest.raises(ValueError, match="cannot give"):
-            head.pointwise_loss(leaves[0], targets, chunk_loss, with_entropy=with_entropy)
+            pointwise_loss(api, name, leaves, targets, with_entropy)
         return
-    loss = head.pointwise_loss(leaves[0], targets, chunk_loss, with_entropy=with_entropy)
+    loss = pointwise_loss(api, name, leaves, targets, with_entropy)
     ref = reference(*ref_leaves, targets)
     valid = targets != IGNORE
     ent = ref["entropy"][valid] if with_entropy else None
@@ -207,8 +255,9 @@ def check_pointwise(name, with_entropy, dtype, bias):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("with_entropy", [False, True], ids=["lp_lse", "lp_lse_entropy"])
 @pytest.mark.parametrize("name", HEAD_BACKENDS.names())
-def test_pointwise_loss_matches_the_reference(name, with_entropy, dtype, bias):
-    check_pointwise(name, with_entropy, dtype, bias)
+@pytest.mark.parametrize("api", APIS)
+def test_pointwise_loss_matches_the_reference(api, name, with_entropy, dtype, bias):
+    check_pointwise(name, with_entropy, dtype, bias, api=api)
 
 
 # ---- the registry and the choice of backend ---------------------------------------------------

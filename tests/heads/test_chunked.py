@@ -7,7 +7,7 @@ import torch
 
 from lit_losses.heads import FusedLMHead, chunked_ops, entropy_kernels
 from lit_losses.heads.chunked import ChunkedLogProbs, chunk_size_for, default_chunk_size
-from lit_losses.heads.chunked_ops import _row_dot
+from lit_losses.heads.chunked_ops import row_dot
 from lit_losses.heads.torch_lce import torch_available
 
 ALL = ("logprobs", "lse", "entropy")
@@ -300,7 +300,7 @@ def test_row_dot_is_each_rows_dot_product(shape, contiguous):
     if not contiguous:
         a, b = a.t(), b.t()
     ref = (a.double() * b.double()).sum(1)
-    torch.testing.assert_close(_row_dot(a, b).double(), ref, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(row_dot(a, b).double(), ref, rtol=1e-6, atol=1e-5)
 
 
 @pytest.mark.parametrize("path", ENTROPY_PATHS)
@@ -441,9 +441,9 @@ def test_compiled_entropy_at_a_production_vocabulary(path, compiled_kernels, mon
         return [float((got.double() - want).abs().max() / want.abs().max()) for got, want in pairs]
 
     taken = []
-    take = chunked_ops._Scratch.take
+    take = chunked_ops.LogitScratch.take
     monkeypatch.setattr(
-        chunked_ops._Scratch,
+        chunked_ops.LogitScratch,
         "take",
         lambda self, name, rows: taken.append((name, rows)) or take(self, name, rows),
     )

@@ -45,6 +45,16 @@ def test_fit_from_the_shipped_config_trains_a_llama_and_its_checkpoint_reloads(t
             "'lamma' is not a transformers model type; did you mean",
         ),
         ("--model.init_args.label_format=aligned", "label_format: 'aligned' is not one of"),
+        # refusals of transformers and peft, mapped to the option that caused them
+        ("--model.init_args.config.num_attention_heads=5", "model.init_args.config: Class validation error"),
+        (
+            "--model.init_args.lora={r: 4, target_modules: [nope]}",
+            "model.init_args.lora: Target modules {'nope'}",
+        ),
+        (
+            "--model.init_args.attn_implementation=flash_attention_9",
+            "model.init_args.attn_implementation: Spec",
+        ),
     ],
 )
 def test_bad_hf_settings_fail_with_one_line(override, expected, tmp_path):

@@ -43,5 +43,5 @@ def test_the_tensor_parallel_plan_shards_the_vocabulary(tied, expected):
 def test_a_model_without_decoder_layer_classes_asks_for_fsdp_modules():
     model = HFCausalLM(config=CONFIG)
     model.model._no_split_modules = []
-    with pytest.raises(ConfigError, match="set model.init_args.parallel.fsdp_modules"):
+    with pytest.raises(ConfigError, match=r"set model\.init_args\.parallel\.fsdp_modules"):
         fsdp_units(model, None)
