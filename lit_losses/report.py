@@ -4,7 +4,8 @@ each run's logged scalars (matplotlib figures embedded as PNG; the plotted numbe
 Panels, each drawn when its tags were logged (several runs overlay, e.g. an ablation):
 
 - **loss**: ``train/loss_total``, ``train/base_loss``, ``train/regularizer_total``; a controller's firings
-  (``controller/<name>/fired``) as dotted vertical lines, spike recoveries (``…/rollback``) dashed;
+  (``controller/<name>/fired``) as dotted vertical lines, spike recoveries (``…/rollback``) dashed, optimizer
+  steps skipped for a non-finite loss or gradient (``train/non_finite_step``) dash-dotted;
 - **contributions**: each regularizer's ``regularizers/<name>/contribution`` stacked (one panel per run);
 - **regularizer values** and **weights** (``regularizers/<name>/value``, ``…/weight``);
 - **learning rate** (Lightning's `LearningRateMonitor`: ``lr-<optimizer>[/pg<i>]``);
@@ -32,6 +33,12 @@ from matplotlib.figure import Figure
 from lit_losses.report_data import RunScalars, finite, read_runs
 
 LOSS_TAGS = ("train/loss_total", "train/base_loss", "train/regularizer_total")
+MARKER_STYLES = {
+    "fired": (":", "crimson"),
+    "rollback": ("--", "darkorange"),
+    "non_finite_step": ("-.", "black"),
+}
+"""How the step axis marks a controller firing, a spike recovery, an optimizer step skipped for NaN/Inf."""
 
 
 @dataclass
@@ -75,6 +82,11 @@ def controller_markers(runs: list[RunScalars]) -> list[Line]:
     for run in runs:
         for tag in run.tags("controller/", "/fired") + run.tags("controller/", "/rollback"):
             markers.append(line(run, tag, runs=len(runs)))
+        if "train/non_finite_step" in run.scalars:  # the steps skipped for a NaN/Inf (value 1)
+            skipped = line(run, "train/non_finite_step", runs=len(runs))
+            kept = [(step, v) for step, v in zip(skipped.steps, skipped.values, strict=True) if v > 0]
+            if kept:
+                markers.append(Line(skipped.label, [step for step, _ in kept], [v for _, v in kept]))
     return markers
 
 
@@ -110,10 +122,10 @@ def draw(panel: Panel) -> Figure:
         for ln in panel.lines:
             axes.plot(ln.steps, ln.values, label=ln.label, marker="." if len(ln.steps) < 30 else None)
     for marker in panel.markers:
-        style = "--" if marker.label.endswith("/rollback") else ":"
+        style, color = MARKER_STYLES[marker.label.rpartition("/")[2]]
         for step in marker.steps:
-            axes.axvline(step, linestyle=style, color="crimson", alpha=0.7)
-        axes.plot([], [], linestyle=style, color="crimson", label=marker.label)
+            axes.axvline(step, linestyle=style, color=color, alpha=0.7)
+        axes.plot([], [], linestyle=style, color=color, label=marker.label)
     axes.set_title(panel.title)
     axes.set_xlabel("step")
     axes.set_ylabel(panel.ylabel)

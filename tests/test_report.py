@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from lit_losses.cli import main
+from lit_losses.report import panels
 from lit_losses.report_data import read_runs
 from tests.cli_runs import fit_short, read_scalars, run_folder
 
@@ -76,3 +77,21 @@ def test_a_folder_without_events_is_one_error_line(tmp_path, monkeypatch, capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("lit-losses: error: report: ")
     assert "holds no TensorBoard event file" in err
+
+
+def test_controller_firings_recoveries_and_skipped_steps_are_marked_where_logged(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(tmp_path) as writer:
+        for step in range(10):
+            writer.add_scalar("train/loss_total", 1.0 / (step + 1), step)
+            writer.add_scalar("train/non_finite_step", float(step == 7), step)
+        for step in (3, 5):
+            writer.add_scalar("controller/recover/fired", 1.0, step)
+        writer.add_scalar("controller/recover/rollback", 1.0, 5)
+    (loss, *_) = panels(read_runs([tmp_path]))
+    assert {m.label: m.steps for m in loss.markers} == {
+        "controller/recover/fired": [3, 5],
+        "controller/recover/rollback": [5],
+        "train/non_finite_step": [7],
+    }
