@@ -21,10 +21,12 @@ _INCLUDE = re.compile(r"<!-- include: (.*?) -->")
 def cli_help(args: str) -> str:
     """What ``lit-losses <args>`` prints (the help options exit with status 0)."""
     from lit_losses.cli import cli_main
+    from lit_losses.report import report_main
 
+    words = args.split()
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        cli_main(args.split())
+        report_main(words[1:]) if words[0] == "report" else cli_main(words)
     return f"```text\n$ lit-losses {args}\n{out.getvalue().rstrip()}\n```"
 
 
