@@ -62,6 +62,7 @@ class RunRecord(L.Callback):
         self.record: dict[str, Any] | None = None
         """The end record (``None`` until the fit ended)."""
         self._sent: dict[int, int] = {}
+        self._stopped: tuple[EndReason, str, dict[str, Any] | None] | None = None
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -73,8 +74,13 @@ class RunRecord(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         log_firings(trainer, self._sent)
-        reason, detail, controller = stop_reason(trainer)
-        self._finish(trainer, end_record(trainer, reason=reason, detail=detail, controller=controller))
+        self._stopped = stop_reason(trainer)  # written at teardown, after the last checkpoints are saved
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._stopped is not None:
+            reason, detail, controller = self._stopped
+            self._stopped = None
+            self._finish(trainer, end_record(trainer, reason=reason, detail=detail, controller=controller))
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException

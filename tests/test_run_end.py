@@ -24,7 +24,7 @@ STOP_AT_3 = {
 
 
 def test_main_job_ends_with_record_and_summary(tmp_path, capsys):
-    fit_short(tmp_path / "run")
+    fit_short(tmp_path / "run", "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.save_last=true")
     folder = run_folder(tmp_path / "run")
     record = run_end(folder)
     scalars = read_scalars(folder)
@@ -40,6 +40,7 @@ def test_main_job_ends_with_record_and_summary(tmp_path, capsys):
     assert f"tensorboard --logdir {folder.resolve()}" in out
     assert f"lit-losses report {folder.resolve()}" in out
     assert record["checkpoints"][-1] in out
+    assert Path(record["checkpoints"][-1]).name == "last.ckpt"  # saved at the very end, still recorded
 
 
 def test_a_controller_stop_is_recorded_with_its_rule_and_step(tmp_path):
