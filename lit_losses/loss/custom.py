@@ -140,25 +140,26 @@ class _CustomCall:
         total = base_total + reg_total
         check_something_to_optimize(total, {**base_terms, **reg_terms}, "forward_backward_custom")
         self._backward(total * self.ctx.stats.loss_scale)
-        # this rank's shares of the global values: their sum over the ranks is the global batch's
-        shares = [
-            total,
-            reg_total,
-            *(v for t in (*base_terms.values(), *reg_terms.values()) for v in _sums(t)),
-        ]
-        errors = [t.error for t in (*base_terms.values(), *reg_terms.values())]
-        sums, worst = _all_reduce_metrics(shares, errors, self.group)
-        loss_total, reg_sum, *term_sums = sums
-        metrics: dict[str, Any] = {"loss_total": loss_total}
-        entries = {}
-        for i, (name, result) in enumerate({**base_terms, **reg_terms}.items()):
-            value, contribution = term_sums[2 * i : 2 * i + 2]
-            entries[name] = _entry(result, value, contribution, worst[i])
+        return self._global_metrics(total, reg_total, {**base_terms, **reg_terms})
+
+    def _global_metrics(
+        self, total: Tensor, reg_total: Tensor, results: dict[str, TermResult]
+    ) -> dict[str, Any]:
+        """The metrics of the global batch: this rank's shares summed over the ranks (error flags: max)."""
+        shares = [total, reg_total]
+        for result in results.values():
+            shares += [result.value, result.contribution]
+        sums, worst = _all_reduce_metrics(shares, [r.error for r in results.values()], self.group)
+        entries = {
+            name: _entry(result, value=sums[2 + 2 * i], contribution=sums[3 + 2 * i], error=worst[i])
+            for i, (name, result) in enumerate(results.items())
+        }
+        metrics: dict[str, Any] = {"loss_total": sums[0]}
         if self.has_base:
             base = entries.pop(BASE_NAME)
             metrics["base_loss"] = {"value": base["value"], "weight": 1.0, "custom": base["custom"]}
         metrics["regularizers"] = entries
-        metrics["regularizer_total"] = reg_sum
+        metrics["regularizer_total"] = sums[1]
         return metrics
 
     def _backward(self, total: Tensor) -> None:
@@ -207,10 +208,6 @@ def step_stats(
     keys = list(local)
     totals, ranks = all_reduce_counts(counts_to_tensor(local, keys), group)
     return GlobalStats(masks=tensor_to_counts(totals, keys), loss_scale=float(ranks), local=local)
-
-
-def _sums(result: TermResult) -> tuple[Any, Any]:
-    return result.value, result.contribution
 
 
 def _all_reduce_metrics(
