@@ -8,7 +8,7 @@ TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.4,
 CONFIG ?= configs/tiny_lm.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install fit test lint bench clean
+.PHONY: install fit test lint bench docs serve-docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,9 +19,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@
 
-# the tests also cover the [hf] extra (transformers, peft)
-$(VENV)/.installed-hf: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e ".[dev,hf]"
+# the tests also cover the [hf] extra (transformers, peft) and build the docs ([docs]: mkdocs)
+$(VENV)/.installed-hf: $(VENV)/.installed pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[dev,hf,docs]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -36,8 +36,15 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# the docs site (docs/, mkdocs.yml) into site/; serve-docs: live at http://127.0.0.1:8000
+docs: $(VENV)/.installed-hf
+	$(BIN)/python -m mkdocs build --strict
+
+serve-docs: $(VENV)/.installed-hf
+	$(BIN)/python -m mkdocs serve
+
 bench: install
 	$(BIN)/python benchmarks/fused_head.py
 
 clean:
-	rm -rf $(VENV) runs lightning_logs .pytest_cache
+	rm -rf $(VENV) runs lightning_logs .pytest_cache site

@@ -28,8 +28,10 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 import lit_losses
+from lit_losses.console import quiet_console, use_step_progress_bar
 from lit_losses.data.text import TextDataModule
 from lit_losses.errors import ConfigError
+from lit_losses.import_hint import import_error_line
 from lit_losses.module import RegularizedLM
 from lit_losses.preemption import PreemptionCheckpoint
 from lit_losses.registry import closest
@@ -43,6 +45,7 @@ from lit_losses.run_dir import (
     is_global_zero,
     launched_logger_versions,
 )
+from lit_losses.run_end import add_run_callbacks
 from lit_losses.trainer_errors import RunStarted, lightning_config_error
 
 PUBLIC_API = {name: getattr(lit_losses, name) for name in lit_losses.__all__}
@@ -101,7 +104,7 @@ class LitLossesParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
             super().error(message, ex)
-        print(f"lit-losses: error: {one_line_error(message)}", file=sys.stderr)
+        print(f"lit-losses: error: {import_error_line(message) or one_line_error(message)}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -177,6 +180,9 @@ class LitLossesCLI(LightningCLI):
             isinstance(c, PreemptionCheckpoint) for c in self.trainer.callbacks
         ):
             self.trainer.callbacks.append(PreemptionCheckpoint())
+        if self.subcommand == "fit":
+            add_run_callbacks(self.trainer)
+            use_step_progress_bar(self.trainer, self.config["fit"]["trainer"].get("callbacks"))
         claim_run_dir(self)
 
 
@@ -360,6 +366,7 @@ def _fail_on_config_error(err: BaseException) -> None:
 
 def cli_main(args: list[str] | None = None) -> LitLossesCLI:
     """Run ``lit-losses`` with ``args`` (default: ``sys.argv[1:]``) and return the CLI object."""
+    quiet_console()
     try:
         return LitLossesCLI(
             RegularizedLM,
@@ -376,7 +383,13 @@ def cli_main(args: list[str] | None = None) -> LitLossesCLI:
 
 
 def main() -> None:
-    """Console-script entry point ``lit-losses`` (exit status 0 on success)."""
+    """Console-script entry point ``lit-losses`` (exit status 0 on success); ``lit-losses report …`` is
+    `lit_losses.report.report_main`, every other subcommand LightningCLI's."""
+    if sys.argv[1:2] == ["report"]:
+        from lit_losses.report import report_main  # matplotlib only when a report is asked for
+
+        report_main(sys.argv[2:])
+        return
     cli_main()
 
 

@@ -26,8 +26,8 @@ class LossContext:
         stats: global counts of the optimizer step and the ``loss_scale``.
         step: the trainer's global (optimizer) step.
         stage: ``"train"``, ``"val"`` or ``"predict"``.
-        cache: values derived from the context once and shared by its terms (e.g. the design's
-            ``(data, logprobs_list)``).
+        cache: values derived from the context once and shared by its terms (e.g. the sequence
+            form's ``(data, logprobs_list)``).
 
     Example:
         >>> import torch

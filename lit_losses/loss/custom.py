@@ -41,18 +41,18 @@ def forward_backward_custom(
     loss_fn: Callable[..., Any] | None = None,
     regularizers: Sequence[Mapping[str, Any] | RegularizerSpec] | None = None,
 ) -> dict[str, Any]:
-    """Forward, the design's loss functions, backward: returns the design's metrics.
+    """Forward, the sequence-form loss functions, backward: returns the telemetry dict of the call.
 
     Args:
         model: a `RegularizedLM` (its ``forward_hidden``, ``output_projection``, ``loss_agg`` and, for
             terms aggregated with ``seq-mean-token-sum-norm``, ``loss_agg_norm``: the constant ``C``).
         data: a batch dict (``input_ids``, ``labels``, optionally ``segment_ids``, …) or a list of
             sequences, each a dict with ``input_ids`` and ``labels`` (``ignore_index``: no target) or in
-            the design's form, ``model_input`` and ``loss_fn_inputs["target_tokens"]`` (and
+            the sequence form, ``model_input`` and ``loss_fn_inputs["target_tokens"]`` (and
             ``loss_fn_inputs["weights"]``: 0 = no target), padded into one batch. The functions get one
             `Datum` per sequence, in the same order.
         loss_fn: the legacy single callback ``loss_fn(data, logprobs_list) -> (loss, metrics)``.
-        regularizers: the design's ``[{"fn": f, "weight": w, "name": n}, ...]`` (any `RegularizerSpec`
+        regularizers: sequence-form terms ``[{"fn": f, "weight": w, "name": n}, ...]`` (any `RegularizerSpec`
             field may be added: ``executor``, ``timeout_s``, ``on_error``, …); sync or async.
 
     Returns:
@@ -239,7 +239,7 @@ def _entry(result: TermResult, value: float, contribution: float, error: float) 
 
 
 def _ids(value: Any, where: str) -> Tensor:
-    """A 1-D ``long`` tensor from a tensor, a list, or the design's ``ModelInput``/``TensorData``."""
+    """A 1-D ``long`` tensor from a tensor, a list, or a Tinker-style ``ModelInput``/``TensorData``."""
     for method in ("to_ints", "tolist"):
         if not isinstance(value, Tensor) and callable(getattr(value, method, None)):
             value = getattr(value, method)()
@@ -268,7 +268,7 @@ def _sequence(item: Any, i: int, ignore_index: int) -> tuple[Tensor, Tensor]:
             labels = torch.where(weights.to(labels.device) != 0, labels, ignore_index)
     else:
         raise ValueError(
-            f"data[{i}] must have 'input_ids' and 'labels', or the design's 'model_input' and "
+            f"data[{i}] must have 'input_ids' and 'labels', or the sequence form's 'model_input' and "
             f"'loss_fn_inputs'; got {type(item).__name__}"
         )
     if ids.shape != labels.shape:
@@ -315,7 +315,7 @@ class CustomLossMixin:
         loss_fn: Callable[..., Any] | None = None,
         regularizers: Sequence[Mapping[str, Any] | RegularizerSpec] | None = None,
     ) -> dict[str, Any]:
-        """The design's call for manual loops: see `lit_losses.loss.custom.forward_backward_custom`."""
+        """The call for manual loops: see `lit_losses.loss.custom.forward_backward_custom`."""
         return forward_backward_custom(self, data, loss_fn, regularizers=regularizers)
 
     async def forward_backward_custom_async(

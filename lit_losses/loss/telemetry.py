@@ -101,8 +101,9 @@ class StepTelemetry(nn.Module):
 
 
 def nested_telemetry(values: Mapping[str, Tensor], last_terms: Mapping[str, TermResult]) -> dict[str, Any]:
-    """The flat logged values as the nested dict users read (`RegularizedLM.telemetry`; the design's
-    schema, see `StepTelemetry`). The base loss's weight is 1 unless ``train/base_loss_weight`` says."""
+    """The flat logged values as the nested dict users read (`RegularizedLM.telemetry`; the
+    schema of ``docs/concepts/telemetry.md``, see `StepTelemetry`). The base loss's weight is 1 unless
+    ``train/base_loss_weight`` says."""
 
     def get(key: str) -> float:
         return float(values[key]) if key in values else 0.0

@@ -2,7 +2,7 @@
 
 Layers: `spec` (configuration) → `registry` (names) → `term` (one resolved term, its checks) →
 `runner` (`RegularizerSet`, the general path) and `fused` (pointwise terms inside the fused head);
-`sequences` is the design's ``fn(data, logprobs_list)`` view, `scalar` the rule for scalar terms,
+`sequences` is the sequence form's ``fn(data, logprobs_list)`` view, `scalar` the rule for scalar terms,
 `executors` and `process` where terms run; `builtins` and `legacy` are terms; `testing` checks a term's
 gradient.
 """

@@ -29,7 +29,7 @@ def check_args(
 ) -> None:
     """Refuse ``args`` that ``target`` (a registered function or class) would not accept.
 
-    A function is called as ``fn(ctx, **args)`` or, in the design's form, ``fn(data, logprobs_list,
+    A function is called as ``fn(ctx, **args)`` or, in the sequence form, ``fn(data, logprobs_list,
     **args)`` (``legacy``, or told from the signature with ``args`` bound); a class is built with
     ``cls(**args)``. The leading parameters the call supplies are not arguments.
 

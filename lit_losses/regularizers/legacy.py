@@ -1,4 +1,4 @@
-"""The design's legacy single callback ``loss_fn(data, logprobs_list) -> (loss, metrics)`` as a term.
+"""The legacy single callback ``loss_fn(data, logprobs_list) -> (loss, metrics)`` as a term.
 
 Functions in that form need no adapter in a `RegularizerSpec` (their signature says it, see
 `lit_losses.regularizers.sequences`); `legacy_term` wraps one by hand, with extra keyword arguments.

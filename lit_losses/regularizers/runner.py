@@ -26,7 +26,7 @@ class RegularizerSet:
     In a step, async terms (on one persistent event loop), ``executor: thread`` and ``process`` terms
     start first and run concurrently with the main-thread terms; results are combined in name order, so
     the order of the terms in the config never changes the result. A term is ``fn(ctx)`` or, in the
-    design's form, ``fn(data, logprobs_list)`` (`lit_losses.regularizers.sequences`). Each output is
+    sequence form, ``fn(data, logprobs_list)`` (`lit_losses.regularizers.sequences`). Each output is
     checked (a tensor, of shape ``[B, T]`` or scalar, finite at valid positions, with a gradient path
     unless declared non-differentiable) and aggregated with the global counts of its mask key: a
     matrix with `aggregate`, a scalar with the term's ``scalar`` rule (`scalar_value`).
@@ -164,7 +164,7 @@ class RegularizerSet:
         return self.combine(ctx, active, await self.executors.run_async(active, ctx))
 
     def prepare(self, ctx: LossContext) -> list[Term]:
-        """The enabled terms; builds the design's ``(data, logprobs_list)`` once, on this thread."""
+        """The enabled terms; builds the sequence form's ``(data, logprobs_list)`` once, on this thread."""
         active = self.active()
         if any(t.form == "sequences" for t in active):
             sequence_inputs(ctx)

@@ -3,7 +3,7 @@
 A step is split into micro-batches ``m`` (gradient accumulation × data-parallel ranks), each normalized
 by the step's global counts (`GlobalStats`). A term that returns a per-token matrix is aggregated
 exactly (`lit_losses.aggregation.aggregate`); a term that returns a scalar ``r_m`` (every function in the
-design's ``fn(data, logprobs_list)`` form does) contributes ``c_m`` below, and the step's value is
+sequence form ``fn(data, logprobs_list)`` does) contributes ``c_m`` below, and the step's value is
 ``Σ_m c_m`` over every micro-batch and rank. With ``u_m`` the micro-batch's units of the term's mode
 (valid tokens for ``token-*``, sequences with a valid token for ``seq-*``) and ``U = Σ_m u_m``:
 
@@ -12,7 +12,7 @@ rule        ``c_m``                                the step's value
 ==========  =====================================  ===================================================
 ``share``   ``r_m · u_m / U`` (mean modes),        the mean over the step's units when ``r_m`` is the
             ``r_m`` (``token-sum``)                mean over its own (a sum for ``token-sum``)
-``sum``     ``r_m``                                ``Σ_m r_m``: the design's semantics (gradients of
+``sum``     ``r_m``                                ``Σ_m r_m``, as ``forward_backward_custom`` (gradients of
                                                    successive calls add up until the optimizer step)
 ==========  =====================================  ===================================================
 

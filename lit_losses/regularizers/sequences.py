@@ -1,6 +1,8 @@
-"""The design's view of a micro-batch: ``data`` (one `Datum` per sequence) and an aligned ``logprobs_list``.
+"""The sequence form's view of a micro-batch: ``data`` (a `Datum` per sequence), an aligned ``logprobs_list``.
 
-A loss function in the design's form, ``fn(data, logprobs_list) -> (loss, metrics)``, receives
+The form is explained in ``docs/tutorials/regularizers.md``.
+
+A loss function in the sequence form, ``fn(data, logprobs_list) -> (loss, metrics)``, receives
 
 - ``data``: one `Datum` per sequence, in order: a row, or in packed rows (``segment_ids``) a
   (row, segment) pair, segments in their order in the row. Padding (a row's last segment when its id is
@@ -29,18 +31,18 @@ if TYPE_CHECKING:
     from lit_losses.loss.context import LossContext
 
 SequenceFn = Callable[[list["Datum"], list[Tensor]], Any]
-"""The design's loss function: ``fn(data, logprobs_list) -> (loss, metrics)`` (or a coroutine of it)."""
+"""A sequence-form loss function: ``fn(data, logprobs_list) -> (loss, metrics)`` (or a coroutine of it)."""
 
 _CACHE_KEY = "sequence_inputs"
 
 
 class Datum:
-    """One sequence of a micro-batch, as a design-form function ``fn(data, logprobs_list)`` sees it.
+    """One sequence of a micro-batch, as a sequence-form function ``fn(data, logprobs_list)`` sees it.
 
     A read-only mapping of the sequence's batch fields: per-token fields (tensors ``[B, T, ...]``, e.g.
     ``input_ids``, ``labels``, ``position_ids``) at the sequence's positions, per-row fields (tensors or
     lists of length ``B``) at its row, anything else as in the batch (each sliced when first read). The
-    design's names:
+    sequence form's names:
 
     - ``model_input``: the sequence's input tokens (``datum["input_ids"]``),
     - ``loss_fn_inputs["target_tokens"]``: its targets (labels at its target positions, ignored
@@ -124,7 +126,7 @@ class Datum:
 
     @property
     def model_input(self) -> Tensor | None:
-        """The sequence's input tokens (the design's ``datum.model_input``)."""
+        """The sequence's input tokens (the sequence form's ``datum.model_input``)."""
         return self.get("input_ids")
 
     @property
@@ -265,7 +267,7 @@ def is_coroutine_function(fn: Any) -> bool:
 
 
 def takes_sequences(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` has the design's signature: two required positional parameters
+    """Whether ``fn`` has the sequence form's signature: two required positional parameters
     ``(data, logprobs_list)``; one (``ctx``), ``*args`` only or an unreadable signature: ``False``."""
     try:
         parameters = inspect.signature(fn).parameters.values()

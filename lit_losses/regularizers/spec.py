@@ -27,7 +27,7 @@ class RegularizerSpec:
     """One named, weighted, schedulable loss term.
 
     ``total = base + Σ_i weight_i · schedule_i(step) · term_i`` where ``term_i`` is the term's output
-    aggregated with ``agg`` and the global counts of ``mask_key``. A dict in the design's form,
+    aggregated with ``agg`` and the global counts of ``mask_key``. A dict in the sequence form,
     ``{"fn": f, "weight": 0.1, "name": "topology"}`` with ``f(data, logprobs_list) -> (loss, metrics)``
     (sync or async), is a spec as it stands.
 
@@ -46,7 +46,7 @@ class RegularizerSpec:
     """Unique name (telemetry: ``regularizers/<name>/…``); also the registry name when ``fn`` is unset."""
     fn: str | Callable[..., Any] | None = None
     """Registry name, import path ``pkg.module.function``, or (Python) a callable: ``fn(ctx)`` or the
-    design's ``fn(data, logprobs_list)`` (told apart by its signature, see ``legacy``)."""
+    sequence form ``fn(data, logprobs_list)`` (told apart by its signature, see ``legacy``)."""
     weight: float = 1.0
     """Weight (scaled by ``schedule``); changeable at run time, saved in checkpoints."""
     enabled: bool = True
@@ -79,18 +79,19 @@ class RegularizerSpec:
     allow_negative_weight: bool = False
     """Allow ``weight < 0`` (e.g. a bonus written as a negative penalty)."""
     legacy: bool | None = None
-    """``fn``'s calling convention: ``True``: the design's ``fn(data, logprobs_list) -> (loss, metrics)``
+    """``fn``'s calling convention: ``True``: the sequence form ``fn(data, logprobs_list) -> (loss, metrics)``
     (one `Datum` and one aligned 1-D log-probability tensor per sequence); ``False``: ``fn(ctx)``
-    (a `LossContext`); ``None``: from the signature (two required positional parameters: the design's)."""
+    (a `LossContext`); ``None``: from the signature (two required positional parameters: the
+    sequence form)."""
     args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the term (a class's constructor, or the function's extra arguments)."""
     run_in_executor: bool = False
-    """The design's flag: ``True`` runs a sync term in a thread (``executor: thread``)."""
+    """``True`` runs a sync term in a thread (``executor: thread``)."""
     scalar: ScalarRule = "share"
     """How a scalar output ``r_m`` of micro-batch ``m`` enters the optimizer step (`scalar_value`):
     ``share``: ``r_m`` is this micro-batch's value in the term's mode (a mean over its tokens or
     sequences; for ``token-sum`` their sum), weighted by its share of the step's global count (as is
-    for ``token-sum``); ``sum``: the design's semantics, ``r_m`` as is in every micro-batch (the step
+    for ``token-sum``); ``sum``: ``r_m`` as is in every micro-batch (the step
     sums them, as successive ``forward_backward_custom`` calls before one optimizer step). With one
     micro-batch per step both use the value as returned."""
 
@@ -118,7 +119,7 @@ class RegularizerSpec:
 
 
 def as_spec(value: RegularizerSpec | Mapping[str, Any], where: str) -> RegularizerSpec:
-    """``value`` as a `RegularizerSpec` (a dict in the design's form ``{"fn", "weight", "name"}`` or with
+    """``value`` as a `RegularizerSpec` (a dict in the sequence form ``{"fn", "weight", "name"}`` or with
     any other spec field); an unknown or missing field, an unknown term and ``args`` the term does not
     take (`check_args`) are a `ConfigError` naming ``where``.
 

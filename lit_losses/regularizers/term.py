@@ -19,7 +19,7 @@ from lit_losses.regularizers.sequences import is_coroutine_function, sequences_t
 from lit_losses.regularizers.spec import RegularizerSpec
 
 Form = Literal["context", "sequences"]
-"""A term's calling convention: ``fn(ctx)`` or the design's ``fn(data, logprobs_list)``."""
+"""A term's calling convention: ``fn(ctx)`` or the sequence form ``fn(data, logprobs_list)``."""
 
 
 class RegularizerError(RuntimeError):
@@ -56,8 +56,8 @@ class Term:
 
     ``call(ctx)`` runs it; ``fn`` is the user's callable (arguments bound) in its own ``form``.
     ``differentiable``: ``True``: its value must have a gradient path; ``False``: none expected (warns
-    once); ``None`` (design-form functions): a value without gradient is allowed and adds to the loss
-    value only (the design's non-differentiable terms, warned once). A value that requires grad but has
+    once); ``None`` (sequence-form functions): a value without gradient is allowed and adds to the loss
+    value only (non-differentiable sequence-form terms, warned once). A value that requires grad but has
     no path to the head outputs or a parameter is an error in every case but ``False``.
     """
 

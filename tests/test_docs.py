@@ -1,0 +1,66 @@
+"""The docs site: ``mkdocs build --strict`` passes, and every code block of the docs runs or parses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.docs_blocks import DOCS, REPO, blocks, pages, run_python_blocks
+
+pytest.importorskip("mkdocs")
+PYTHON_PAGES = [p for p in pages() if blocks(p, "python")]
+
+
+def test_the_docs_have_runnable_examples():
+    assert len(PYTHON_PAGES) >= 10, PYTHON_PAGES
+
+
+@pytest.mark.parametrize("page", PYTHON_PAGES, ids=lambda p: str(p.relative_to(DOCS)))
+def test_python_blocks_run_top_to_bottom(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run_python_blocks(page, tmp_path)
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(DOCS)))
+def test_yaml_and_json_blocks_parse(page):
+    for block in blocks(page):
+        if block.language == "yaml":
+            assert isinstance(yaml.safe_load(block.text), dict), block.text
+        elif block.language == "json":  # a JSON object, or JSONL: one object per line
+            text = block.text.strip()
+            lines = (
+                [text]
+                if text.startswith("{") and text.endswith("}") and "\n{" not in text
+                else text.splitlines()
+            )
+            assert all(isinstance(json.loads(line), dict) for line in lines)
+
+
+def blocks_of_objects(lines: list[str]) -> list[str]:
+    """The lines that start a JSON object (one: a single object over several lines)."""
+    return [line for line in lines if line.startswith("{")]
+
+
+@pytest.mark.slow
+def test_mkdocs_build_strict(tmp_path):
+    """No broken link, no missing reference; the CLI options page and the API reference are generated."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), NO_MKDOCS_2_WARNING="1")
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    cli_page = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    for option in (
+        "--trainer.max_steps",
+        "--model.head_backend",
+        "--data.tokens_per_batch",
+        "--resume_changes",
+    ):
+        assert option in cli_page, option
+    api_page = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    assert "GlobalStatsLoader" in api_page and "forward_backward_custom" in api_page
