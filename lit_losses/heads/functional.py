@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from lit_losses.choices import check_choice
-from lit_losses.heads import chunked, liger, naive, torch_lce
+from lit_losses.heads import blocked, chunked, liger, naive, torch_lce
 from lit_losses.heads.backend import (
     HEAD_BACKENDS,
     BackendOutputs,
@@ -45,17 +45,17 @@ from lit_losses.heads.backend import (
     weight_vector,
 )
 from lit_losses.heads.output import HEAD_OUTPUTS, HeadOutput, check_head_inputs, normalize_outputs
-from lit_losses.heads.precision import MatmulPrecision, in_compute_dtype
+from lit_losses.heads.precision import MatmulPrecision, compute_dtype, in_compute_dtype
 
 #: The head backends a configuration can name (``auto`` picks among the registered ones).
-Backend = Literal["auto", "chunked", "naive", "torch", "liger"]
+Backend = Literal["auto", "chunked", "blocked", "naive", "torch", "liger"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 #: Per-token outputs each registered backend can give (a live view of `HEAD_BACKENDS`).
 BACKEND_OUTPUTS = BackendOutputs()
 #: How `linear_cross_entropy` reduces the weighted per-token losses.
 Reduction = Literal["mean", "sum"]
 
-_BUILTIN = (chunked.CHUNKED, naive.NAIVE, torch_lce.TORCH, liger.LIGER)
+_BUILTIN = (chunked.CHUNKED, blocked.BLOCKED, naive.NAIVE, torch_lce.TORCH, liger.LIGER)
 if set(BACKENDS) != {"auto", *(b.name for b in _BUILTIN)}:  # pragma: no cover - a maintenance error
     raise RuntimeError(f"Backend lists {BACKENDS}; the built-in backends are {[b.name for b in _BUILTIN]}")
 
@@ -101,6 +101,12 @@ class HeadSettings:
         """The keyword options of a functional call (every field but ``weight`` and ``bias``)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("weight", "bias")}
 
+    def narrow_weight(self, hidden: Tensor) -> bool:
+        """Whether the weight is stored in a narrower dtype than the call's compute dtype (a bf16 weight,
+        fp32 compute): ``auto`` then takes the ``blocked`` backend (`select_backend`)."""
+        dtype = compute_dtype(hidden, self.weight, self.bias, self.accum_dtype)
+        return torch.finfo(self.weight.dtype).bits < torch.finfo(dtype).bits
+
     def check_inputs(self, hidden: Tensor, targets: Tensor) -> None:
         """`check_head_inputs` of one call's ``hidden`` and ``targets`` against this weight and bias."""
         check_head_inputs(hidden, targets, self.weight, self.bias, self.ignore_index, self.check_finite)
@@ -134,7 +140,8 @@ def linear_logprobs(
         targets: ``[...]`` token ids (``ignore_index`` where none).
         bias: ``[V]`` or ``None``.
         outputs: one or more of ``"logprobs"``, ``"lse"``, ``"entropy"``.
-        backend: ``auto`` (``chunked``), ``chunked``, ``naive``, ``torch`` (``logprobs`` only), or a
+        backend: ``auto`` (``chunked``; ``blocked`` for a weight narrower than the compute dtype, see
+            `select_backend`), ``chunked``, ``blocked``, ``naive``, ``torch`` (``logprobs`` only), or a
             registered name (`HEAD_BACKENDS`).
         chunk_size: tokens per chunk (default: from a memory budget, `default_chunk_size`).
         ignore_index: target value of positions without a label.
@@ -175,8 +182,8 @@ def linear_logprobs(
     )
     outputs = normalize_outputs(outputs)
     head.check_inputs(hidden, targets)
-    route = select_backend(backend, "per_token", outputs=outputs)
-    with in_compute_dtype(head, hidden) as (cast, h):
+    route = select_backend(backend, "per_token", outputs=outputs, narrow_weight=head.narrow_weight(hidden))
+    with in_compute_dtype(head, hidden, keep_weight=route.backend.casts_weight_blocks) as (cast, h):
         return route.backend.per_token(cast, h, targets, outputs)
 
 
@@ -259,9 +266,11 @@ def linear_cross_entropy(
         w = w / max(int(h.shape[0]), 1)
     # CUDA-only kernels (Liger) compute in fp32 at best: float64 stays on the exact chunked path
     cuda_kernel = hidden.is_cuda and hidden.dtype != torch.float64
-    route = select_backend(backend, "weighted_ce", uniform=uniform, on_cuda=cuda_kernel)
+    route = select_backend(
+        backend, "weighted_ce", uniform=uniform, on_cuda=cuda_kernel, narrow_weight=head.narrow_weight(h)
+    )
     if route.fused:
-        with in_compute_dtype(head, h) as (cast, h):
+        with in_compute_dtype(head, h, keep_weight=route.backend.casts_weight_blocks) as (cast, h):
             return route.backend.fused_ce(cast, h, y, w)
     w = weight_vector(w, h.shape[0], h.device)
     out = linear_logprobs(hidden, weight, targets, bias, **head.options())
@@ -345,9 +354,9 @@ def linear_pointwise_loss(
     valid, h, y = valid_tokens(hidden, targets, ignore_index)
     default = HEAD_OUTPUTS if with_entropy else ("logprobs", "lse")
     outputs = ("logprobs", *(o for o in normalize_outputs(needs or default) if o != "logprobs"))
-    route = select_backend(backend, "pointwise", outputs=outputs)
+    route = select_backend(backend, "pointwise", outputs=outputs, narrow_weight=head.narrow_weight(h))
     if route.fused:
-        with in_compute_dtype(head, h) as (cast, h):
+        with in_compute_dtype(head, h, keep_weight=route.backend.casts_weight_blocks) as (cast, h):
             return route.backend.fused_pointwise(cast, h, y, chunk_loss, with_entropy)
     out = linear_logprobs(hidden, weight, targets, bias, outputs=outputs, **head.options())
     lse = None if out.lse is None else out.lse[valid]
