@@ -63,7 +63,7 @@ def vocab_block_size(n_tokens: int, vocab_size: int, hidden_size: int, chunk_siz
         device: where the logits live.
 
     Returns:
-        Between 16 and ``V`` rows.
+        At least 16 rows (or ``V`` when smaller), at most ``V``.
 
     Example:
         >>> from lit_losses.heads.vocab_blocks import vocab_block_size
@@ -72,7 +72,7 @@ def vocab_block_size(n_tokens: int, vocab_size: int, hidden_size: int, chunk_siz
     """
     chunk = chunk_size or default_chunk_size(n_tokens, vocab_size, device=device)
     rows = chunk * vocab_size // max(1, n_tokens + 2 * hidden_size)
-    return int(max(16, min(vocab_size, rows)))
+    return int(min(vocab_size, max(16, rows)))
 
 
 def block_logits(
