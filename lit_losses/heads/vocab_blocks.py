@@ -125,7 +125,9 @@ class OnlineSoftmax:
             e = torch.exp(z, out=scratch.take("probs", z.shape[1]))
             s_blk, t_blk = e.sum(1), row_dot(e, z)
         if scale is not None:
-            if self.t is not None:  # t's old terms: e^{z - m_new} (z - m_new) = scale · e^{z - m} ((z - m) + m - m_new)
+            if (
+                self.t is not None
+            ):  # t's old terms: e^{z - m_new} (z - m_new) = scale · e^{z - m} ((z - m) + m - m_new)
                 self.t.add_((self.m - m_new) * self.s).mul_(scale)
             self.s.mul_(scale)
         self.s.add_(s_blk)
