@@ -23,8 +23,15 @@ disk graph cache is not used for them: a cached kernel keeps the tuning of the s
 for, and one built for a few rows runs on one thread (measured: 30 instead of 15 ms on a ``[1024,
 32768]`` chunk on 2 cores). If compiling fails (no C++ compiler, say), one warning is given and the eager
 passes are used from then on; if ``torch.compile``'s recompile limit is reached, the eager passes take
-the inputs it refused. ``LIT_LOSSES_COMPILE_KERNELS=0`` (or ``false``/``no``/``off``) keeps the eager
-passes always.
+the inputs it refused, and so do calls made under a ``TorchDispatchMode`` (e.g. a FLOP counter), where
+``torch.compile`` compiles nothing. ``LIT_LOSSES_COMPILE_KERNELS=0`` (or ``false``/``no``/``off``) keeps
+the eager passes always.
+
+The ``blocked`` backend's passes over an ``[n, V_b]`` block of logits (`lit_losses.heads.vocab_blocks`)
+are compiled the same way, under the same switches: `block_softmax_stats` reads the block once for its row
+maximum ``m`` and ``s = Σ e^{z − m}`` (and ``t = Σ e^{z − m} (z − m)`` for the entropy, both accumulated
+in float64), and `block_logit_grad_` writes ``e^{z − lse} ⊙ (a + b ⊙ (z − lse))`` over it. Every compiled
+call is recorded as ``lit_losses::<kernel>`` in `torch.profiler` traces (how the passes are counted).
 """
 
 from __future__ import annotations
@@ -61,6 +68,26 @@ def _entropy_kernel(log_p: Tensor) -> Tensor:
 def _entropy_grad_kernel_(log_p: Tensor, a: Tensor, b: Tensor) -> None:
     """``log_p ← e^{log p} ⊙ (a + b ⊙ log p)``, ``a`` and ``b`` per row."""
     log_p.copy_(log_p.exp() * (a[:, None] + b[:, None] * log_p))
+
+
+def _block_lse_kernel(z: Tensor) -> tuple[Tensor, Tensor]:
+    """``(m, Σ_v e^{z_v − m})`` per row, ``m`` the row maximum, the sum accumulated in float64."""
+    m = z.amax(1)
+    return m, (z - m[:, None]).exp().sum(1, dtype=torch.float64).to(z.dtype)
+
+
+def _block_entropy_stats_kernel(z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(m, Σ_v e^{z_v − m}, Σ_v e^{z_v − m} (z_v − m))`` per row, sums accumulated in float64."""
+    m = z.amax(1)
+    x = z - m[:, None]
+    e = x.exp()
+    return m, e.sum(1, dtype=torch.float64).to(z.dtype), (e * x).sum(1, dtype=torch.float64).to(z.dtype)
+
+
+def _block_grad_kernel_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor) -> None:
+    """``z ← e^{z − lse} ⊙ (a + b ⊙ (z − lse))``, ``lse``, ``a`` and ``b`` per row."""
+    log_p = z - lse[:, None]
+    z.copy_(log_p.exp() * (a[:, None] + b[:, None] * log_p))
 
 
 @functools.cache
@@ -100,6 +127,12 @@ def _warn_once(message: str) -> None:
         warnings.warn(f"lit_losses: {message}", RuntimeWarning, stacklevel=1)  # callers nest at any depth
 
 
+def _compiled_nothing(err: Exception) -> bool:
+    """Whether ``err`` is ``fullgraph`` finding no frame to compile (a ``TorchDispatchMode`` is active, or
+    dynamo is off): a property of that call, not of the kernels."""
+    return "found no compiled frames" in str(err)
+
+
 def _at_recompile_limit(err: Exception) -> bool:
     """Whether ``err`` is dynamo refusing a new build at its recompile limit (``FailOnRecompileLimitHit``;
     an ``Unsupported`` naming ``cache_size_limit`` in torch < 2.6), which has no public exception type."""
@@ -115,9 +148,12 @@ def _run(kernel: Callable, *args: Tensor) -> Tensor | None:
     if _failed or args[0].shape[0] < 2:
         return None
     try:
-        out = _compiled(kernel)(*args)
+        with torch.profiler.record_function(f"lit_losses::{kernel.__name__}"):
+            out = _compiled(kernel)(*args)
     except Exception as err:  # a failed compile: the eager passes compute the same maths
         error = f"{type(err).__name__}: {err}".splitlines()[0]
+        if _compiled_nothing(err):
+            return None
         if _at_recompile_limit(err):
             _warn_once(
                 f"the entropy kernel {kernel.__name__} reached torch.compile's recompile limit; the eager "
@@ -158,3 +194,33 @@ def entropy_logit_grad_(log_p: Tensor, a: Tensor, b: Tensor) -> Tensor | None:
         ``log_p``, or ``None`` (``log_p`` untouched) when the eager passes must compute it (`_run`).
     """
     return _run(_entropy_grad_kernel_, log_p, a, b)
+
+
+def block_softmax_stats(z: Tensor, with_entropy: bool) -> tuple[Tensor, ...] | None:
+    """One block's row statistics, in one read of ``z``.
+
+    Args:
+        z: ``[n, V_b]`` logits of a vocabulary block (not modified).
+        with_entropy: also ``t = Σ_v e^{z_v − m} (z_v − m)``.
+
+    Returns:
+        ``(m, s)`` or ``(m, s, t)`` per row (``m`` the row maximum, ``s = Σ_v e^{z_v − m}``), in ``z``'s
+        dtype, or ``None`` when the eager passes must compute them (`_run`).
+    """
+    return _run(_block_entropy_stats_kernel if with_entropy else _block_lse_kernel, z)
+
+
+def block_logit_grad_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor) -> Tensor | None:
+    """A block's logit gradient without its target term, ``p ⊙ (a + b ⊙ log p)`` with ``log p = z − lse``,
+    in one read-write of ``z``.
+
+    Args:
+        z: ``[n, V_b]`` logits, overwritten by the result.
+        lse: ``[n]`` log-sum-exp of each row's full vocabulary.
+        a: ``[n]``, ``g_lse − g_ℓ − g_H · H``.
+        b: ``[n]``, ``−g_H`` (zeros without the entropy).
+
+    Returns:
+        ``z``, or ``None`` (``z`` untouched) when the eager passes must compute it (`_run`).
+    """
+    return _run(_block_grad_kernel_, z, lse, a, b)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lit_losses.heads import entropy_kernels
 from lit_losses.heads.chunked_ops import Grads, default_chunk_size, mm_in, row_dot
 
 
@@ -99,41 +100,50 @@ def _targets_in(targets: Tensor, span: tuple[int, int]) -> tuple[Tensor, Tensor]
     return rows, targets[rows] - v0
 
 
+def _shifted(m: Tensor, s: Tensor, t: Tensor | None, m_new: Tensor) -> tuple[Tensor, Tensor | None]:
+    """``(s, t)`` of sums taken relative to ``m``, re-expressed relative to ``m_new ≥ m``:
+    ``e^{z − m_new} = c · e^{z − m}`` and ``z − m_new = (z − m) + (m − m_new)``, ``c = e^{m − m_new}``."""
+    c = torch.exp(m - m_new)
+    t = None if t is None else c * (t + (m - m_new) * s)
+    return c * s, t
+
+
 class OnlineSoftmax:
     """Per-token running ``(m, s, t, z_y)`` over vocabulary blocks (the module docstring)."""
 
     def __init__(self, n: int, dtype: torch.dtype, device: torch.device, with_entropy: bool) -> None:
+        self.with_entropy = with_entropy
         self.m: Tensor | None = None
         self.s = torch.zeros(n, dtype=dtype, device=device)
-        self.t = torch.zeros(n, dtype=dtype, device=device) if with_entropy else None
+        self.t: Tensor | None = None
         self.z_target = torch.zeros(n, dtype=dtype, device=device)
 
-    def update_(self, z: Tensor, targets: Tensor, span: tuple[int, int], scratch: BlockScratch) -> None:
-        """Fold one block of logits in (``z`` is overwritten)."""
+    def update_(
+        self, z: Tensor, targets: Tensor, span: tuple[int, int], scratch: BlockScratch, compiled: bool
+    ) -> None:
+        """Fold one block of logits in (``z`` may be overwritten); ``compiled``: in one fused read
+        (`entropy_kernels.block_softmax_stats`) when it runs."""
         rows, cols = _targets_in(targets, span)
         self.z_target[rows] = z[rows, cols]
-        m_blk = z.amax(1)
+        stats = entropy_kernels.block_softmax_stats(z, self.with_entropy) if compiled else None
+        m_b, s_b, t_b = (*stats, None)[:3] if stats is not None else self._eager_stats(z, scratch)
         if self.m is None:
-            m_new, scale = m_blk, None
-        else:
-            m_new = torch.maximum(self.m, m_blk)
-            scale = torch.exp(self.m - m_new)
-        z.sub_(m_new[:, None])
-        if self.t is None:
-            s_blk, t_blk = z.exp_().sum(1), None
-        else:
-            e = torch.exp(z, out=scratch.take("probs", z.shape[1]))
-            s_blk, t_blk = e.sum(1), row_dot(e, z)
-        if scale is not None:
-            if (
-                self.t is not None
-            ):  # t's old terms: e^{z - m_new} (z - m_new) = scale · e^{z - m} ((z - m) + m - m_new)
-                self.t.add_((self.m - m_new) * self.s).mul_(scale)
-            self.s.mul_(scale)
-        self.s.add_(s_blk)
-        if self.t is not None:
-            self.t.add_(t_blk)
-        self.m = m_new
+            self.m, self.s, self.t = m_b, s_b, t_b
+            return
+        m_new = torch.maximum(self.m, m_b)
+        s_old, t_old = _shifted(self.m, self.s, self.t, m_new)
+        s_b, t_b = _shifted(m_b, s_b, t_b, m_new)
+        self.m, self.s = m_new, s_old + s_b
+        self.t = None if t_b is None else t_old + t_b
+
+    def _eager_stats(self, z: Tensor, scratch: BlockScratch) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(m, s, t)`` of one block relative to its own row maximum (``z`` overwritten)."""
+        m_b = z.amax(1)
+        z.sub_(m_b[:, None])
+        if not self.with_entropy:
+            return m_b, z.exp_().sum(1), None
+        e = torch.exp(z, out=scratch.take("probs", z.shape[1]))
+        return m_b, e.sum(1), row_dot(e, z)
 
     def results(self) -> tuple[Tensor, Tensor, Tensor | None]:
         """``(logprobs, lse, entropy)`` (``entropy`` ``None`` without it)."""
@@ -151,10 +161,11 @@ def blocked_forward(
     n, vocab = h.shape[0], weight.shape[0]
     state = OnlineSoftmax(n, acc, h.device, with_entropy)
     scratch = BlockScratch(n, acc, h.device)
+    compiled = entropy_kernels.use_compiled_entropy_kernels(h.device, n, min(block, vocab))
     for v0 in range(0, vocab, block):
         span = (v0, min(v0 + block, vocab))
         z, _ = block_logits(h, weight, bias, span, scratch)
-        state.update_(z, targets, span, scratch)
+        state.update_(z, targets, span, scratch, compiled)
     return state.results()
 
 
@@ -192,20 +203,28 @@ def blocked_backward(
     grad_b = torch.empty_like(bias) if needs[2] and bias is not None else None
     coef = g_lse - g_lp
     a = coef if g_ent is None else coef - g_ent * entropy
+    b = torch.zeros_like(a) if g_ent is None else -g_ent
     scratch = BlockScratch(n, acc, h.device)
+    compiled = entropy_kernels.use_compiled_entropy_kernels(h.device, n, min(block, vocab))
     for v0 in range(0, vocab, block):
         span = (v0, min(v0 + block, vocab))
         z, w_blk = block_logits(h, weight, bias, span, scratch)
-        log_p = z.sub_(lse[:, None])
-        if g_ent is None:
-            dz = log_p.exp_().mul_(a[:, None])
-        else:  # p ⊙ (a − g_H log p)
-            p = torch.exp(log_p, out=scratch.take("probs", z.shape[1]))
-            dz = torch.addcmul(a[:, None], log_p, -g_ent[:, None], out=log_p).mul_(p)
+        dz = entropy_kernels.block_logit_grad_(z, lse, a, b) if compiled else None
+        if dz is None:
+            dz = _eager_logit_grad_(z, lse, a, None if g_ent is None else b, scratch)
         rows, cols = _targets_in(targets, span)
         dz[rows, cols] += g_lp[rows]
         project_block(dz, h, w_blk, span, (grad_h, grad_w, grad_b))
     return grad_h, grad_w, grad_b
+
+
+def _eager_logit_grad_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor | None, scratch: BlockScratch) -> Tensor:
+    """``p ⊙ (a + b ⊙ log p)`` over ``z`` with ``log p = z − lse`` (``b`` ``None``: ``p ⊙ a``)."""
+    log_p = z.sub_(lse[:, None])
+    if b is None:
+        return log_p.exp_().mul_(a[:, None])
+    p = torch.exp(log_p, out=scratch.take("probs", z.shape[1]))
+    return torch.addcmul(a[:, None], log_p, b[:, None], out=log_p).mul_(p)
 
 
 def project_block(dz: Tensor, h: Tensor, w_blk: Tensor, span: tuple[int, int], grads: Grads) -> None:

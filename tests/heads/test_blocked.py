@@ -31,8 +31,9 @@ def values_and_grads(outputs, hidden, weight, bias, targets, upstream):
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("chunk_size", [1, 7, None])
-def test_every_output_matches_naive_in_float64(bias, chunk_size):
-    """Values and gradients to 1e-10 with blocks of 16 rows (7 blocks, the last one narrower), 57, or one."""
+def test_every_output_matches_naive_in_float64(bias, chunk_size, entropy_kernel):
+    """Values and gradients to 1e-10 with blocks of 16 rows (7 blocks, the last one narrower), 57, or one,
+    with the eager or the compiled element-wise passes."""
     hidden, weight, b, targets = problem(bias=bias)
     upstream = [torch.randn(targets.shape, generator=torch.Generator().manual_seed(i)) for i in range(3)]
     upstream = [u.double() for u in upstream]
@@ -41,6 +42,8 @@ def test_every_output_matches_naive_in_float64(bias, chunk_size):
     ref = values_and_grads(naive_head(hidden, weight, b, targets, ALL), hidden, weight, b, targets, upstream)
     for g, r in zip([*got[0], *got[1]], [*ref[0], *ref[1]], strict=True):
         torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-10)
+    if entropy_kernel:  # the compiled case: the block kernels ran, forward and backward
+        assert {"_block_entropy_stats_kernel", "_block_grad_kernel_"} <= set(entropy_kernel)
 
 
 def test_gradcheck_float64_small_blocks():
@@ -66,7 +69,7 @@ def test_double_backward_matches_naive():
         torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
 
 
-def test_the_running_maximum_moving_to_a_later_block_rescales_exactly():
+def test_the_running_maximum_moving_to_a_later_block_rescales_exactly(entropy_kernel):
     """Large logits whose row maximum lies in the last block, near-one-hot rows (H ≈ 1e-20), fp32 against
     float64: the online sums are rescaled across blocks without losing the entropy's small terms."""
     n, d, v = 12, 4, 96
