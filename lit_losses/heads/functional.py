@@ -27,8 +27,9 @@ and of its per-token outputs (``Objective``'s general path; ``pointwise_loss`` �
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, get_args
 
 import torch
@@ -60,10 +61,16 @@ if set(BACKENDS) != {"auto", *(b.name for b in _BUILTIN)}:  # pragma: no cover -
     raise RuntimeError(f"Backend lists {BACKENDS}; the built-in backends are {[b.name for b in _BUILTIN]}")
 
 
-def check_head_options(backend: str, chunk_size: int | None, matmul_precision: str) -> None:
+def check_head_options(
+    backend: str, chunk_size: int | None, matmul_precision: str, temperature: float = 1.0
+) -> None:
     """Raise a `ValueError` naming the value for an unknown ``backend`` or ``matmul_precision`` (a
-    `ConfigError`), or a ``chunk_size`` below 1."""
+    `ConfigError`), a ``chunk_size`` below 1, or a ``temperature`` that is not a finite positive number."""
     check_choice(matmul_precision, MatmulPrecision, "matmul_precision")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    if not math.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
     if backend not in BACKENDS and backend not in HEAD_BACKENDS:
         choices = BACKENDS + tuple(name for name in HEAD_BACKENDS if name not in BACKENDS)
         raise ValueError(f"unknown head backend {backend!r}; choose among {choices}")
@@ -77,7 +84,8 @@ class HeadSettings:
     `lit_losses.heads.backend.HeadConfig`), checked when built.
 
     Raises:
-        ValueError: an unknown ``backend`` or ``matmul_precision``, or ``chunk_size < 1``.
+        ValueError: an unknown ``backend`` or ``matmul_precision``, ``chunk_size < 1``, or a temperature
+            that is not finite and positive.
     """
 
     weight: Tensor
@@ -88,9 +96,10 @@ class HeadSettings:
     accum_dtype: torch.dtype
     check_finite: bool
     matmul_precision: MatmulPrecision
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
-        check_head_options(self.backend, self.chunk_size, self.matmul_precision)
+        check_head_options(self.backend, self.chunk_size, self.matmul_precision, self.temperature)
 
     @property
     def vocab_size(self) -> int:
@@ -106,6 +115,17 @@ class HeadSettings:
         fp32 compute): ``auto`` then takes the ``blocked`` backend (`select_backend`)."""
         dtype = compute_dtype(hidden, self.weight, self.bias, self.accum_dtype)
         return torch.finfo(self.weight.dtype).bits < torch.finfo(dtype).bits
+
+    def tempered(self, hidden: Tensor) -> tuple[HeadSettings, Tensor]:
+        """``(settings, hidden)`` for logits ``z / T``: ``(h / T) Wᵀ + b / T``, the division done in
+        ``promote(hidden, accum_dtype)`` (no rounding to bf16 on the way) and differentiated by autograd;
+        the returned settings have temperature 1. Unchanged when ``T = 1``."""
+        if self.temperature == 1:
+            return self, hidden
+        t = self.temperature
+        bias = None if self.bias is None else self.bias / t
+        h = hidden.to(torch.promote_types(hidden.dtype, self.accum_dtype)) / t
+        return replace(self, bias=bias, temperature=1.0), h
 
     def check_inputs(self, hidden: Tensor, targets: Tensor) -> None:
         """`check_head_inputs` of one call's ``hidden`` and ``targets`` against this weight and bias."""
@@ -125,6 +145,7 @@ def linear_logprobs(
     accum_dtype: torch.dtype = torch.float32,
     check_finite: bool = True,
     matmul_precision: MatmulPrecision = "auto",
+    temperature: float = 1.0,
 ) -> HeadOutput:
     """Per-token outputs of the softmax of ``z = h Wᵀ + b`` at every position, logits never materialized.
 
@@ -149,6 +170,8 @@ def linear_logprobs(
         check_finite: raise when ``weight`` or ``hidden`` holds NaN/Inf (one reduction each).
         matmul_precision: matmul operands in the compute dtype (``full``), in bf16 when in play (``low``),
             or ``low`` on CUDA and ``full`` elsewhere (``auto``).
+        temperature: ``T``: every output is that of the logits ``z / T`` (gradients included, also with
+            respect to nothing else: ``T`` is a constant), for sampling-temperature-aware RL objectives.
 
     Returns:
         A `HeadOutput`: the requested fields shaped like ``targets``, the others ``None``.
@@ -179,9 +202,11 @@ def linear_logprobs(
         accum_dtype=accum_dtype,
         check_finite=check_finite,
         matmul_precision=matmul_precision,
+        temperature=temperature,
     )
     outputs = normalize_outputs(outputs)
     head.check_inputs(hidden, targets)
+    head, hidden = head.tempered(hidden)
     route = select_backend(backend, "per_token", outputs=outputs, narrow_weight=head.narrow_weight(hidden))
     with in_compute_dtype(head, hidden, keep_weight=route.backend.casts_weight_blocks) as (cast, h):
         return route.backend.per_token(cast, h, targets, outputs)
@@ -201,6 +226,7 @@ def linear_cross_entropy(
     accum_dtype: torch.dtype = torch.float32,
     check_finite: bool = True,
     matmul_precision: MatmulPrecision = "auto",
+    temperature: float = 1.0,
 ) -> Tensor:
     """The cross-entropy of ``z = h Wᵀ + b``, ``Σ_t w_t · (−log p_t[y_t])`` over the valid positions
     (``y_t != ignore_index``), divided by their number ``n`` for ``reduction="mean"`` (0 when ``n = 0``).
@@ -224,6 +250,7 @@ def linear_cross_entropy(
         accum_dtype: the least precise dtype of logits, statistics and gradients.
         check_finite: raise when ``weight`` or ``hidden`` holds NaN/Inf.
         matmul_precision: see `linear_logprobs`.
+        temperature: see `linear_logprobs`.
 
     Returns:
         The scalar loss.
@@ -257,6 +284,7 @@ def linear_cross_entropy(
         accum_dtype=accum_dtype,
         check_finite=check_finite,
         matmul_precision=matmul_precision,
+        temperature=temperature,
     )
     head.check_inputs(hidden, targets)
     valid, h, y = valid_tokens(hidden, targets, ignore_index)
@@ -270,7 +298,8 @@ def linear_cross_entropy(
         backend, "weighted_ce", uniform=uniform, on_cuda=cuda_kernel, narrow_weight=head.narrow_weight(h)
     )
     if route.fused:
-        with in_compute_dtype(head, h, keep_weight=route.backend.casts_weight_blocks) as (cast, h):
+        tempered, h = head.tempered(h)
+        with in_compute_dtype(tempered, h, keep_weight=route.backend.casts_weight_blocks) as (cast, h):
             return route.backend.fused_ce(cast, h, y, w)
     w = weight_vector(w, h.shape[0], h.device)
     out = linear_logprobs(hidden, weight, targets, bias, **head.options())
@@ -293,6 +322,7 @@ def linear_pointwise_loss(
     accum_dtype: torch.dtype = torch.float32,
     check_finite: bool = True,
     matmul_precision: MatmulPrecision = "auto",
+    temperature: float = 1.0,
 ) -> Tensor:
     """``Σ_chunks chunk_loss(s, e, ℓ[s:e], lse[s:e], H[s:e])``: a loss that is a sum of per-token functions
     of ``(logprobs, lse, entropy)`` of ``z = h Wᵀ + b``, its gradients computed in forward.
@@ -319,6 +349,7 @@ def linear_pointwise_loss(
         accum_dtype: the least precise dtype of logits, statistics and gradients.
         check_finite: raise when ``weight`` or ``hidden`` holds NaN/Inf.
         matmul_precision: see `linear_logprobs`.
+        temperature: see `linear_logprobs`.
 
     Returns:
         The scalar loss.
@@ -349,6 +380,7 @@ def linear_pointwise_loss(
         accum_dtype=accum_dtype,
         check_finite=check_finite,
         matmul_precision=matmul_precision,
+        temperature=temperature,
     )
     head.check_inputs(hidden, targets)
     valid, h, y = valid_tokens(hidden, targets, ignore_index)
@@ -356,7 +388,8 @@ def linear_pointwise_loss(
     outputs = ("logprobs", *(o for o in normalize_outputs(needs or default) if o != "logprobs"))
     route = select_backend(backend, "pointwise", outputs=outputs, narrow_weight=head.narrow_weight(h))
     if route.fused:
-        with in_compute_dtype(head, h, keep_weight=route.backend.casts_weight_blocks) as (cast, h):
+        tempered, h = head.tempered(h)
+        with in_compute_dtype(tempered, h, keep_weight=route.backend.casts_weight_blocks) as (cast, h):
             return route.backend.fused_pointwise(cast, h, y, chunk_loss, with_entropy)
     out = linear_logprobs(hidden, weight, targets, bias, outputs=outputs, **head.options())
     lse = None if out.lse is None else out.lse[valid]

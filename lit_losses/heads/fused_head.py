@@ -55,9 +55,12 @@ class FusedLMHead:
         check_finite: raise when hidden states contain NaN/Inf (costs one reduction over ``hidden``).
         matmul_precision: matmul operands in the compute dtype (``full``), in bf16 when in play (``low``,
             tensor cores), or ``low`` on CUDA and ``full`` elsewhere (``auto``); see `operand_dtype`.
+        temperature: ``T > 0``: every output and loss is that of the logits ``z / T`` (e.g. the sampling
+            temperature of an RL rollout), with exact gradients (`linear_logprobs`).
 
     Raises:
-        ValueError: unknown ``backend`` or ``matmul_precision``, or ``chunk_size < 1``.
+        ValueError: unknown ``backend`` or ``matmul_precision``, ``chunk_size < 1``, or a temperature that
+            is not finite and positive.
 
     Example:
         >>> import torch
@@ -92,8 +95,9 @@ class FusedLMHead:
         accum_dtype: torch.dtype = torch.float32,
         check_finite: bool = True,
         matmul_precision: MatmulPrecision = "auto",
+        temperature: float = 1.0,
     ) -> None:
-        check_head_options(backend, chunk_size, matmul_precision)
+        check_head_options(backend, chunk_size, matmul_precision, temperature)
         self.weight = weight
         self.bias = bias
         self.backend = backend
@@ -102,6 +106,7 @@ class FusedLMHead:
         self.accum_dtype = accum_dtype
         self.check_finite = check_finite
         self.matmul_precision = matmul_precision
+        self.temperature = temperature
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kwargs) -> FusedLMHead:
@@ -115,7 +120,7 @@ class FusedLMHead:
 
     def options(self) -> dict[str, Any]:
         """The keyword options of the functional calls: ``backend``, ``chunk_size``, ``ignore_index``,
-        ``accum_dtype``, ``check_finite``, ``matmul_precision``."""
+        ``accum_dtype``, ``check_finite``, ``matmul_precision``, ``temperature``."""
         return {
             "backend": self.backend,
             "chunk_size": self.chunk_size,
@@ -123,6 +128,7 @@ class FusedLMHead:
             "accum_dtype": self.accum_dtype,
             "check_finite": self.check_finite,
             "matmul_precision": self.matmul_precision,
+            "temperature": self.temperature,
         }
 
     def resolve_backend(self, outputs: Sequence[str]) -> str:
@@ -221,7 +227,8 @@ class FusedLMHead:
         )
 
     def forward_logits(self, hidden: Tensor) -> Tensor:
-        """Full logits ``h Wᵀ + b`` ``[..., V]`` of ``hidden [..., D]`` (materialized), compute dtype."""
+        """Full logits ``h Wᵀ + b`` ``[..., V]`` of ``hidden [..., D]`` (materialized), compute dtype; the raw
+        logits: ``temperature`` is not applied."""
         with in_compute_dtype(self, hidden) as (head, h):
             dtype = torch.promote_types(h.dtype, self.accum_dtype)
             logits = mm_in(h.reshape(-1, h.shape[-1]), head.weight.t(), dtype).reshape(*h.shape[:-1], -1)

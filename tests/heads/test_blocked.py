@@ -186,3 +186,66 @@ def test_fast_path_gradients_survive_a_second_backward_through_a_retained_graph(
     for a, c, r in zip(first, second, ref_grads, strict=True):
         torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(c, r, rtol=1e-12, atol=1e-12)
+
+
+# ---- temperature -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["chunked", "blocked", "naive"])
+@pytest.mark.parametrize("api", ["per_token", "weighted_ce", "pointwise"])
+def test_temperature_is_the_head_of_the_scaled_logits(backend, api):
+    """Every output, loss and gradient (hidden, weight, bias) at ``T`` equals the naive float64 head of the
+    logits ``z / T``, to 1e-10."""
+    hidden, weight, b, targets = problem()
+    t = 0.7
+    upstream = [
+        torch.randn(targets.shape, generator=torch.Generator().manual_seed(i)).double() for i in range(3)
+    ]
+    head = FusedLMHead(weight, b, backend=backend, chunk_size=7, temperature=t)
+
+    def loss_of(out):
+        return sum((getattr(out, k) * u).sum() for k, u in zip(ALL, upstream, strict=True))
+
+    def chunk_loss(s, e, lp, lse, ent):
+        return (upstream[0][targets != -100][s:e] * lp).sum() + (lse.square() + ent).sum()
+
+    if api == "per_token":
+        loss = loss_of(head(hidden, targets, ALL))
+    elif api == "weighted_ce":
+        loss = head.weighted_ce(hidden, targets, 0.3)
+    else:
+        loss = head.pointwise_loss(hidden, targets, chunk_loss, with_entropy=True)
+    ref_out = naive_head(hidden, weight / t, b / t, targets, ALL)  # (h Wᵀ + b) / T
+    if api == "per_token":
+        ref = loss_of(ref_out)
+    elif api == "weighted_ce":
+        ref = -0.3 * ref_out.logprobs.sum()
+    else:
+        valid = targets != -100
+        ref = chunk_loss(
+            0, int(valid.sum()), ref_out.logprobs[valid], ref_out.lse[valid], ref_out.entropy[valid]
+        )
+    torch.testing.assert_close(loss, ref, rtol=1e-10, atol=1e-10)
+    for got, exp in zip(
+        torch.autograd.grad(loss, (hidden, weight, b)),
+        torch.autograd.grad(ref, (hidden, weight, b)),
+        strict=True,
+    ):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("temperature", [0, -1.0, float("inf"), float("nan"), "1", True])
+def test_a_bad_temperature_is_refused_naming_it(temperature):
+    with pytest.raises(ValueError, match="temperature"):
+        FusedLMHead(torch.zeros(5, 3), temperature=temperature)
+    with pytest.raises(ValueError, match="temperature"):
+        linear_logprobs(
+            torch.zeros(2, 3), torch.zeros(5, 3), torch.zeros(2, dtype=torch.long), temperature=temperature
+        )
+
+
+def test_temperature_divides_bf16_hidden_states_in_fp32():
+    """``h / T`` is formed in fp32 for bf16 hidden states: the logprobs equal the fp32 head of ``z / T``."""
+    hidden, weight, _, targets = problem(dtype=torch.float32, bias=False)
+    h16 = hidden.detach().bfloat16()
+    got = linear_logprobs(h16, weight.detach(), targets, temperature=0.3).logprobs
+    ref = naive_head(h16.double(), weight.detach().double() / 0.3, None, targets, ("logprobs",)).logprobs
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
