@@ -94,10 +94,11 @@ def block_logits(
 
 
 def _targets_in(targets: Tensor, span: tuple[int, int]) -> tuple[Tensor, Tensor]:
-    """``(rows, columns)`` of the tokens whose target is in vocabulary rows ``span``, columns in the block."""
+    """``(inside, columns)``: whether each token's target is in vocabulary rows ``span``, and its column in
+    the block (clamped into it where it is not; no host synchronization)."""
     v0, v1 = span
-    rows = torch.nonzero((targets >= v0) & (targets < v1)).squeeze(1)
-    return rows, targets[rows] - v0
+    inside = (targets >= v0) & (targets < v1)
+    return inside, (targets - v0).clamp(0, v1 - v0 - 1)[:, None]
 
 
 def _shifted(m: Tensor, s: Tensor, t: Tensor | None, m_new: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -123,8 +124,8 @@ class OnlineSoftmax:
     ) -> None:
         """Fold one block of logits in (``z`` may be overwritten); ``compiled``: in one fused read
         (`entropy_kernels.block_softmax_stats`) when it runs."""
-        rows, cols = _targets_in(targets, span)
-        self.z_target[rows] = z[rows, cols]
+        inside, cols = _targets_in(targets, span)
+        self.z_target = torch.where(inside, z.gather(1, cols)[:, 0], self.z_target)
         stats = entropy_kernels.block_softmax_stats(z, self.with_entropy) if compiled else None
         m_b, s_b, t_b = (*stats, None)[:3] if stats is not None else self._eager_stats(z, scratch)
         if self.m is None:
@@ -212,8 +213,8 @@ def blocked_backward(
         dz = entropy_kernels.block_logit_grad_(z, lse, a, b) if compiled else None
         if dz is None:
             dz = _eager_logit_grad_(z, lse, a, None if g_ent is None else b, scratch)
-        rows, cols = _targets_in(targets, span)
-        dz[rows, cols] += g_lp[rows]
+        inside, cols = _targets_in(targets, span)
+        dz.scatter_add_(1, cols, torch.where(inside, g_lp, 0)[:, None])
         project_block(dz, h, w_blk, span, (grad_h, grad_w, grad_b))
     return grad_h, grad_w, grad_b
 
