@@ -331,8 +331,9 @@ def linear_pointwise_loss(
     ``[start, end)`` (row-major order of ``targets != ignore_index``) from their 1-D values (``entropy``
     ``None`` unless ``with_entropy``); a token's loss depends on its own values only. On ``chunked`` (also
     for ``auto`` and ``liger``) each chunk's upstream gradients come from autograd on its ``O(chunk)``
-    values and are folded into ``∂/∂z`` (no double backward); ``naive`` and ``torch`` call ``chunk_loss``
-    once on all tokens from their per-token outputs.
+    values and are folded into ``∂/∂z`` (no double backward); ``blocked`` (``auto``'s for a weight
+    narrower than the compute dtype), ``naive`` and ``torch`` call ``chunk_loss`` once on all tokens from
+    their per-token outputs.
 
     Args:
         hidden: ``[..., D]`` hidden states.

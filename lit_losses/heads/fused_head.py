@@ -44,9 +44,11 @@ class FusedLMHead:
     Args:
         weight: output projection ``[V, D]``.
         bias: optional ``[V]`` bias.
-        backend: ``chunked`` (pure PyTorch, CPU/CUDA), ``naive`` (materializes logits; the reference),
-            ``torch`` (`F.linear_cross_entropy`, logprobs only), ``liger`` (CUDA, plain CE with one token
-            weight), ``auto`` (chunked; liger for that plain CE on CUDA when installed), or a registered name.
+        backend: ``chunked`` (pure PyTorch, CPU/CUDA, token chunks), ``blocked`` (pure PyTorch, vocabulary
+            blocks: no ``V × D`` temporary), ``naive`` (materializes logits; the reference), ``torch``
+            (`F.linear_cross_entropy`, logprobs only), ``liger`` (CUDA, plain CE with one token weight),
+            ``auto`` (chunked, or blocked for a weight narrower than the compute dtype; liger for that plain
+            CE on CUDA when installed; `select_backend` gives the reasons), or a registered name.
         chunk_size: tokens per chunk (default: about 512 MiB of fp32 logits per chunk; on CPU about
             128 MiB and at most 1024 tokens, see `default_chunk_size`).
         ignore_index: target value of positions without a label.
@@ -197,8 +199,9 @@ class FusedLMHead:
         ``chunk_loss(start, end, logprobs, lse, entropy)`` returns the loss of the valid positions
         ``[start, end)`` (row-major order of ``targets != ignore_index``) from their 1-D values (``entropy``
         ``None`` unless ``with_entropy``); a token's loss depends on its own values only. ``chunked`` (also
-        for ``auto`` and ``liger``) computes every gradient in forward (no double backward); ``naive`` and
-        ``torch`` call ``chunk_loss`` once on all tokens from their per-token outputs.
+        for ``auto`` and ``liger``) computes every gradient in forward (no double backward); ``blocked``
+        (``auto``'s for a weight narrower than the compute dtype), ``naive`` and ``torch`` call
+        ``chunk_loss`` once on all tokens from their per-token outputs.
 
         Args:
             hidden: ``[..., D]`` hidden states.
