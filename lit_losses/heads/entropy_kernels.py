@@ -24,7 +24,7 @@ for, and one built for a few rows runs on one thread (measured: 30 instead of 15
 32768]`` chunk on 2 cores). If compiling fails (no C++ compiler, say), one warning is given and the eager
 passes are used from then on; if ``torch.compile``'s recompile limit is reached, the eager passes take
 the inputs it refused, and so do calls made under a ``TorchDispatchMode`` (e.g. a FLOP counter), where
-``torch.compile`` compiles nothing. ``LIT_LOSSES_COMPILE_KERNELS=0`` (or ``false``/``no``/``off``) keeps
+``torch.compile`` would compile nothing (and skip the kernel for the rest of the process). ``LIT_LOSSES_COMPILE_KERNELS=0`` (or ``false``/``no``/``off``) keeps
 the eager passes always.
 
 The ``blocked`` backend's passes over an ``[n, V_b]`` block of logits (`lit_losses.heads.vocab_blocks`)
@@ -43,6 +43,9 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+# torch has no public module for this query; TorchDispatchMode itself lives in the same module
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 #: Smallest chunk, in logits (``rows · V``), whose entropy passes use the compiled kernels (64 MiB of
 #: fp32: 512 tokens at V = 32768). Measured on 2 cores at ``[1024, 32768]``: the eager passes add
@@ -127,12 +130,6 @@ def _warn_once(message: str) -> None:
         warnings.warn(f"lit_losses: {message}", RuntimeWarning, stacklevel=1)  # callers nest at any depth
 
 
-def _compiled_nothing(err: Exception) -> bool:
-    """Whether ``err`` is ``fullgraph`` finding no frame to compile (a ``TorchDispatchMode`` is active, or
-    dynamo is off): a property of that call, not of the kernels."""
-    return "found no compiled frames" in str(err)
-
-
 def _at_recompile_limit(err: Exception) -> bool:
     """Whether ``err`` is dynamo refusing a new build at its recompile limit (``FailOnRecompileLimitHit``;
     an ``Unsupported`` naming ``cache_size_limit`` in torch < 2.6), which has no public exception type."""
@@ -143,17 +140,15 @@ def _at_recompile_limit(err: Exception) -> bool:
 def _run(kernel: Callable, *args: Tensor) -> Tensor | None:
     """``compiled(kernel)(*args)`` (an in-place kernel gives its first argument back), or ``None`` when
     the eager passes must do it: a chunk of one row (``torch.compile`` would specialize a second time on
-    it), a refusal at the recompile limit (for those inputs; dynamo logs each refusal), or a failed compile
+    it), a call under a user's ``TorchDispatchMode``, a refusal at the recompile limit (for those inputs; dynamo logs each refusal), or a failed compile
     (warned once, eager from then on)."""
-    if _failed or args[0].shape[0] < 2:
-        return None
+    if _failed or args[0].shape[0] < 2 or is_in_torch_dispatch_mode(include_infra_modes=False):
+        return None  # under a user's dispatch mode dynamo would skip the kernel, for the whole process
     try:
         with torch.profiler.record_function(f"lit_losses::{kernel.__name__}"):
             out = _compiled(kernel)(*args)
     except Exception as err:  # a failed compile: the eager passes compute the same maths
         error = f"{type(err).__name__}: {err}".splitlines()[0]
-        if _compiled_nothing(err):
-            return None
         if _at_recompile_limit(err):
             _warn_once(
                 f"the entropy kernel {kernel.__name__} reached torch.compile's recompile limit; the eager "

@@ -5,7 +5,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lit_losses.heads import FusedLMHead, linear_cross_entropy, linear_logprobs, select_backend
+from lit_losses.heads import (
+    FusedLMHead,
+    entropy_kernels,
+    linear_cross_entropy,
+    linear_logprobs,
+    select_backend,
+)
 from lit_losses.heads.naive import naive_head
 from lit_losses.heads.vocab_blocks import vocab_block_size
 
@@ -249,3 +255,17 @@ def test_temperature_divides_bf16_hidden_states_in_fp32():
     got = linear_logprobs(h16, weight.detach(), targets, temperature=0.3).logprobs
     ref = naive_head(h16.double(), weight.detach().double() / 0.3, None, targets, ("logprobs",)).logprobs
     torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_call_under_a_dispatch_mode_runs_eagerly_and_leaves_the_kernels_on(compiled_kernels):
+    """``torch.compile`` compiles nothing under a ``TorchDispatchMode`` (a FLOP counter, say): that call
+    takes the eager passes, with the same values, and later calls still get the compiled kernels."""
+    z = torch.randn(4, 300, dtype=torch.float64)
+    ref = (z.amax(1), (z - z.amax(1, keepdim=True)).exp().sum(1))
+    with LargestFloatOutputs():
+        assert entropy_kernels.block_softmax_stats(z, with_entropy=False) is None
+    assert not entropy_kernels._failed and not compiled_kernels
+    stats = entropy_kernels.block_softmax_stats(z, with_entropy=False)
+    assert compiled_kernels == ["_block_lse_kernel"]
+    for got, want in zip(stats, ref, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
