@@ -24,8 +24,8 @@ for, and one built for a few rows runs on one thread (measured: 30 instead of 15
 32768]`` chunk on 2 cores). If compiling fails (no C++ compiler, say), one warning is given and the eager
 passes are used from then on; if ``torch.compile``'s recompile limit is reached, the eager passes take
 the inputs it refused, and so do calls made under a ``TorchDispatchMode`` (e.g. a FLOP counter), where
-``torch.compile`` would compile nothing (and skip the kernel for the rest of the process). ``LIT_LOSSES_COMPILE_KERNELS=0`` (or ``false``/``no``/``off``) keeps
-the eager passes always.
+``torch.compile`` would compile nothing (and skip the kernel for the rest of the process).
+``LIT_LOSSES_COMPILE_KERNELS=0`` (or ``false``/``no``/``off``) keeps the eager passes always.
 
 The ``blocked`` backend's passes over an ``[n, V_b]`` block of logits (`lit_losses.heads.vocab_blocks`)
 are compiled the same way, under the same switches: `block_softmax_stats` reads the block once for its row
@@ -140,8 +140,8 @@ def _at_recompile_limit(err: Exception) -> bool:
 def _run(kernel: Callable, *args: Tensor) -> Tensor | None:
     """``compiled(kernel)(*args)`` (an in-place kernel gives its first argument back), or ``None`` when
     the eager passes must do it: a chunk of one row (``torch.compile`` would specialize a second time on
-    it), a call under a user's ``TorchDispatchMode``, a refusal at the recompile limit (for those inputs; dynamo logs each refusal), or a failed compile
-    (warned once, eager from then on)."""
+    it), a call under a user's ``TorchDispatchMode``, a refusal at the recompile limit (for those inputs;
+    dynamo logs each refusal), or a failed compile (warned once, eager from then on)."""
     if _failed or args[0].shape[0] < 2 or is_in_torch_dispatch_mode(include_infra_modes=False):
         return None  # under a user's dispatch mode dynamo would skip the kernel, for the whole process
     try:
