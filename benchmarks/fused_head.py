@@ -5,6 +5,8 @@ Variants (per-token = a random upstream gradient on every log-probability):
   torch_chunked  torch.nn.functional.linear_cross_entropy(reduction="none", options=chunked), per-token
   chunked        lit_losses chunked backend, per-token logprobs
   chunked_ce     lit_losses plain-CE fast path (weighted_ce: gradients in forward)
+  blocked        lit_losses blocked backend (vocabulary blocks, no V x D temporary), per-token logprobs
+  blocked_ce     the blocked backend's plain CE (weighted_ce: 4 matmuls, the weight's gradient written once)
   matmul3        the bare 3 matmuls of any exact head: logits, grad of hidden, grad of weight
   liger_ce       backend liger: Liger-Kernel's fused linear cross-entropy, plain CE (CUDA, [liger] extra)
   liger_native   Liger-Kernel's LigerFusedLinearCrossEntropyLoss called directly (the peer, CUDA)
@@ -30,7 +32,17 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("naive", "torch_chunked", "chunked", "chunked_ce", "matmul3", "liger_ce", "liger_native")
+VARIANTS = (
+    "naive",
+    "torch_chunked",
+    "chunked",
+    "chunked_ce",
+    "blocked",
+    "blocked_ce",
+    "matmul3",
+    "liger_ce",
+    "liger_native",
+)
 CPU_VARIANTS = VARIANTS[:-2]
 DEFAULT_SHAPES = ("2048x512x128256", "4096x1024x65536")
 
@@ -55,10 +67,14 @@ def run_variant(variant: str, hidden, weight, targets, upstream, chunk: int | No
             hidden, weight, targets, reduction="none", options=torch.nn.LinearCrossEntropyOptions()
         )
         (-ce).backward(upstream.to(ce.dtype))
-    elif variant == "chunked":
-        head = FusedLMHead(weight, backend="chunked", chunk_size=chunk, check_finite=False)
+    elif variant in ("chunked", "blocked"):
+        head = FusedLMHead(weight, backend=variant, chunk_size=chunk, check_finite=False)
         head(hidden, targets).logprobs.backward(upstream)
-    elif variant in ("chunked_ce", "liger_ce"):  # liger: Liger's fused linear CE, reduction "sum"
+    elif variant in (
+        "chunked_ce",
+        "blocked_ce",
+        "liger_ce",
+    ):  # liger: Liger's fused linear CE, reduction "sum"
         backend = variant.removesuffix("_ce")
         FusedLMHead(weight, backend=backend, chunk_size=chunk, check_finite=False).weighted_ce(
             hidden, targets, 1.0 / hidden.shape[0]

@@ -55,6 +55,9 @@ Task = Literal["per_token", "weighted_ce", "pointwise"]
 #: The backend of ``backend="auto"`` (and of the losses a backend without per-token outputs delegates).
 DEFAULT_BACKEND = "chunked"
 
+#: The backend of ``backend="auto"`` for a weight narrower than the compute dtype (`select_backend`).
+LEAN_BACKEND = "blocked"
+
 
 def _always_available() -> bool:
     return True
@@ -77,6 +80,9 @@ class HeadBackend:
         fused_pointwise: ``(head, h [n, D], y [n], chunk_loss, with_entropy) -> loss`` on valid tokens, or
             ``None`` (the loss is then computed from ``per_token``'s outputs).
         cuda_only: the backend runs on CUDA tensors only.
+        casts_weight_blocks: the backend is given the weight and bias in their own dtypes (not cast to the
+            operand dtype as a whole) and casts each block it uses to the hidden states' dtype; it returns
+            their gradients in their own dtypes.
         auto_ce: ``backend="auto"`` takes this backend's fused plain-CE path where it applies (weights
             accepted, CUDA input if ``cuda_only``, ``available()``).
         available: whether the backend can run in this environment (optional packages, torch version,
@@ -101,6 +107,7 @@ class HeadBackend:
     fused_ce_weights: Literal["any", "uniform"] = "any"
     fused_pointwise: FusedPointwiseFn | None = None
     cuda_only: bool = False
+    casts_weight_blocks: bool = False
     auto_ce: bool = False
     available: Callable[[], bool] = _always_available
     description: str = ""
@@ -204,16 +211,19 @@ def registered_backends() -> list[HeadBackend]:
     return HEAD_BACKENDS.values()
 
 
-def _backend(name: str) -> HeadBackend:
-    return HEAD_BACKENDS[DEFAULT_BACKEND if name == "auto" else name]
+def _backend(name: str, narrow_weight: bool = False) -> HeadBackend:
+    if name != "auto":
+        return HEAD_BACKENDS[name]
+    return HEAD_BACKENDS[LEAN_BACKEND if narrow_weight else DEFAULT_BACKEND]
 
 
-def _auto_ce_backend(uniform: bool, on_cuda: bool) -> HeadBackend:
-    """``auto``'s backend for the plain CE: the first ``auto_ce`` backend whose fused path applies."""
+def _auto_ce_backend(uniform: bool, on_cuda: bool, narrow_weight: bool) -> HeadBackend:
+    """``auto``'s backend for the plain CE: the first ``auto_ce`` backend whose fused path applies, else
+    the one for the weight's dtype."""
     for b in registered_backends():
         if b.auto_ce and b.takes_weights(uniform) and (on_cuda or not b.cuda_only) and b.available():
             return b
-    return _backend(DEFAULT_BACKEND)
+    return _backend("auto", narrow_weight)
 
 
 def _check_outputs(backend: HeadBackend, outputs: Sequence[str]) -> None:
@@ -232,12 +242,22 @@ def select_backend(
     outputs: Sequence[str] = (),
     uniform: bool = True,
     on_cuda: bool = False,
+    narrow_weight: bool = False,
 ) -> Route:
     """The backend (and path) that computes one head call — the only place a backend is chosen.
 
-    * ``per_token``: the requested backend (``auto``: `DEFAULT_BACKEND`), which must give ``outputs``.
+    ``auto`` means `DEFAULT_BACKEND` (``chunked``: token chunks, the plain cross-entropy's gradients in
+    forward with three matmuls, a ``V × D`` gradient accumulator in the compute dtype) unless the weight is
+    narrower than the compute dtype (``narrow_weight``: a bf16/fp16 weight, fp32 compute), where it means
+    `LEAN_BACKEND` (``blocked``: vocabulary blocks, no ``V × D`` temporary, one more matmul for the plain
+    cross-entropy). The accumulator of ``chunked`` is the weight's gradient itself when the weight is in
+    the compute dtype, so its speed costs no memory there; beside a bf16 weight it is an fp32 copy twice
+    the gradient's size, plus an fp32 copy of the weight on CPU (measured, `benchmarks/head_memory.py`).
+    The same rule holds on every device, but on CUDA the plain cross-entropy goes to Liger's kernel first.
+
+    * ``per_token``: the requested backend (``auto``: as above), which must give ``outputs``.
     * ``weighted_ce``: for ``auto``, the first registered backend marked ``auto_ce`` whose fused plain-CE
-      path applies (weights, CUDA input if ``cuda_only``, ``available()``), else `DEFAULT_BACKEND`. The
+      path applies (weights, CUDA input if ``cuda_only``, ``available()``), else as above. The
       backend's ``fused_ce`` if it has one (a ``"uniform"``-only path refuses per-token weights), else
       its per-token ``logprobs``.
     * ``pointwise``: the backend's ``fused_pointwise`` if it has one; else its per-token ``outputs``
@@ -250,6 +270,7 @@ def select_backend(
         outputs: the per-token outputs the call needs (``per_token``, ``pointwise``).
         uniform: ``weighted_ce``: one float weight for every token (not a tensor of weights).
         on_cuda: ``weighted_ce``: the hidden states are on a CUDA device.
+        narrow_weight: the weight's dtype is narrower than the compute dtype (see above).
 
     Returns:
         The `Route`.
@@ -264,13 +285,17 @@ def select_backend(
         ('chunked', True)
         >>> select_backend("naive", "weighted_ce", uniform=False).fused
         False
+        >>> select_backend("auto", "per_token", outputs=("logprobs",), narrow_weight=True).backend.name
+        'blocked'
     """
     if task == "per_token":
-        backend = _backend(requested)
+        backend = _backend(requested, narrow_weight)
         _check_outputs(backend, outputs)
         return Route(backend, fused=False)
     if task == "weighted_ce":
-        backend = _auto_ce_backend(uniform, on_cuda) if requested == "auto" else _backend(requested)
+        backend = (
+            _auto_ce_backend(uniform, on_cuda, narrow_weight) if requested == "auto" else _backend(requested)
+        )
         if backend.fused_ce is None:
             return Route(backend, fused=False)
         if not backend.takes_weights(uniform):
@@ -280,7 +305,7 @@ def select_backend(
             )
         return Route(backend, fused=True)
     if task == "pointwise":
-        backend = _backend(requested)
+        backend = _backend(requested, narrow_weight)
         if backend.fused_pointwise is not None:
             return Route(backend, fused=True)
         if backend.outputs:

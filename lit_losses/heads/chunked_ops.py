@@ -307,19 +307,35 @@ def backprop_probs(
 def save_gradients(ctx: Any, grads: Grads, weight: Tensor, bias: Tensor | None, *inputs: Any) -> None:
     """Keep the gradients a fast path computed in forward (backward only rescales them), and ``inputs``
     for the differentiable recompute of a double backward (`differentiable_grads`)."""
-    ctx.save_for_backward(*grads, *inputs)
+    ctx.fused_grads = grads
+    ctx.save_for_backward(*inputs)
     ctx.weight_dtype = weight.dtype
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
-def scaled_gradients(ctx: Any, g_loss: Tensor) -> Grads:
-    """The saved ``(∂/∂hidden, ∂/∂weight, ∂/∂bias)`` times the upstream scalar, in the inputs' dtypes."""
-    grad_h, grad_w, grad_b = ctx.saved_tensors[:3]
-    need_h, need_w, need_b = ctx.needs_input_grad[:3]
-    gh = grad_h * g_loss.to(grad_h.dtype) if need_h else None
-    gw = (grad_w * g_loss).to(ctx.weight_dtype) if need_w else None
-    gb = (grad_b * g_loss).to(ctx.bias_dtype) if need_b and grad_b is not None else None
-    return gh, gw, gb
+def scaled_gradients(ctx: Any, g_loss: Tensor, consume: bool = False) -> Grads | None:
+    """The saved ``(∂/∂hidden, ∂/∂weight, ∂/∂bias)`` times the upstream scalar, in the inputs' dtypes.
+
+    ``consume``: scale the saved buffers in place and hand them out (the context lets go of them), so that
+    a ``V × D`` gradient in the weight's dtype is not copied, and autograd can take it as ``weight.grad``
+    as it is; a later backward through the same graph (``retain_graph=True``) gets ``None`` and must
+    recompute. Otherwise the buffers are kept and the scaled gradients are new tensors.
+    """
+    grads = ctx.fused_grads
+    if grads is None:
+        return None
+    if consume:
+        ctx.fused_grads = None
+    dtypes = (None, ctx.weight_dtype, ctx.bias_dtype)
+    out = []
+    for grad, need, dtype in zip(grads, ctx.needs_input_grad[:3], dtypes, strict=True):
+        if not need or grad is None:
+            out.append(None)
+            continue
+        scale = g_loss.to(grad.dtype)
+        grad = grad.mul_(scale) if consume else grad * scale
+        out.append(grad if dtype is None else grad.to(dtype))
+    return tuple(out)
 
 
 def differentiable_grads(

@@ -23,8 +23,15 @@ disk graph cache is not used for them: a cached kernel keeps the tuning of the s
 for, and one built for a few rows runs on one thread (measured: 30 instead of 15 ms on a ``[1024,
 32768]`` chunk on 2 cores). If compiling fails (no C++ compiler, say), one warning is given and the eager
 passes are used from then on; if ``torch.compile``'s recompile limit is reached, the eager passes take
-the inputs it refused. ``LIT_LOSSES_COMPILE_KERNELS=0`` (or ``false``/``no``/``off``) keeps the eager
-passes always.
+the inputs it refused, and so do calls made under a ``TorchDispatchMode`` (e.g. a FLOP counter), where
+``torch.compile`` would compile nothing (and skip the kernel for the rest of the process).
+``LIT_LOSSES_COMPILE_KERNELS=0`` (or ``false``/``no``/``off``) keeps the eager passes always.
+
+The ``blocked`` backend's passes over an ``[n, V_b]`` block of logits (`lit_losses.heads.vocab_blocks`)
+are compiled the same way, under the same switches: `block_softmax_stats` reads the block once for its row
+maximum ``m`` and ``s = Σ e^{z − m}`` (and ``t = Σ e^{z − m} (z − m)`` for the entropy, both accumulated
+in float64), and `block_logit_grad_` writes ``e^{z − lse} ⊙ (a + b ⊙ (z − lse))`` over it. Every compiled
+call is recorded as ``lit_losses::<kernel>`` in `torch.profiler` traces (how the passes are counted).
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+# torch has no public module for this query; TorchDispatchMode itself lives in the same module
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 #: Smallest chunk, in logits (``rows · V``), whose entropy passes use the compiled kernels (64 MiB of
 #: fp32: 512 tokens at V = 32768). Measured on 2 cores at ``[1024, 32768]``: the eager passes add
@@ -61,6 +71,26 @@ def _entropy_kernel(log_p: Tensor) -> Tensor:
 def _entropy_grad_kernel_(log_p: Tensor, a: Tensor, b: Tensor) -> None:
     """``log_p ← e^{log p} ⊙ (a + b ⊙ log p)``, ``a`` and ``b`` per row."""
     log_p.copy_(log_p.exp() * (a[:, None] + b[:, None] * log_p))
+
+
+def _block_lse_kernel(z: Tensor) -> tuple[Tensor, Tensor]:
+    """``(m, Σ_v e^{z_v − m})`` per row, ``m`` the row maximum, the sum accumulated in float64."""
+    m = z.amax(1)
+    return m, (z - m[:, None]).exp().sum(1, dtype=torch.float64).to(z.dtype)
+
+
+def _block_entropy_stats_kernel(z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(m, Σ_v e^{z_v − m}, Σ_v e^{z_v − m} (z_v − m))`` per row, sums accumulated in float64."""
+    m = z.amax(1)
+    x = z - m[:, None]
+    e = x.exp()
+    return m, e.sum(1, dtype=torch.float64).to(z.dtype), (e * x).sum(1, dtype=torch.float64).to(z.dtype)
+
+
+def _block_grad_kernel_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor) -> None:
+    """``z ← e^{z − lse} ⊙ (a + b ⊙ (z − lse))``, ``lse``, ``a`` and ``b`` per row."""
+    log_p = z - lse[:, None]
+    z.copy_(log_p.exp() * (a[:, None] + b[:, None] * log_p))
 
 
 @functools.cache
@@ -110,12 +140,13 @@ def _at_recompile_limit(err: Exception) -> bool:
 def _run(kernel: Callable, *args: Tensor) -> Tensor | None:
     """``compiled(kernel)(*args)`` (an in-place kernel gives its first argument back), or ``None`` when
     the eager passes must do it: a chunk of one row (``torch.compile`` would specialize a second time on
-    it), a refusal at the recompile limit (for those inputs; dynamo logs each refusal), or a failed compile
-    (warned once, eager from then on)."""
-    if _failed or args[0].shape[0] < 2:
-        return None
+    it), a call under a user's ``TorchDispatchMode``, a refusal at the recompile limit (for those inputs;
+    dynamo logs each refusal), or a failed compile (warned once, eager from then on)."""
+    if _failed or args[0].shape[0] < 2 or is_in_torch_dispatch_mode(include_infra_modes=False):
+        return None  # under a user's dispatch mode dynamo would skip the kernel, for the whole process
     try:
-        out = _compiled(kernel)(*args)
+        with torch.profiler.record_function(f"lit_losses::{kernel.__name__}"):
+            out = _compiled(kernel)(*args)
     except Exception as err:  # a failed compile: the eager passes compute the same maths
         error = f"{type(err).__name__}: {err}".splitlines()[0]
         if _at_recompile_limit(err):
@@ -158,3 +189,33 @@ def entropy_logit_grad_(log_p: Tensor, a: Tensor, b: Tensor) -> Tensor | None:
         ``log_p``, or ``None`` (``log_p`` untouched) when the eager passes must compute it (`_run`).
     """
     return _run(_entropy_grad_kernel_, log_p, a, b)
+
+
+def block_softmax_stats(z: Tensor, with_entropy: bool) -> tuple[Tensor, ...] | None:
+    """One block's row statistics, in one read of ``z``.
+
+    Args:
+        z: ``[n, V_b]`` logits of a vocabulary block (not modified).
+        with_entropy: also ``t = Σ_v e^{z_v − m} (z_v − m)``.
+
+    Returns:
+        ``(m, s)`` or ``(m, s, t)`` per row (``m`` the row maximum, ``s = Σ_v e^{z_v − m}``), in ``z``'s
+        dtype, or ``None`` when the eager passes must compute them (`_run`).
+    """
+    return _run(_block_entropy_stats_kernel if with_entropy else _block_lse_kernel, z)
+
+
+def block_logit_grad_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor) -> Tensor | None:
+    """A block's logit gradient without its target term, ``p ⊙ (a + b ⊙ log p)`` with ``log p = z − lse``,
+    in one read-write of ``z``.
+
+    Args:
+        z: ``[n, V_b]`` logits, overwritten by the result.
+        lse: ``[n]`` log-sum-exp of each row's full vocabulary.
+        a: ``[n]``, ``g_lse − g_ℓ − g_H · H``.
+        b: ``[n]``, ``−g_H`` (zeros without the entropy).
+
+    Returns:
+        ``z``, or ``None`` (``z`` untouched) when the eager passes must compute it (`_run`).
+    """
+    return _run(_block_grad_kernel_, z, lse, a, b)

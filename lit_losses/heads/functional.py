@@ -27,15 +27,16 @@ and of its per-token outputs (``Objective``'s general path; ``pointwise_loss`` �
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
 
 from lit_losses.choices import check_choice
-from lit_losses.heads import chunked, liger, naive, torch_lce
+from lit_losses.heads import blocked, chunked, liger, naive, torch_lce
 from lit_losses.heads.backend import (
     HEAD_BACKENDS,
     BackendOutputs,
@@ -45,25 +46,31 @@ from lit_losses.heads.backend import (
     weight_vector,
 )
 from lit_losses.heads.output import HEAD_OUTPUTS, HeadOutput, check_head_inputs, normalize_outputs
-from lit_losses.heads.precision import MatmulPrecision, in_compute_dtype
+from lit_losses.heads.precision import MatmulPrecision, compute_dtype, in_compute_dtype
 
 #: The head backends a configuration can name (``auto`` picks among the registered ones).
-Backend = Literal["auto", "chunked", "naive", "torch", "liger"]
+Backend = Literal["auto", "chunked", "blocked", "naive", "torch", "liger"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 #: Per-token outputs each registered backend can give (a live view of `HEAD_BACKENDS`).
 BACKEND_OUTPUTS = BackendOutputs()
 #: How `linear_cross_entropy` reduces the weighted per-token losses.
 Reduction = Literal["mean", "sum"]
 
-_BUILTIN = (chunked.CHUNKED, naive.NAIVE, torch_lce.TORCH, liger.LIGER)
+_BUILTIN = (chunked.CHUNKED, blocked.BLOCKED, naive.NAIVE, torch_lce.TORCH, liger.LIGER)
 if set(BACKENDS) != {"auto", *(b.name for b in _BUILTIN)}:  # pragma: no cover - a maintenance error
     raise RuntimeError(f"Backend lists {BACKENDS}; the built-in backends are {[b.name for b in _BUILTIN]}")
 
 
-def check_head_options(backend: str, chunk_size: int | None, matmul_precision: str) -> None:
+def check_head_options(
+    backend: str, chunk_size: int | None, matmul_precision: str, temperature: float = 1.0
+) -> None:
     """Raise a `ValueError` naming the value for an unknown ``backend`` or ``matmul_precision`` (a
-    `ConfigError`), or a ``chunk_size`` below 1."""
+    `ConfigError`), a ``chunk_size`` below 1, or a ``temperature`` that is not a finite positive number."""
     check_choice(matmul_precision, MatmulPrecision, "matmul_precision")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    if not math.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
     if backend not in BACKENDS and backend not in HEAD_BACKENDS:
         choices = BACKENDS + tuple(name for name in HEAD_BACKENDS if name not in BACKENDS)
         raise ValueError(f"unknown head backend {backend!r}; choose among {choices}")
@@ -77,7 +84,8 @@ class HeadSettings:
     `lit_losses.heads.backend.HeadConfig`), checked when built.
 
     Raises:
-        ValueError: an unknown ``backend`` or ``matmul_precision``, or ``chunk_size < 1``.
+        ValueError: an unknown ``backend`` or ``matmul_precision``, ``chunk_size < 1``, or a temperature
+            that is not finite and positive.
     """
 
     weight: Tensor
@@ -88,9 +96,10 @@ class HeadSettings:
     accum_dtype: torch.dtype
     check_finite: bool
     matmul_precision: MatmulPrecision
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
-        check_head_options(self.backend, self.chunk_size, self.matmul_precision)
+        check_head_options(self.backend, self.chunk_size, self.matmul_precision, self.temperature)
 
     @property
     def vocab_size(self) -> int:
@@ -100,6 +109,23 @@ class HeadSettings:
     def options(self) -> dict[str, Any]:
         """The keyword options of a functional call (every field but ``weight`` and ``bias``)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("weight", "bias")}
+
+    def narrow_weight(self, hidden: Tensor) -> bool:
+        """Whether the weight is stored in a narrower dtype than the call's compute dtype (a bf16 weight,
+        fp32 compute): ``auto`` then takes the ``blocked`` backend (`select_backend`)."""
+        dtype = compute_dtype(hidden, self.weight, self.bias, self.accum_dtype)
+        return torch.finfo(self.weight.dtype).bits < torch.finfo(dtype).bits
+
+    def tempered(self, hidden: Tensor) -> tuple[HeadSettings, Tensor]:
+        """``(settings, hidden)`` for logits ``z / T``: ``(h / T) Wᵀ + b / T``, the division done in
+        ``promote(hidden, accum_dtype)`` (no rounding to bf16 on the way) and differentiated by autograd;
+        the returned settings have temperature 1. Unchanged when ``T = 1``."""
+        if self.temperature == 1:
+            return self, hidden
+        t = self.temperature
+        bias = None if self.bias is None else self.bias / t
+        h = hidden.to(torch.promote_types(hidden.dtype, self.accum_dtype)) / t
+        return replace(self, bias=bias, temperature=1.0), h
 
     def check_inputs(self, hidden: Tensor, targets: Tensor) -> None:
         """`check_head_inputs` of one call's ``hidden`` and ``targets`` against this weight and bias."""
@@ -126,6 +152,7 @@ def linear_logprobs(
     accum_dtype: torch.dtype = torch.float32,
     check_finite: bool = True,
     matmul_precision: MatmulPrecision = "auto",
+    temperature: float = 1.0,
 ) -> HeadOutput:
     """Per-token outputs of the softmax of ``z = h Wᵀ + b`` at every position, logits never materialized.
 
@@ -141,7 +168,8 @@ def linear_logprobs(
         targets: ``[...]`` token ids (``ignore_index`` where none).
         bias: ``[V]`` or ``None``.
         outputs: one or more of ``"logprobs"``, ``"lse"``, ``"entropy"``.
-        backend: ``auto`` (``chunked``), ``chunked``, ``naive``, ``torch`` (``logprobs`` only), or a
+        backend: ``auto`` (``chunked``; ``blocked`` for a weight narrower than the compute dtype, see
+            `select_backend`), ``chunked``, ``blocked``, ``naive``, ``torch`` (``logprobs`` only), or a
             registered name (`HEAD_BACKENDS`).
         chunk_size: tokens per chunk (default: from a memory budget, `default_chunk_size`).
         ignore_index: target value of positions without a label.
@@ -149,6 +177,8 @@ def linear_logprobs(
         check_finite: raise when ``weight`` or ``hidden`` holds NaN/Inf (one reduction each).
         matmul_precision: matmul operands in the compute dtype (``full``), in bf16 when in play (``low``),
             or ``low`` on CUDA and ``full`` elsewhere (``auto``).
+        temperature: ``T``: every output is that of the logits ``z / T`` (gradients included, also with
+            respect to nothing else: ``T`` is a constant), for sampling-temperature-aware RL objectives.
 
     Returns:
         A `HeadOutput`: the requested fields shaped like ``targets``, the others ``None``.
@@ -179,11 +209,13 @@ def linear_logprobs(
         accum_dtype=accum_dtype,
         check_finite=check_finite,
         matmul_precision=matmul_precision,
+        temperature=temperature,
     )
     outputs = normalize_outputs(outputs)
     head.check_inputs(hidden, targets)
-    route = select_backend(backend, "per_token", outputs=outputs)
-    with in_compute_dtype(head, hidden) as (cast, h):
+    head, hidden = head.tempered(hidden)
+    route = select_backend(backend, "per_token", outputs=outputs, narrow_weight=head.narrow_weight(hidden))
+    with in_compute_dtype(head, hidden, keep_weight=route.backend.casts_weight_blocks) as (cast, h):
         return route.backend.per_token(cast, h, targets, outputs)
 
 
@@ -201,6 +233,7 @@ def linear_cross_entropy(
     accum_dtype: torch.dtype = torch.float32,
     check_finite: bool = True,
     matmul_precision: MatmulPrecision = "auto",
+    temperature: float = 1.0,
 ) -> Tensor:
     """The cross-entropy of ``z = h Wᵀ + b``, ``Σ_t w_t · (−log p_t[y_t])`` over the valid positions
     (``y_t != ignore_index``), divided by their number ``n`` for ``reduction="mean"`` (0 when ``n = 0``).
@@ -224,6 +257,7 @@ def linear_cross_entropy(
         accum_dtype: the least precise dtype of logits, statistics and gradients.
         check_finite: raise when ``weight`` or ``hidden`` holds NaN/Inf.
         matmul_precision: see `linear_logprobs`.
+        temperature: see `linear_logprobs`.
 
     Returns:
         The scalar loss.
@@ -257,6 +291,7 @@ def linear_cross_entropy(
         accum_dtype=accum_dtype,
         check_finite=check_finite,
         matmul_precision=matmul_precision,
+        temperature=temperature,
     )
     head.check_inputs(hidden, targets)
     valid, h, y = valid_tokens(hidden, targets, ignore_index)
@@ -266,9 +301,12 @@ def linear_cross_entropy(
         w = w / max(int(h.shape[0]), 1)
     # CUDA-only kernels (Liger) compute in fp32 at best: float64 stays on the exact chunked path
     cuda_kernel = hidden.is_cuda and hidden.dtype != torch.float64
-    route = select_backend(backend, "weighted_ce", uniform=uniform, on_cuda=cuda_kernel)
+    route = select_backend(
+        backend, "weighted_ce", uniform=uniform, on_cuda=cuda_kernel, narrow_weight=head.narrow_weight(h)
+    )
     if route.fused:
-        with in_compute_dtype(head, h) as (cast, h):
+        tempered, h = head.tempered(h)
+        with in_compute_dtype(tempered, h, keep_weight=route.backend.casts_weight_blocks) as (cast, h):
             return route.backend.fused_ce(cast, h, y, w)
     w = weight_vector(w, h.shape[0], h.device)
     out = linear_logprobs(hidden, weight, targets, bias=bias, **head.options())
@@ -291,6 +329,7 @@ def linear_pointwise_loss(
     accum_dtype: torch.dtype = torch.float32,
     check_finite: bool = True,
     matmul_precision: MatmulPrecision = "auto",
+    temperature: float = 1.0,
 ) -> Tensor:
     """``Σ_chunks chunk_loss(s, e, ℓ[s:e], lse[s:e], H[s:e])``: a loss that is a sum of per-token functions
     of ``(logprobs, lse, entropy)`` of ``z = h Wᵀ + b``, its gradients computed in forward.
@@ -299,8 +338,9 @@ def linear_pointwise_loss(
     ``[start, end)`` (row-major order of ``targets != ignore_index``) from their 1-D values (``entropy``
     ``None`` unless ``with_entropy``); a token's loss depends on its own values only. On ``chunked`` (also
     for ``auto`` and ``liger``) each chunk's upstream gradients come from autograd on its ``O(chunk)``
-    values and are folded into ``∂/∂z`` (no double backward); ``naive`` and ``torch`` call ``chunk_loss``
-    once on all tokens from their per-token outputs.
+    values and are folded into ``∂/∂z`` (no double backward); ``blocked`` (``auto``'s for a weight
+    narrower than the compute dtype), ``naive`` and ``torch`` call ``chunk_loss`` once on all tokens from
+    their per-token outputs.
 
     Args:
         hidden: ``[..., D]`` hidden states.
@@ -317,6 +357,7 @@ def linear_pointwise_loss(
         accum_dtype: the least precise dtype of logits, statistics and gradients.
         check_finite: raise when ``weight`` or ``hidden`` holds NaN/Inf.
         matmul_precision: see `linear_logprobs`.
+        temperature: see `linear_logprobs`.
 
     Returns:
         The scalar loss.
@@ -347,14 +388,16 @@ def linear_pointwise_loss(
         accum_dtype=accum_dtype,
         check_finite=check_finite,
         matmul_precision=matmul_precision,
+        temperature=temperature,
     )
     head.check_inputs(hidden, targets)
     valid, h, y = valid_tokens(hidden, targets, ignore_index)
     default = HEAD_OUTPUTS if with_entropy else ("logprobs", "lse")
     outputs = ("logprobs", *(o for o in normalize_outputs(needs or default) if o != "logprobs"))
-    route = select_backend(backend, "pointwise", outputs=outputs)
+    route = select_backend(backend, "pointwise", outputs=outputs, narrow_weight=head.narrow_weight(h))
     if route.fused:
-        with in_compute_dtype(head, h) as (cast, h):
+        tempered, h = head.tempered(h)
+        with in_compute_dtype(tempered, h, keep_weight=route.backend.casts_weight_blocks) as (cast, h):
             return route.backend.fused_pointwise(cast, h, y, chunk_loss, with_entropy)
     out = linear_logprobs(hidden, weight, targets, bias=bias, outputs=outputs, **head.options())
     lse = None if out.lse is None else out.lse[valid]

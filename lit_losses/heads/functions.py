@@ -16,6 +16,8 @@ Under ``create_graph=True`` (double backward) `ChunkedLogProbs` and `ChunkedWeig
 gradients chunk by chunk with differentiable operations (`differentiable_grads`), exact to every order;
 `ChunkedPointwiseLoss` refuses (`lit_losses.heads.higher_order`). A gradient buffer is allocated only
 for the inputs that need one (a frozen output weight costs neither its ``V × D`` buffer nor its matmul).
+`ChunkedWeightedCE`'s backward hands its buffers out, scaled in place (the weight's gradient is not
+copied); a second backward through a retained graph recomputes them.
 
 Arguments common to the three ``apply`` calls: ``hidden`` ``[n, D]`` (hidden states of valid tokens),
 ``weight`` ``[V, D]``, ``bias`` ``[V]`` or ``None``, ``targets`` ``[n]`` (int64 token ids, all valid),
@@ -225,9 +227,10 @@ class ChunkedWeightedCE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g_loss: Tensor, _g_logprobs: Tensor | None):
-        if not torch.is_grad_enabled():
-            return *scaled_gradients(ctx, g_loss), None, None, None, None
-        hidden, weight, bias, targets, w_tok = ctx.saved_tensors[3:]  # create_graph=True: recompute
+        # the buffers are handed out (no V x D copy); a second backward (retain_graph) recomputes
+        if not torch.is_grad_enabled() and (grads := scaled_gradients(ctx, g_loss, consume=True)):
+            return *grads, None, None, None, None
+        hidden, weight, bias, targets, w_tok = ctx.saved_tensors  # create_graph=True, or again: recompute
         with autocast_off(hidden.device):
             g_lp, needs = -w_tok * g_loss, ctx.needs_input_grad[:3]
             grads = differentiable_grads(
@@ -314,5 +317,5 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
             "not kept)",
             "compute the loss from the per-token outputs of head(hidden, targets, outputs) instead",
         )
-        gh, gw, gb = scaled_gradients(ctx, g_loss)
+        gh, gw, gb = scaled_gradients(ctx, g_loss)  # kept: a retained graph may run backward again
         return gh, gw, gb, None, None, None, None, None

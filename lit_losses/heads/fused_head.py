@@ -44,9 +44,11 @@ class FusedLMHead:
     Args:
         weight: output projection ``[V, D]``.
         bias: optional ``[V]`` bias.
-        backend: ``chunked`` (pure PyTorch, CPU/CUDA), ``naive`` (materializes logits; the reference),
-            ``torch`` (`F.linear_cross_entropy`, logprobs only), ``liger`` (CUDA, plain CE with one token
-            weight), ``auto`` (chunked; liger for that plain CE on CUDA when installed), or a registered name.
+        backend: ``chunked`` (pure PyTorch, CPU/CUDA, token chunks), ``blocked`` (pure PyTorch, vocabulary
+            blocks: no ``V × D`` temporary), ``naive`` (materializes logits; the reference), ``torch``
+            (`F.linear_cross_entropy`, logprobs only), ``liger`` (CUDA, plain CE with one token weight),
+            ``auto`` (chunked, or blocked for a weight narrower than the compute dtype; liger for that plain
+            CE on CUDA when installed; `select_backend` gives the reasons), or a registered name.
         chunk_size: tokens per chunk (default: about 512 MiB of fp32 logits per chunk; on CPU about
             128 MiB and at most 1024 tokens, see `default_chunk_size`).
         ignore_index: target value of positions without a label.
@@ -55,9 +57,12 @@ class FusedLMHead:
         check_finite: raise when hidden states contain NaN/Inf (costs one reduction over ``hidden``).
         matmul_precision: matmul operands in the compute dtype (``full``), in bf16 when in play (``low``,
             tensor cores), or ``low`` on CUDA and ``full`` elsewhere (``auto``); see `operand_dtype`.
+        temperature: ``T > 0``: every output and loss is that of the logits ``z / T`` (e.g. the sampling
+            temperature of an RL rollout), with exact gradients (`linear_logprobs`).
 
     Raises:
-        ValueError: unknown ``backend`` or ``matmul_precision``, or ``chunk_size < 1``.
+        ValueError: unknown ``backend`` or ``matmul_precision``, ``chunk_size < 1``, or a temperature that
+            is not finite and positive.
 
     Example:
         >>> import torch
@@ -92,8 +97,9 @@ class FusedLMHead:
         accum_dtype: torch.dtype = torch.float32,
         check_finite: bool = True,
         matmul_precision: MatmulPrecision = "auto",
+        temperature: float = 1.0,
     ) -> None:
-        check_head_options(backend, chunk_size, matmul_precision)
+        check_head_options(backend, chunk_size, matmul_precision, temperature)
         self.weight = weight
         self.bias = bias
         self.backend = backend
@@ -102,6 +108,7 @@ class FusedLMHead:
         self.accum_dtype = accum_dtype
         self.check_finite = check_finite
         self.matmul_precision = matmul_precision
+        self.temperature = temperature
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kwargs) -> FusedLMHead:
@@ -115,7 +122,7 @@ class FusedLMHead:
 
     def options(self) -> dict[str, Any]:
         """The keyword options of the functional calls: ``backend``, ``chunk_size``, ``ignore_index``,
-        ``accum_dtype``, ``check_finite``, ``matmul_precision``."""
+        ``accum_dtype``, ``check_finite``, ``matmul_precision``, ``temperature``."""
         return {
             "backend": self.backend,
             "chunk_size": self.chunk_size,
@@ -123,6 +130,7 @@ class FusedLMHead:
             "accum_dtype": self.accum_dtype,
             "check_finite": self.check_finite,
             "matmul_precision": self.matmul_precision,
+            "temperature": self.temperature,
         }
 
     def resolve_backend(self, outputs: Sequence[str]) -> str:
@@ -193,8 +201,9 @@ class FusedLMHead:
         ``chunk_loss(start, end, logprobs, lse, entropy)`` returns the loss of the valid positions
         ``[start, end)`` (row-major order of ``targets != ignore_index``) from their 1-D values (``entropy``
         ``None`` unless ``with_entropy``); a token's loss depends on its own values only. ``chunked`` (also
-        for ``auto`` and ``liger``) computes every gradient in forward (no double backward); ``naive`` and
-        ``torch`` call ``chunk_loss`` once on all tokens from their per-token outputs.
+        for ``auto`` and ``liger``) computes every gradient in forward (no double backward); ``blocked``
+        (``auto``'s for a weight narrower than the compute dtype), ``naive`` and ``torch`` call
+        ``chunk_loss`` once on all tokens from their per-token outputs.
 
         Args:
             hidden: ``[..., D]`` hidden states.
@@ -223,7 +232,8 @@ class FusedLMHead:
         )
 
     def forward_logits(self, hidden: Tensor) -> Tensor:
-        """Full logits ``h Wᵀ + b`` ``[..., V]`` of ``hidden [..., D]`` (materialized), compute dtype."""
+        """Full logits ``h Wᵀ + b`` ``[..., V]`` of ``hidden [..., D]`` (materialized), compute dtype; the raw
+        logits: ``temperature`` is not applied."""
         with in_compute_dtype(self, hidden) as (head, h):
             dtype = torch.promote_types(h.dtype, self.accum_dtype)
             logits = mm_in(h.reshape(-1, h.shape[-1]), head.weight.t(), dtype).reshape(*h.shape[:-1], -1)

@@ -155,13 +155,17 @@ class CastHead:
 
 
 @contextmanager
-def in_compute_dtype(head: HeadConfig, hidden: Tensor) -> Iterator[tuple[HeadConfig, Tensor]]:
+def in_compute_dtype(
+    head: HeadConfig, hidden: Tensor, keep_weight: bool = False
+) -> Iterator[tuple[HeadConfig, Tensor]]:
     """``(head, hidden)`` with the matmul operands in `operand_dtype` (the head's ``matmul_precision``,
     ``full`` for a head without one), autocast disabled inside the block.
 
     Tensors already in that dtype are passed as they are (no copy); others are cast with ``.to``, which
     autograd differentiates (gradients come back in each input's dtype). Backends accumulate in
-    ``promote(operands, accum_dtype)``: the compute dtype.
+    ``promote(operands, accum_dtype)``: the compute dtype. With ``keep_weight`` only ``hidden`` is cast:
+    the weight and bias are given as they are, for a backend that casts the blocks it uses
+    (`HeadBackend.casts_weight_blocks`) instead of copying the whole weight.
 
     Example:
         >>> import torch
@@ -178,8 +182,8 @@ def in_compute_dtype(head: HeadConfig, hidden: Tensor) -> Iterator[tuple[HeadCon
         hidden, head.weight, dtype, matmul_precision=getattr(head, "matmul_precision", "full")
     )
     with autocast_off(hidden.device):
-        if all(t is None or t.dtype == dtype for t in (hidden, head.weight, head.bias)):
-            yield head, hidden
+        if keep_weight or all(t is None or t.dtype == dtype for t in (hidden, head.weight, head.bias)):
+            yield head, hidden.to(dtype)
             return
         bias = None if head.bias is None else head.bias.to(dtype)
         weight = head.weight.to(dtype)

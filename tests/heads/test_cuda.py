@@ -1,4 +1,4 @@
-"""The head on CUDA (chunked and liger backends) against the naive reference; skipped without CUDA."""
+"""The head on CUDA (chunked, blocked, liger) against the naive reference; skipped without CUDA."""
 
 import pytest
 import torch
@@ -7,7 +7,10 @@ import torch.nn.functional as F
 from lit_losses.heads import FusedLMHead, liger
 from lit_losses.heads.liger import liger_available, liger_uniform_ce_sum
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 ALL = ("logprobs", "lse", "entropy")
 
@@ -29,23 +32,25 @@ def per_token_loss_and_grads(backend, hidden, weight, bias, targets, upstream):
     return loss, torch.autograd.grad(loss, [x for x in (hidden, weight, bias) if x is not None])
 
 
+@pytest.mark.parametrize("backend", ["chunked", "blocked"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_chunked_on_cuda_matches_naive_fp32(bias):
+def test_chunked_on_cuda_matches_naive_fp32(bias, backend):
     hidden, weight, b, targets = problem(bias=bias)
     upstream = [torch.randn(targets.shape, device="cuda") for _ in ALL]
     ref, ref_grads = per_token_loss_and_grads("naive", hidden, weight, b, targets, upstream)
-    got, grads = per_token_loss_and_grads("chunked", hidden, weight, b, targets, upstream)
+    got, grads = per_token_loss_and_grads(backend, hidden, weight, b, targets, upstream)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
     for g, r in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
 
 
-def test_chunked_on_cuda_bf16_accumulates_in_fp32():
+@pytest.mark.parametrize("backend", ["chunked", "blocked"])
+def test_chunked_on_cuda_bf16_accumulates_in_fp32(backend):
     hidden, weight, _, targets = problem(dtype=torch.bfloat16)
     h32, w32 = (x.detach().float().requires_grad_() for x in (hidden, weight))
     upstream = [torch.randn(targets.shape, device="cuda") for _ in ALL]
     ref, ref_grads = per_token_loss_and_grads("naive", h32, w32, None, targets, upstream)
-    got, grads = per_token_loss_and_grads("chunked", hidden, weight, None, targets, upstream)
+    got, grads = per_token_loss_and_grads(backend, hidden, weight, None, targets, upstream)
     torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-1)
     for g, r in zip(grads, ref_grads, strict=True):
         assert g.dtype == torch.bfloat16
@@ -128,3 +133,38 @@ def test_forward_logits_under_bf16_autocast_on_cuda_is_differentiable():
     torch.testing.assert_close(
         exact, hidden.detach().bfloat16().float() @ weight.detach().bfloat16().float().T
     )
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_blocked_on_cuda_float64_to_1e10(bias):
+    """The blocked backend's CUDA path (eager passes) against the float64 naive head, values and gradients."""
+    hidden, weight, b, targets = problem(n=120, d=32, v=3000, dtype=torch.float64, bias=bias)
+    upstream = [torch.randn(targets.shape, device="cuda", dtype=torch.float64) for _ in ALL]
+    ref, ref_grads = per_token_loss_and_grads("naive", hidden, weight, b, targets, upstream)
+    got, grads = per_token_loss_and_grads("blocked", hidden, weight, b, targets, upstream)
+    torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-10)
+
+
+def test_auto_plain_ce_with_a_bf16_weight_on_cuda_returns_a_bf16_gradient_without_an_fp32_copy():
+    """``auto`` without Liger takes ``blocked`` for a bf16 weight: peak memory stays below the weight's
+    fp32 size above the inputs, and the gradient matches fp32's within bf16 rounding."""
+    if liger_available():
+        pytest.skip("auto takes Liger's kernel for the uniform plain CE when it is installed")
+    hidden, weight, _, targets = problem(n=256, d=256, v=32000, dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    loss = FusedLMHead(weight, chunk_size=64).weighted_ce(hidden, targets, 1 / 256)
+    loss.backward()
+    added = torch.cuda.max_memory_allocated() - base
+    assert weight.grad.dtype == torch.bfloat16
+    assert added < 1.25 * (weight.numel() * 2 + 2 * 64 * 32000 * 4), added
+    h32, w32 = (x.detach().float().requires_grad_() for x in (hidden, weight))
+    valid = targets != -100
+    ref = F.cross_entropy(h32[valid] @ w32.T, targets[valid], reduction="sum") / 256
+    ref.backward()
+    torch.testing.assert_close(loss.float(), ref, rtol=1e-2, atol=1e-2)
+    scale = w32.grad.abs().max()
+    torch.testing.assert_close(weight.grad.float() / scale, w32.grad / scale, rtol=0, atol=2e-2)

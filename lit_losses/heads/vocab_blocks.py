@@ -1,0 +1,247 @@
+"""The per-block kernels of the ``blocked`` backend: the head computed over blocks of the vocabulary, each
+``[n, V_b]`` block of logits holding every token, so that each block of the weight's gradient is finished
+in one matmul and written once, in the weight's own dtype.
+
+Notation of `lit_losses.heads.chunked_ops` (``z = W h + b``, ``lse``, ``p``, ``ℓ``, ``H``). Forward reads
+the vocabulary block by block and keeps per token, online (rescaled when the running maximum ``m`` grows),
+
+    s = Σ_v e^{z_v − m},   t = Σ_v e^{z_v − m} (z_v − m) ≤ 0,   z_y,
+
+so that ``lse = m + log s``, ``ℓ = z_y − lse`` and ``H = log s − t / s``: a sum of two non-negative terms
+(``−Σ_v p_v log p_v = log s − Σ_v p_v (z_v − m)``), without cancellation on near-one-hot rows. Backward
+recomputes each block's logits, forms ``∂/∂z = p ⊙ [g_lse − g_ℓ − g_H (log p + H)] + g_ℓ e_y`` over them
+and projects it: ``∂/∂h += (∂/∂z) W_b`` (an ``[n, D]`` accumulator in the compute dtype),
+``∂/∂W_b = (∂/∂z)ᵀ h`` (complete: every token is in the block; accumulated by the matmul and stored once
+in the weight's dtype) and ``∂/∂b_b = Σ_t ∂/∂z``.
+
+The weight and bias are read in their own dtype and each block is cast to the operand dtype (the hidden
+states') as it is used, so a bf16 weight costs neither an fp32 copy of itself nor an fp32 ``V × D``
+gradient accumulator: the head's memory above its inputs is the weight's gradient, one block of logits
+(with the block's cast weight and its gradient) and ``O(n · D)`` state. The price is one more ``N·D·V``
+matmul on the plain cross-entropy (four against the token-chunked fast path's three, which computes every
+gradient in forward but accumulates the weight's gradient over chunks); the per-token outputs take four
+either way.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lit_losses.heads import entropy_kernels
+from lit_losses.heads.chunked_ops import Grads, default_chunk_size, mm_in, row_dot
+
+
+class BlockScratch:
+    """``[n, V_b]`` work tensors of one pass over the vocabulary blocks, allocated at the first (widest)
+    block and reused, each block a contiguous view of the first ``n · V_b`` elements."""
+
+    def __init__(self, n_tokens: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.n_tokens, self.dtype, self.device = n_tokens, dtype, device
+        self._flat: dict[str, Tensor] = {}
+
+    def take(self, name: str, columns: int) -> Tensor:
+        """Work tensor ``name`` as a contiguous ``[n, columns]`` tensor."""
+        size = self.n_tokens * columns
+        flat = self._flat.get(name)
+        if flat is None or flat.numel() < size:
+            flat = self._flat[name] = torch.empty(size, dtype=self.dtype, device=self.device)
+        return flat[:size].view(self.n_tokens, columns)
+
+
+def vocab_block_size(n_tokens: int, vocab_size: int, hidden_size: int, chunk_size: int | None, device) -> int:
+    """Vocabulary rows per block, so that a block takes about one token chunk's memory.
+
+    A block holds ``[n, V_b]`` logits and, beside them, ``[V_b, D]`` for the cast weight block and its
+    gradient: ``V_b = chunk · V / (n + 2 D)`` with ``chunk`` the head's ``chunk_size`` (default:
+    `default_chunk_size`).
+
+    Args:
+        n_tokens: tokens of the call (every block holds all of them).
+        vocab_size: ``V``.
+        hidden_size: ``D``.
+        chunk_size: the head's tokens per chunk, or ``None``.
+        device: where the logits live.
+
+    Returns:
+        At least 16 rows (or ``V`` when smaller), at most ``V``.
+
+    Example:
+        >>> from lit_losses.heads.vocab_blocks import vocab_block_size
+        >>> vocab_block_size(1024, 65536, 1024, 256, "cpu")  # a chunk of 256 tokens: 64 MiB of fp32
+        5461
+    """
+    chunk = chunk_size or default_chunk_size(n_tokens, vocab_size, device=device)
+    rows = chunk * vocab_size // max(1, n_tokens + 2 * hidden_size)
+    return int(min(vocab_size, max(16, rows)))
+
+
+def block_logits(
+    h: Tensor, weight: Tensor, bias: Tensor | None, span: tuple[int, int], scratch: BlockScratch
+) -> tuple[Tensor, Tensor]:
+    """``(z, W_b)``: the logits ``h W_bᵀ + b_b`` of vocabulary rows ``span`` in the scratch's dtype, and the
+    weight block in ``h``'s (operand) dtype."""
+    v0, v1 = span
+    w_blk = weight[v0:v1].to(h.dtype)
+    z = scratch.take("logits", v1 - v0)
+    if h.dtype == z.dtype:
+        torch.mm(h, w_blk.t(), out=z)
+    else:
+        z.copy_(mm_in(h, w_blk.t(), z.dtype))
+    if bias is not None:
+        z.add_(bias[v0:v1].to(z.dtype))
+    return z, w_blk
+
+
+def _targets_in(targets: Tensor, span: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """``(inside, columns)``: whether each token's target is in vocabulary rows ``span``, and its column in
+    the block (clamped into it where it is not; no host synchronization)."""
+    v0, v1 = span
+    inside = (targets >= v0) & (targets < v1)
+    return inside, (targets - v0).clamp(0, v1 - v0 - 1)[:, None]
+
+
+def _shifted(m: Tensor, s: Tensor, t: Tensor | None, m_new: Tensor) -> tuple[Tensor, Tensor | None]:
+    """``(s, t)`` of sums taken relative to ``m``, re-expressed relative to ``m_new ≥ m``:
+    ``e^{z − m_new} = c · e^{z − m}`` and ``z − m_new = (z − m) + (m − m_new)``, ``c = e^{m − m_new}``."""
+    c = torch.exp(m - m_new)
+    t = None if t is None else c * (t + (m - m_new) * s)
+    return c * s, t
+
+
+class OnlineSoftmax:
+    """Per-token running ``(m, s, t, z_y)`` over vocabulary blocks (the module docstring)."""
+
+    def __init__(self, n: int, dtype: torch.dtype, device: torch.device, with_entropy: bool) -> None:
+        self.with_entropy = with_entropy
+        self.m: Tensor | None = None
+        self.s = torch.zeros(n, dtype=dtype, device=device)
+        self.t: Tensor | None = None
+        self.z_target = torch.zeros(n, dtype=dtype, device=device)
+
+    def update_(
+        self, z: Tensor, targets: Tensor, span: tuple[int, int], scratch: BlockScratch, compiled: bool
+    ) -> None:
+        """Fold one block of logits in (``z`` may be overwritten); ``compiled``: in one fused read
+        (`entropy_kernels.block_softmax_stats`) when it runs."""
+        inside, cols = _targets_in(targets, span)
+        self.z_target = torch.where(inside, z.gather(1, cols)[:, 0], self.z_target)
+        stats = entropy_kernels.block_softmax_stats(z, self.with_entropy) if compiled else None
+        m_b, s_b, t_b = (*stats, None)[:3] if stats is not None else self._eager_stats(z, scratch)
+        if self.m is None:
+            self.m, self.s, self.t = m_b, s_b, t_b
+            return
+        m_new = torch.maximum(self.m, m_b)
+        s_old, t_old = _shifted(self.m, self.s, self.t, m_new)
+        s_b, t_b = _shifted(m_b, s_b, t_b, m_new)
+        self.m, self.s = m_new, s_old + s_b
+        self.t = None if t_b is None else t_old + t_b
+
+    def _eager_stats(self, z: Tensor, scratch: BlockScratch) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(m, s, t)`` of one block relative to its own row maximum (``z`` overwritten)."""
+        m_b = z.amax(1)
+        z.sub_(m_b[:, None])
+        if not self.with_entropy:
+            return m_b, z.exp_().sum(1), None
+        e = torch.exp(z, out=scratch.take("probs", z.shape[1]))
+        return m_b, e.sum(1), row_dot(e, z)
+
+    def results(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(logprobs, lse, entropy)`` (``entropy`` ``None`` without it)."""
+        log_s = self.s.log()
+        lse = self.m + log_s
+        entropy = None if self.t is None else log_s - self.t / self.s
+        return self.z_target - lse, lse, entropy
+
+
+def blocked_forward(
+    h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, with_entropy: bool, block: int, acc
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(logprobs, lse, entropy)`` of tokens ``h [n, D]`` over vocabulary blocks of ``block`` rows
+    (``entropy`` ``None`` unless ``with_entropy``), in ``acc``."""
+    n, vocab = h.shape[0], weight.shape[0]
+    state = OnlineSoftmax(n, acc, h.device, with_entropy)
+    scratch = BlockScratch(n, acc, h.device)
+    compiled = entropy_kernels.use_compiled_entropy_kernels(h.device, n, min(block, vocab))
+    for v0 in range(0, vocab, block):
+        span = (v0, min(v0 + block, vocab))
+        z, _ = block_logits(h, weight, bias, span, scratch)
+        state.update_(z, targets, span, scratch, compiled)
+    return state.results()
+
+
+def blocked_backward(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    stats: tuple[Tensor, Tensor | None],
+    upstream: tuple[Tensor, Tensor, Tensor | None],
+    block: int,
+    needs: tuple[bool, bool, bool],
+) -> Grads:
+    """``(∂/∂h, ∂/∂W, ∂/∂b)`` of ``Σ_t g_ℓ,t ℓ_t + g_lse,t lse_t + g_H,t H_t`` over vocabulary blocks.
+
+    Args:
+        h: ``[n, D]`` hidden states in the operand dtype.
+        weight: ``[V, D]`` in its own dtype (each block cast to ``h``'s).
+        bias: ``[V]`` or ``None``.
+        targets: ``[n]`` token ids, all valid.
+        stats: ``(lse, H)`` from forward (``H`` ``None`` when ``g_H`` is).
+        upstream: ``(g_ℓ, g_lse, g_H)``, each ``[n]`` in the compute dtype (``g_H`` may be ``None``).
+        block: vocabulary rows per block.
+        needs: which of the three gradients to compute.
+
+    Returns:
+        ``∂/∂h`` in the compute dtype, ``∂/∂W`` and ``∂/∂b`` in the weight's and bias's dtypes (``None``
+        where not needed); each block of ``∂/∂W`` is written once.
+    """
+    lse, entropy = stats
+    g_lp, g_lse, g_ent = upstream
+    acc, (n, vocab) = lse.dtype, (h.shape[0], weight.shape[0])
+    grad_h = torch.zeros(h.shape, dtype=acc, device=h.device) if needs[0] else None
+    grad_w = torch.empty_like(weight) if needs[1] else None
+    grad_b = torch.empty_like(bias) if needs[2] and bias is not None else None
+    coef = g_lse - g_lp
+    a = coef if g_ent is None else coef - g_ent * entropy
+    b = torch.zeros_like(a) if g_ent is None else -g_ent
+    scratch = BlockScratch(n, acc, h.device)
+    compiled = entropy_kernels.use_compiled_entropy_kernels(h.device, n, min(block, vocab))
+    for v0 in range(0, vocab, block):
+        span = (v0, min(v0 + block, vocab))
+        z, w_blk = block_logits(h, weight, bias, span, scratch)
+        dz = entropy_kernels.block_logit_grad_(z, lse, a, b) if compiled else None
+        if dz is None:
+            dz = _eager_logit_grad_(z, lse, a, None if g_ent is None else b, scratch)
+        inside, cols = _targets_in(targets, span)
+        dz.scatter_add_(1, cols, torch.where(inside, g_lp, 0)[:, None])
+        project_block(dz, h, w_blk, span, (grad_h, grad_w, grad_b))
+    return grad_h, grad_w, grad_b
+
+
+def _eager_logit_grad_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor | None, scratch: BlockScratch) -> Tensor:
+    """``p ⊙ (a + b ⊙ log p)`` over ``z`` with ``log p = z − lse`` (``b`` ``None``: ``p ⊙ a``)."""
+    log_p = z.sub_(lse[:, None])
+    if b is None:
+        return log_p.exp_().mul_(a[:, None])
+    p = torch.exp(log_p, out=scratch.take("probs", z.shape[1]))
+    return torch.addcmul(a[:, None], log_p, b[:, None], out=log_p).mul_(p)
+
+
+def project_block(dz: Tensor, h: Tensor, w_blk: Tensor, span: tuple[int, int], grads: Grads) -> None:
+    """``∂/∂h += dz W_b``; ``∂/∂W[span] = dzᵀ h`` and ``∂/∂b[span] = Σ_t dz``, each written once."""
+    grad_h, grad_w, grad_b = grads
+    dz_in = dz if dz.dtype == h.dtype else dz.to(h.dtype)
+    if grad_h is not None:
+        if grad_h.dtype == h.dtype:
+            grad_h.addmm_(dz_in, w_blk)
+        else:
+            grad_h.add_(mm_in(dz_in, w_blk, grad_h.dtype))
+    v0, v1 = span
+    if grad_w is not None:
+        if grad_w.dtype == h.dtype:
+            torch.mm(dz_in.t(), h, out=grad_w[v0:v1])
+        else:
+            grad_w[v0:v1] = mm_in(dz_in.t(), h, dz.dtype)
+    if grad_b is not None:
+        grad_b[v0:v1] = dz.sum(0)

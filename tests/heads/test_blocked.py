@@ -1,0 +1,271 @@
+"""The ``blocked`` backend (vocabulary blocks, no ``V × D`` temporary) against the float64 naive head, and
+``auto``'s choice between it and the token-chunked ``chunked`` backend."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lit_losses.heads import (
+    FusedLMHead,
+    entropy_kernels,
+    linear_cross_entropy,
+    linear_logprobs,
+    select_backend,
+)
+from lit_losses.heads.naive import naive_head
+from lit_losses.heads.vocab_blocks import vocab_block_size
+
+ALL = ("logprobs", "lse", "entropy")
+
+
+def problem(n=37, d=16, v=101, dtype=torch.float64, bias=True, seed=0, scale=0.5):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, d, generator=g, dtype=dtype).requires_grad_()
+    weight = (torch.randn(v, d, generator=g, dtype=dtype) * scale).requires_grad_()
+    b = (torch.randn(v, generator=g, dtype=dtype) * 0.1).requires_grad_() if bias else None
+    targets = torch.randint(0, v, (n,), generator=g)
+    targets[::5] = -100
+    return hidden, weight, b, targets
+
+
+def values_and_grads(outputs, hidden, weight, bias, targets, upstream):
+    values = [getattr(outputs, name) for name in ALL]
+    loss = sum((v * u).sum() for v, u in zip(values, upstream, strict=True))
+    inputs = [x for x in (hidden, weight, bias) if x is not None]
+    return values, torch.autograd.grad(loss, inputs)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("chunk_size", [1, 7, None])
+def test_every_output_matches_naive_in_float64(bias, chunk_size, entropy_kernel):
+    """Values and gradients to 1e-10 with blocks of 16 rows (7 blocks, the last one narrower), 57, or one,
+    with the eager or the compiled element-wise passes."""
+    hidden, weight, b, targets = problem(bias=bias)
+    upstream = [torch.randn(targets.shape, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    upstream = [u.double() for u in upstream]
+    head = FusedLMHead(weight, b, backend="blocked", chunk_size=chunk_size)
+    got = values_and_grads(head(hidden, targets, ALL), hidden, weight, b, targets, upstream)
+    ref = values_and_grads(naive_head(hidden, weight, b, targets, ALL), hidden, weight, b, targets, upstream)
+    for g, r in zip([*got[0], *got[1]], [*ref[0], *ref[1]], strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-10)
+    if entropy_kernel:  # the compiled case: the block kernels ran, forward and backward
+        assert {"_block_entropy_stats_kernel", "_block_grad_kernel_"} <= set(entropy_kernel)
+
+
+def test_gradcheck_float64_small_blocks():
+    hidden, weight, b, targets = problem(n=7, d=5, v=40)
+
+    def fn(h, w, bias):
+        out = FusedLMHead(w, bias, backend="blocked", chunk_size=1)(h, targets, ALL)
+        return out.logprobs, out.lse, out.entropy
+
+    assert torch.autograd.gradcheck(fn, (hidden, weight, b))
+
+
+def test_double_backward_matches_naive():
+    """``create_graph=True`` recomputes with differentiable operations: second derivatives are exact."""
+    hidden, weight, b, targets = problem(n=9, d=6, v=50)
+    results = []
+    for backend in ("blocked", "naive"):
+        out = FusedLMHead(weight, b, backend=backend, chunk_size=1)(hidden, targets, ALL)
+        loss = (out.logprobs + 0.3 * out.entropy + 0.1 * out.lse.square()).sum()
+        (g,) = torch.autograd.grad(loss, hidden, create_graph=True)
+        results.append(torch.autograd.grad(g.square().sum(), (hidden, weight, b)))
+    for got, ref in zip(*results, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_the_running_maximum_moving_to_a_later_block_rescales_exactly(entropy_kernel):
+    """Large logits whose row maximum lies in the last block, near-one-hot rows (H ≈ 1e-20), fp32 against
+    float64: the online sums are rescaled across blocks without losing the entropy's small terms."""
+    n, d, v = 12, 4, 96
+    hidden = torch.zeros(n, d)
+    hidden[:, 0] = 1.0
+    hidden[:, 1] = torch.linspace(0, 1, n)
+    weight = torch.zeros(v, d)
+    weight[:, 0] = torch.linspace(-30, 0, v)
+    weight[v - 1, 0] = 45.0  # the maximum is in the last block
+    weight[:, 1] = torch.linspace(0, 2, v)
+    targets = torch.arange(n) * 7
+    ref = naive_head(hidden.double(), weight.double(), None, targets, ALL)
+    out = FusedLMHead(weight, backend="blocked", chunk_size=1)(hidden, targets, ALL)
+    assert (out.entropy >= 0).all() and ref.entropy.max() < 1e-10
+    torch.testing.assert_close(out.entropy.double(), ref.entropy, rtol=1e-4, atol=1e-14)
+    torch.testing.assert_close(out.logprobs.double(), ref.logprobs, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(out.lse.double(), ref.lse, rtol=1e-6, atol=1e-5)
+
+
+class LargestFloatOutputs(TorchDispatchMode):
+    """The element count of the largest floating-point tensor each op produced, by dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest: dict[torch.dtype, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                self.largest[t.dtype] = max(self.largest.get(t.dtype, 0), t.numel())
+        return out
+
+
+@pytest.mark.parametrize("outputs", ["weighted_ce", "per_token_entropy"])
+def test_a_bf16_weight_costs_its_bf16_gradient_and_no_fp32_copy(outputs):
+    """``auto`` with a bf16 weight and fp32 compute: no fp32 tensor of ``V × D`` elements (neither a copy
+    of the weight nor a gradient accumulator) is formed, and the gradient comes back in bf16, within bf16
+    rounding of the float64 head's."""
+    n, d, v = 48, 64, 3000
+    hidden, weight, _, targets = problem(n=n, d=d, v=v, dtype=torch.float32, bias=False, scale=0.2)
+    w16 = weight.detach().bfloat16().requires_grad_()
+    with LargestFloatOutputs() as seen:
+        if outputs == "weighted_ce":
+            loss = linear_cross_entropy(hidden, w16, targets, chunk_size=4)
+        else:
+            out = linear_logprobs(hidden, w16, targets, outputs=ALL, chunk_size=4)
+            loss = -(out.logprobs + 0.1 * out.entropy).sum()
+        loss.backward()
+    assert seen.largest[torch.float32] < v * d / 4, seen.largest  # blocks of [n, V_b] and [V_b, D] only
+    assert w16.grad.dtype == torch.bfloat16
+    h64, w64 = hidden.detach().double().requires_grad_(), w16.detach().double().requires_grad_()
+    if outputs == "weighted_ce":
+        ref = linear_cross_entropy(h64, w64, targets, backend="naive")
+    else:
+        out = naive_head(h64, w64, None, targets, ALL)
+        ref = -(out.logprobs + 0.1 * out.entropy).sum()
+    ref.backward()
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hidden.grad.double(), h64.grad, rtol=1e-5, atol=1e-6)
+    scale = w64.grad.abs().max()
+    torch.testing.assert_close(w16.grad.double() / scale, w64.grad / scale, rtol=0, atol=2**-8)
+
+
+def head_functions(tensor):
+    """Names of the autograd Functions of the head in ``tensor``'s graph."""
+    names, stack = set(), [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None:
+            names.add(type(node).__name__)
+            stack.extend(fn for fn, _ in node.next_functions)
+    return names & {"ChunkedLogProbsBackward", "BlockedLogProbsBackward"}
+
+
+def test_auto_takes_blocked_for_narrow_weights_only():
+    fp32 = torch.zeros(40, 8)
+    picks = {}
+    for name, weight, hidden in [
+        ("fp32", fp32, torch.zeros(3, 8)),
+        ("bf16 weight", fp32.bfloat16(), torch.zeros(3, 8)),
+        ("bf16 hidden, fp32 weight", fp32, torch.zeros(3, 8, dtype=torch.bfloat16)),
+        ("float64 hidden, fp32 weight", fp32, torch.zeros(3, 8, dtype=torch.float64)),
+    ]:
+        out = linear_logprobs(hidden, weight.requires_grad_(), torch.zeros(3, dtype=torch.long))
+        (picks[name],) = head_functions(out.logprobs)
+    assert picks == {
+        "fp32": "ChunkedLogProbsBackward",
+        "bf16 weight": "BlockedLogProbsBackward",
+        "bf16 hidden, fp32 weight": "ChunkedLogProbsBackward",
+        "float64 hidden, fp32 weight": "BlockedLogProbsBackward",
+    }
+    assert select_backend("auto", "weighted_ce", narrow_weight=True).backend.name == "blocked"
+    assert select_backend("auto", "pointwise", outputs=ALL, narrow_weight=True).backend.name == "blocked"
+
+
+def test_block_size_takes_one_chunk_of_memory():
+    """``[n, V_b]`` logits and ``[V_b, D]`` twice: about ``chunk · V`` elements in all."""
+    n, v, d = 1024, 65536, 1024
+    rows = vocab_block_size(n, v, d, 256, "cpu")
+    assert rows * (n + 2 * d) <= 256 * v < (rows + 1) * (n + 2 * d)
+    assert vocab_block_size(4, 50, 2, 1, "cpu") == 16 and vocab_block_size(4, 10, 2, 1000, "cpu") == 10
+
+
+def test_fast_path_gradients_survive_a_second_backward_through_a_retained_graph():
+    """The plain-CE fast path hands its buffers out at the first backward (no ``V × D`` copy); a second
+    backward through the retained graph recomputes the same gradients."""
+    hidden, weight, b, targets = problem()
+    loss = FusedLMHead(weight, b, backend="chunked", chunk_size=8).weighted_ce(hidden, targets, 0.3)
+    first = torch.autograd.grad(2.0 * loss, (hidden, weight, b), retain_graph=True)
+    second = torch.autograd.grad(2.0 * loss, (hidden, weight, b))
+    ref = -0.3 * naive_head(hidden, weight, b, targets, ("logprobs",)).logprobs.sum()
+    ref_grads = torch.autograd.grad(2.0 * ref, (hidden, weight, b))
+    for a, c, r in zip(first, second, ref_grads, strict=True):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(c, r, rtol=1e-12, atol=1e-12)
+
+
+# ---- temperature -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["chunked", "blocked", "naive"])
+@pytest.mark.parametrize("api", ["per_token", "weighted_ce", "pointwise"])
+def test_temperature_is_the_head_of_the_scaled_logits(backend, api):
+    """Every output, loss and gradient (hidden, weight, bias) at ``T`` equals the naive float64 head of the
+    logits ``z / T``, to 1e-10."""
+    hidden, weight, b, targets = problem()
+    t = 0.7
+    upstream = [
+        torch.randn(targets.shape, generator=torch.Generator().manual_seed(i)).double() for i in range(3)
+    ]
+    head = FusedLMHead(weight, b, backend=backend, chunk_size=7, temperature=t)
+
+    def loss_of(out):
+        return sum((getattr(out, k) * u).sum() for k, u in zip(ALL, upstream, strict=True))
+
+    def chunk_loss(s, e, lp, lse, ent):
+        return (upstream[0][targets != -100][s:e] * lp).sum() + (lse.square() + ent).sum()
+
+    if api == "per_token":
+        loss = loss_of(head(hidden, targets, ALL))
+    elif api == "weighted_ce":
+        loss = head.weighted_ce(hidden, targets, 0.3)
+    else:
+        loss = head.pointwise_loss(hidden, targets, chunk_loss, with_entropy=True)
+    ref_out = naive_head(hidden, weight / t, b / t, targets, ALL)  # (h Wᵀ + b) / T
+    if api == "per_token":
+        ref = loss_of(ref_out)
+    elif api == "weighted_ce":
+        ref = -0.3 * ref_out.logprobs.sum()
+    else:
+        valid = targets != -100
+        ref = chunk_loss(
+            0, int(valid.sum()), ref_out.logprobs[valid], ref_out.lse[valid], ref_out.entropy[valid]
+        )
+    torch.testing.assert_close(loss, ref, rtol=1e-10, atol=1e-10)
+    for got, exp in zip(
+        torch.autograd.grad(loss, (hidden, weight, b)),
+        torch.autograd.grad(ref, (hidden, weight, b)),
+        strict=True,
+    ):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("temperature", [0, -1.0, float("inf"), float("nan"), "1", True])
+def test_a_bad_temperature_is_refused_naming_it(temperature):
+    with pytest.raises(ValueError, match="temperature"):
+        FusedLMHead(torch.zeros(5, 3), temperature=temperature)
+    with pytest.raises(ValueError, match="temperature"):
+        linear_logprobs(
+            torch.zeros(2, 3), torch.zeros(5, 3), torch.zeros(2, dtype=torch.long), temperature=temperature
+        )
+
+
+def test_temperature_divides_bf16_hidden_states_in_fp32():
+    """``h / T`` is formed in fp32 for bf16 hidden states: the logprobs equal the fp32 head of ``z / T``."""
+    hidden, weight, _, targets = problem(dtype=torch.float32, bias=False)
+    h16 = hidden.detach().bfloat16()
+    got = linear_logprobs(h16, weight.detach(), targets, temperature=0.3).logprobs
+    ref = naive_head(h16.double(), weight.detach().double() / 0.3, None, targets, ("logprobs",)).logprobs
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_call_under_a_dispatch_mode_runs_eagerly_and_leaves_the_kernels_on(compiled_kernels):
+    """``torch.compile`` compiles nothing under a ``TorchDispatchMode`` (a FLOP counter, say): that call
+    takes the eager passes, with the same values, and later calls still get the compiled kernels."""
+    z = torch.randn(4, 300, dtype=torch.float64)
+    ref = (z.amax(1), (z - z.amax(1, keepdim=True)).exp().sum(1))
+    with LargestFloatOutputs():
+        assert entropy_kernels.block_softmax_stats(z, with_entropy=False) is None
+    assert not entropy_kernels._failed and not compiled_kernels
+    stats = entropy_kernels.block_softmax_stats(z, with_entropy=False)
+    assert compiled_kernels == ["_block_lse_kernel"]
+    for got, want in zip(stats, ref, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
