@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from lit_losses.heads.backend import HeadBackend, HeadConfig, register_backend, scatter_valid, valid_tokens
-from lit_losses.heads.chunked_ops import accumulation_dtype, default_chunk_size, differentiable_grads
+from lit_losses.heads.chunked_ops import accumulation_dtype, default_chunk_size, recomputed_grads
 from lit_losses.heads.precision import autocast_off
 from lit_losses.heads.vocab_blocks import blocked_backward, blocked_forward, vocab_block_size
 
@@ -78,9 +78,7 @@ class BlockedLogProbs(torch.autograd.Function):
         with autocast_off(hidden.device):
             if torch.is_grad_enabled():  # create_graph=True: a differentiable recompute (exact 2nd order)
                 chunk = default_chunk_size(hidden.shape[0], weight.shape[0], device=hidden.device)
-                grads = differentiable_grads(
-                    hidden, weight, bias, targets, g_lp, g_lse, g_ent, chunk, ctx.accum_dtype, needs
-                )
+                grads = recomputed_grads(ctx, (g_lp, g_lse, g_ent), chunk_size=chunk)
                 return *grads, None, None, None, None
             zeros = lse.new_zeros(lse.shape)
             upstream = (

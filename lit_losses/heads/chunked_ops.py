@@ -394,6 +394,29 @@ def differentiable_grads(
     return grad_h, grad_w, grad_b
 
 
+def recomputed_grads(
+    ctx: Any, upstream: tuple[Tensor | None, Tensor | None, Tensor | None], chunk_size: int
+) -> Grads:
+    """`differentiable_grads` in the double backward of an autograd Function that saved
+    ``(hidden, weight, bias, targets, ...)`` first: ``upstream = (g_ℓ, g_lse, g_H)``, the accumulation
+    dtype read from ``ctx.accum_dtype``, the inputs that need a gradient from ``ctx.needs_input_grad``
+    (its first three: hidden, weight, bias)."""
+    hidden, weight, bias, targets = ctx.saved_tensors[:4]
+    g_lp, g_lse, g_ent = upstream
+    return differentiable_grads(
+        hidden,
+        weight,
+        bias,
+        targets=targets,
+        g_lp=g_lp,
+        g_lse=g_lse,
+        g_ent=g_ent,
+        chunk_size=chunk_size,
+        accum_dtype=ctx.accum_dtype,
+        needs=ctx.needs_input_grad[:3],
+    )
+
+
 def chunk_loss_grads(
     chunk_loss: ChunkLoss, start: int, end: int, values: tuple[Tensor, ...], acc: torch.dtype
 ) -> tuple[Tensor, list[Tensor]]:

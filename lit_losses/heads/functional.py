@@ -28,7 +28,8 @@ and of its per-token outputs (``Objective``'s general path; ``pointwise_loss`` â
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, get_args
 
@@ -41,6 +42,7 @@ from lit_losses.heads.backend import (
     HEAD_BACKENDS,
     BackendOutputs,
     ChunkLoss,
+    HeadBackend,
     select_backend,
     valid_tokens,
     weight_vector,
@@ -126,6 +128,14 @@ class HeadSettings:
         bias = None if self.bias is None else self.bias / t
         h = hidden.to(torch.promote_types(hidden.dtype, self.accum_dtype)) / t
         return replace(self, bias=bias, temperature=1.0), h
+
+    @contextmanager
+    def computing(self, hidden: Tensor, backend: HeadBackend) -> Iterator[tuple[HeadSettings, Tensor]]:
+        """``(settings, hidden)`` as ``backend`` takes them: `tempered`, then `in_compute_dtype` (the
+        weight kept in its dtype for a backend that casts its blocks, `HeadBackend.casts_weight_blocks`)."""
+        head, h = self.tempered(hidden)
+        with in_compute_dtype(head, h, keep_weight=backend.casts_weight_blocks) as (cast, h_cast):
+            yield cast, h_cast
 
     def check_inputs(self, hidden: Tensor, targets: Tensor) -> None:
         """`check_head_inputs` of one call's ``hidden`` and ``targets`` against this weight and bias."""
@@ -213,9 +223,8 @@ def linear_logprobs(
     )
     outputs = normalize_outputs(outputs)
     head.check_inputs(hidden, targets)
-    head, hidden = head.tempered(hidden)
     route = select_backend(backend, "per_token", outputs=outputs, narrow_weight=head.narrow_weight(hidden))
-    with in_compute_dtype(head, hidden, keep_weight=route.backend.casts_weight_blocks) as (cast, h):
+    with head.computing(hidden, route.backend) as (cast, h):
         return route.backend.per_token(cast, h, targets, outputs)
 
 
@@ -305,8 +314,7 @@ def linear_cross_entropy(
         backend, "weighted_ce", uniform=uniform, on_cuda=cuda_kernel, narrow_weight=head.narrow_weight(h)
     )
     if route.fused:
-        tempered, h = head.tempered(h)
-        with in_compute_dtype(tempered, h, keep_weight=route.backend.casts_weight_blocks) as (cast, h):
+        with head.computing(h, route.backend) as (cast, h):
             return route.backend.fused_ce(cast, h, y, w)
     w = weight_vector(w, h.shape[0], h.device)
     out = linear_logprobs(hidden, weight, targets, bias=bias, **head.options())
@@ -396,8 +404,7 @@ def linear_pointwise_loss(
     outputs = ("logprobs", *(o for o in normalize_outputs(needs or default) if o != "logprobs"))
     route = select_backend(backend, "pointwise", outputs=outputs, narrow_weight=head.narrow_weight(h))
     if route.fused:
-        tempered, h = head.tempered(h)
-        with in_compute_dtype(tempered, h, keep_weight=route.backend.casts_weight_blocks) as (cast, h):
+        with head.computing(h, route.backend) as (cast, h):
             return route.backend.fused_pointwise(cast, h, y, chunk_loss, with_entropy)
     out = linear_logprobs(hidden, weight, targets, bias=bias, outputs=outputs, **head.options())
     lse = None if out.lse is None else out.lse[valid]

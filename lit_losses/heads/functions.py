@@ -13,7 +13,7 @@ backward only rescales them: three matmuls, no recompute. `ChunkedPointwiseLoss`
 sum of per-token functions of ``(ℓ, lse, H)``.
 
 Under ``create_graph=True`` (double backward) `ChunkedLogProbs` and `ChunkedWeightedCE` recompute their
-gradients chunk by chunk with differentiable operations (`differentiable_grads`), exact to every order;
+gradients chunk by chunk with differentiable operations (`recomputed_grads`), exact to every order;
 `ChunkedPointwiseLoss` refuses (`lit_losses.heads.higher_order`). A gradient buffer is allocated only
 for the inputs that need one (a frozen output weight costs neither its ``V × D`` buffer nor its matmul).
 `ChunkedWeightedCE`'s backward hands its buffers out, scaled in place (the weight's gradient is not
@@ -38,11 +38,11 @@ from lit_losses.heads.chunked_ops import (
     backprop_chunk,
     backprop_probs,
     chunk_loss_grads,
-    differentiable_grads,
     entropy_kernels_for,
     entropy_logit_grad_,
     gradient_buffers,
     probs_and_entropy,
+    recomputed_grads,
     save_gradients,
     scaled_gradients,
     softmax_,
@@ -110,22 +110,10 @@ class ChunkedLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g_lp: Tensor | None, g_lse: Tensor | None, g_ent: Tensor | None):
         hidden, weight, bias, targets, entropy = ctx.saved_tensors
-        needs = ctx.needs_input_grad[:3]
         with autocast_off(hidden.device):
             if torch.is_grad_enabled():  # create_graph=True: a differentiable recompute (exact 2nd order)
                 g_ent = g_ent if ctx.with_entropy else None
-                grads = differentiable_grads(
-                    hidden,
-                    weight,
-                    bias,
-                    targets=targets,
-                    g_lp=g_lp,
-                    g_lse=g_lse,
-                    g_ent=g_ent,
-                    chunk_size=ctx.chunk_size,
-                    accum_dtype=ctx.accum_dtype,
-                    needs=needs,
-                )
+                grads = recomputed_grads(ctx, (g_lp, g_lse, g_ent), chunk_size=ctx.chunk_size)
             else:
                 grads = ChunkedLogProbs._backward(
                     ctx,
@@ -230,21 +218,9 @@ class ChunkedWeightedCE(torch.autograd.Function):
         # the buffers are handed out (no V x D copy); a second backward (retain_graph) recomputes
         if not torch.is_grad_enabled() and (grads := scaled_gradients(ctx, g_loss, consume=True)):
             return *grads, None, None, None, None
-        hidden, weight, bias, targets, w_tok = ctx.saved_tensors  # create_graph=True, or again: recompute
+        hidden, *_, w_tok = ctx.saved_tensors  # create_graph=True, or again: recompute
         with autocast_off(hidden.device):
-            g_lp, needs = -w_tok * g_loss, ctx.needs_input_grad[:3]
-            grads = differentiable_grads(
-                hidden,
-                weight,
-                bias,
-                targets=targets,
-                g_lp=g_lp,
-                g_lse=None,
-                g_ent=None,
-                chunk_size=ctx.chunk_size,
-                accum_dtype=ctx.accum_dtype,
-                needs=needs,
-            )
+            grads = recomputed_grads(ctx, (-w_tok * g_loss, None, None), chunk_size=ctx.chunk_size)
         return *grads, None, None, None, None
 
 
