@@ -109,8 +109,8 @@ class HeadSettings:
         return self.weight.shape[0]
 
     def options(self) -> dict[str, Any]:
-        """The keyword options of a functional call (every field but ``weight`` and ``bias``)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("weight", "bias")}
+        """The keyword options of a functional call (`HEAD_OPTIONS`: the fields but weight and bias)."""
+        return {name: getattr(self, name) for name in HEAD_OPTIONS}
 
     def narrow_weight(self, hidden: Tensor) -> bool:
         """Whether the weight is stored in a narrower dtype than the call's compute dtype (a bf16 weight,
@@ -147,6 +147,13 @@ class HeadSettings:
             ignore_index=self.ignore_index,
             check_finite=self.check_finite,
         )
+
+
+#: The names of the keyword options of the functional calls, ``backend`` to ``temperature`` (the fields of
+#: `HeadSettings` but ``weight`` and ``bias``; `FusedLMHead` holds them as attributes).
+HEAD_OPTIONS: tuple[str, ...] = tuple(
+    f.name for f in fields(HeadSettings) if f.name not in ("weight", "bias")
+)
 
 
 def linear_logprobs(
@@ -415,6 +422,7 @@ def linear_pointwise_loss(
 __all__ = [
     "BACKENDS",
     "BACKEND_OUTPUTS",
+    "HEAD_OPTIONS",
     "Backend",
     "HeadSettings",
     "Reduction",

@@ -13,6 +13,7 @@ from lit_losses.heads.chunked_ops import mm_in
 from lit_losses.heads.functional import (
     BACKEND_OUTPUTS,
     BACKENDS,
+    HEAD_OPTIONS,
     Backend,
     check_head_options,
     linear_cross_entropy,
@@ -123,15 +124,7 @@ class FusedLMHead:
     def options(self) -> dict[str, Any]:
         """The keyword options of the functional calls: ``backend``, ``chunk_size``, ``ignore_index``,
         ``accum_dtype``, ``check_finite``, ``matmul_precision``, ``temperature``."""
-        return {
-            "backend": self.backend,
-            "chunk_size": self.chunk_size,
-            "ignore_index": self.ignore_index,
-            "accum_dtype": self.accum_dtype,
-            "check_finite": self.check_finite,
-            "matmul_precision": self.matmul_precision,
-            "temperature": self.temperature,
-        }
+        return {name: getattr(self, name) for name in HEAD_OPTIONS}
 
     def resolve_backend(self, outputs: Sequence[str]) -> str:
         """The name of the backend that computes the per-token ``outputs`` (for ``auto``: chunked); a
