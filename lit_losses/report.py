@@ -92,7 +92,9 @@ def controller_markers(runs: list[RunScalars]) -> list[Line]:
 
 def panels(runs: list[RunScalars]) -> list[Panel]:
     """What the report draws, in order; panels without any logged tag are left out."""
-    loss = tag_panel(runs, "Training loss", "loss", lambda r: [t for t in LOSS_TAGS if t in r.scalars])
+    loss = tag_panel(
+        runs, "Training loss", "loss", tags_of=lambda r: [t for t in LOSS_TAGS if t in r.scalars]
+    )
     loss.markers = controller_markers(runs)
     drawn = [loss]
     for run in runs:
@@ -102,12 +104,14 @@ def panels(runs: list[RunScalars]) -> list[Panel]:
         ]
         drawn.append(stacked)
     drawn += [
-        tag_panel(runs, "Regularizer values", "r", lambda r: r.tags("regularizers/", "/value")),
-        tag_panel(runs, "Regularizer weights", "w", lambda r: r.tags("regularizers/", "/weight")),
-        tag_panel(runs, "Learning rate", "lr", lambda r: r.tags("lr-")),
-        tag_panel(runs, "Validation loss", "loss", lambda r: r.tags("val/loss")),
-        tag_panel(runs, "Gradient norms", "norm", lambda r: [t for t in r.tags() if "grad_norm" in t]),
-        tag_panel(runs, "RL telemetry", "value", lambda r: r.tags("train/base_loss/")),
+        tag_panel(runs, "Regularizer values", "r", tags_of=lambda r: r.tags("regularizers/", "/value")),
+        tag_panel(runs, "Regularizer weights", "w", tags_of=lambda r: r.tags("regularizers/", "/weight")),
+        tag_panel(runs, "Learning rate", "lr", tags_of=lambda r: r.tags("lr-")),
+        tag_panel(runs, "Validation loss", "loss", tags_of=lambda r: r.tags("val/loss")),
+        tag_panel(
+            runs, "Gradient norms", "norm", tags_of=lambda r: [t for t in r.tags() if "grad_norm" in t]
+        ),
+        tag_panel(runs, "RL telemetry", "value", tags_of=lambda r: r.tags("train/base_loss/")),
     ]
     return [p for p in drawn if p.lines]
 

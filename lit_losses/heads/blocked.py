@@ -59,7 +59,9 @@ class BlockedLogProbs(torch.autograd.Function):
         accum_dtype: torch.dtype,
     ) -> tuple[Tensor, Tensor, Tensor]:
         acc = accumulation_dtype(hidden, accum_dtype)
-        logprobs, lse, entropy = blocked_forward(hidden, weight, bias, targets, with_entropy, block, acc)
+        logprobs, lse, entropy = blocked_forward(
+            hidden, weight, bias, targets=targets, with_entropy=with_entropy, block=block, acc=acc
+        )
         return logprobs, lse, hidden.new_empty(0, dtype=acc) if entropy is None else entropy
 
     @staticmethod
@@ -90,7 +92,7 @@ class BlockedLogProbs(torch.autograd.Function):
                 hidden,
                 weight,
                 bias,
-                targets,
+                targets=targets,
                 stats=(lse, entropy),
                 upstream=upstream,
                 block=ctx.block,
@@ -101,7 +103,9 @@ class BlockedLogProbs(torch.autograd.Function):
 
 
 def _log_probs(head: HeadConfig, h: Tensor, y: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor]:
-    block = vocab_block_size(h.shape[0], head.vocab_size, h.shape[-1], head.chunk_size, h.device)
+    block = vocab_block_size(
+        h.shape[0], head.vocab_size, h.shape[-1], chunk_size=head.chunk_size, device=h.device
+    )
     return BlockedLogProbs.apply(h, head.weight, head.bias, y, with_entropy, block, head.accum_dtype)
 
 
@@ -121,7 +125,7 @@ def blocked_per_token(
         A `HeadOutput` whose requested fields are shaped like ``targets``, 0 at ignored positions.
     """
     valid, h, y = valid_tokens(hidden, targets, head.ignore_index)
-    logprobs, lse, entropy = _log_probs(head, h, y, "entropy" in outputs)
+    logprobs, lse, entropy = _log_probs(head, h, y, with_entropy="entropy" in outputs)
     return scatter_valid({"logprobs": logprobs, "lse": lse, "entropy": entropy}, outputs, valid)
 
 

@@ -101,7 +101,7 @@ class HeadSettings:
     temperature: float = 1.0
 
     def __post_init__(self) -> None:
-        check_head_options(self.backend, self.chunk_size, self.matmul_precision, self.temperature)
+        check_head_options(self.backend, self.chunk_size, self.matmul_precision, temperature=self.temperature)
 
     @property
     def vocab_size(self) -> int:
@@ -115,7 +115,7 @@ class HeadSettings:
     def narrow_weight(self, hidden: Tensor) -> bool:
         """Whether the weight is stored in a narrower dtype than the call's compute dtype (a bf16 weight,
         fp32 compute): ``auto`` then takes the ``blocked`` backend (`select_backend`)."""
-        dtype = compute_dtype(hidden, self.weight, self.bias, self.accum_dtype)
+        dtype = compute_dtype(hidden, self.weight, self.bias, accum_dtype=self.accum_dtype)
         return torch.finfo(self.weight.dtype).bits < torch.finfo(dtype).bits
 
     def tempered(self, hidden: Tensor) -> tuple[HeadSettings, Tensor]:

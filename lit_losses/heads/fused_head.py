@@ -100,7 +100,7 @@ class FusedLMHead:
         matmul_precision: MatmulPrecision = "auto",
         temperature: float = 1.0,
     ) -> None:
-        check_head_options(backend, chunk_size, matmul_precision, temperature)
+        check_head_options(backend, chunk_size, matmul_precision, temperature=temperature)
         self.weight = weight
         self.bias = bias
         self.backend = backend

@@ -132,8 +132,8 @@ class OnlineSoftmax:
             self.m, self.s, self.t = m_b, s_b, t_b
             return
         m_new = torch.maximum(self.m, m_b)
-        s_old, t_old = _shifted(self.m, self.s, self.t, m_new)
-        s_b, t_b = _shifted(m_b, s_b, t_b, m_new)
+        s_old, t_old = _shifted(self.m, self.s, self.t, m_new=m_new)
+        s_b, t_b = _shifted(m_b, s_b, t_b, m_new=m_new)
         self.m, self.s = m_new, s_old + s_b
         self.t = None if t_b is None else t_old + t_b
 
@@ -160,13 +160,13 @@ def blocked_forward(
     """``(logprobs, lse, entropy)`` of tokens ``h [n, D]`` over vocabulary blocks of ``block`` rows
     (``entropy`` ``None`` unless ``with_entropy``), in ``acc``."""
     n, vocab = h.shape[0], weight.shape[0]
-    state = OnlineSoftmax(n, acc, h.device, with_entropy)
+    state = OnlineSoftmax(n, acc, h.device, with_entropy=with_entropy)
     scratch = BlockScratch(n, acc, h.device)
     compiled = entropy_kernels.use_compiled_entropy_kernels(h.device, n, min(block, vocab))
     for v0 in range(0, vocab, block):
         span = (v0, min(v0 + block, vocab))
-        z, _ = block_logits(h, weight, bias, span, scratch)
-        state.update_(z, targets, span, scratch, compiled)
+        z, _ = block_logits(h, weight, bias, span=span, scratch=scratch)
+        state.update_(z, targets, span, scratch=scratch, compiled=compiled)
     return state.results()
 
 
@@ -209,13 +209,13 @@ def blocked_backward(
     compiled = entropy_kernels.use_compiled_entropy_kernels(h.device, n, min(block, vocab))
     for v0 in range(0, vocab, block):
         span = (v0, min(v0 + block, vocab))
-        z, w_blk = block_logits(h, weight, bias, span, scratch)
-        dz = entropy_kernels.block_logit_grad_(z, lse, a, b) if compiled else None
+        z, w_blk = block_logits(h, weight, bias, span=span, scratch=scratch)
+        dz = entropy_kernels.block_logit_grad_(z, lse, a, b=b) if compiled else None
         if dz is None:
-            dz = _eager_logit_grad_(z, lse, a, None if g_ent is None else b, scratch)
+            dz = _eager_logit_grad_(z, lse, a, b=None if g_ent is None else b, scratch=scratch)
         inside, cols = _targets_in(targets, span)
         dz.scatter_add_(1, cols, torch.where(inside, g_lp, 0)[:, None])
-        project_block(dz, h, w_blk, span, (grad_h, grad_w, grad_b))
+        project_block(dz, h, w_blk, span=span, grads=(grad_h, grad_w, grad_b))
     return grad_h, grad_w, grad_b
 
 
