@@ -68,7 +68,9 @@ class BlockedLogProbs(torch.autograd.Function):
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
         hidden, weight, bias, targets, with_entropy, block, accum_dtype = inputs
         ctx.save_for_backward(hidden, weight, bias, targets, output[1], output[2])
-        ctx.with_entropy, ctx.block, ctx.accum_dtype = with_entropy, block, accum_dtype
+        ctx.with_entropy = with_entropy
+        ctx.block = block
+        ctx.accum_dtype = accum_dtype
         if not with_entropy:
             ctx.mark_non_differentiable(output[2])
 

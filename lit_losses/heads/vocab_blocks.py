@@ -37,7 +37,9 @@ class BlockScratch:
     block and reused, each block a contiguous view of the first ``n · V_b`` elements."""
 
     def __init__(self, n_tokens: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.n_tokens, self.dtype, self.device = n_tokens, dtype, device
+        self.n_tokens = n_tokens
+        self.dtype = dtype
+        self.device = device
         self._flat: dict[str, Tensor] = {}
 
     def take(self, name: str, columns: int) -> Tensor:
@@ -129,12 +131,15 @@ class OnlineSoftmax:
         stats = entropy_kernels.block_softmax_stats(z, self.with_entropy) if compiled else None
         m_b, s_b, t_b = (*stats, None)[:3] if stats is not None else self._eager_stats(z, scratch)
         if self.m is None:
-            self.m, self.s, self.t = m_b, s_b, t_b
+            self.m = m_b
+            self.s = s_b
+            self.t = t_b
             return
         m_new = torch.maximum(self.m, m_b)
         s_old, t_old = _shifted(self.m, self.s, self.t, m_new=m_new)
         s_b, t_b = _shifted(m_b, s_b, t_b, m_new=m_new)
-        self.m, self.s = m_new, s_old + s_b
+        self.m = m_new
+        self.s = s_old + s_b
         self.t = None if t_b is None else t_old + t_b
 
     def _eager_stats(self, z: Tensor, scratch: BlockScratch) -> tuple[Tensor, Tensor, Tensor | None]:
