@@ -26,6 +26,7 @@ from lit_losses.loss.objective import Objective, batch_tensor
 from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
 from lit_losses.non_finite import check_hidden_states, check_optimizer_step, non_finite_steps_handled
 from lit_losses.objectives import BaseLossName, GRPOPreset
+from lit_losses.objectives.inputs import check_provided
 from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.parallel import ModelParallelMixin
 from lit_losses.regularizers import RegularizerSpec, TermResult
@@ -199,6 +200,15 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             needed=self.head_outputs_needed(),
             regularize=self.regularize,
         )
+
+    def setup(self, stage: str) -> None:
+        """Before training: refuse a base loss that reads a batch key the data module never provides
+        (`check_provided`; data modules that tell their keys with ``batch_keys()``, as `TextDataModule`)."""
+        data = getattr(self._trainer, "datamodule", None) if stage == "fit" else None
+        provided = data.batch_keys() if callable(getattr(data, "batch_keys", None)) else ()
+        if provided and self.objective.base_loss_weight > 0:
+            reader = f"model.base_loss={self.objective.base_loss.name!r}"
+            check_provided(self.objective.base_loss.entry.reads, provided, reader, type(data).__name__)
 
     def on_train_start(self) -> None:
         """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs."""
