@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import lightning as L
 
@@ -51,6 +52,9 @@ class OperationHandler(Handler):
     """Actions that run on every rank; the others run on rank 0 only."""
     action_triggers: Mapping[str, tuple[str, ...]] = {}
     """Actions that may only run on some events: action -> the allowed triggers."""
+    action_arguments: Mapping[str, tuple[str, ...]] = {}
+    """Arguments some actions need: action -> the arguments (a controller using the action on an
+    operation without them is refused when the config is parsed)."""
 
     def __init__(self, name: str, **arguments: Any) -> None:
         self.name = name
@@ -132,11 +136,21 @@ class RegularizerControl(OperationHandler):
     """
 
     every_rank = ("should_set_weight", "should_scale_weight", "should_enable", "should_disable")
+    action_arguments: ClassVar[dict[str, tuple[str, ...]]] = {
+        "should_set_weight": ("value",),
+        "should_scale_weight": ("factor",),
+    }
 
     def validate(self, metric_names):
         self._unknown_arguments(("regularizer", "value", "factor"))
         if not isinstance(self.arguments.get("regularizer"), str):
             raise ConfigError("RegularizerControl needs arguments.regularizer (a regularizer name)")
+        for key in ("value", "factor"):
+            value = self.arguments.get(key, 0.0)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ConfigError(
+                    f"RegularizerControl: arguments.{key} must be a finite number, got {value!r}"
+                )
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Check that ``pl_module`` has the regularizer.
