@@ -17,7 +17,7 @@ from lit_losses.controller.entries import Controller
 from lit_losses.controller.events import ALL_EVENTS
 from lit_losses.controller.loop import end_epoch
 from lit_losses.controller.metrics import epoch_progress, register_metric_handlers
-from lit_losses.controller.operations import register_operation_handlers
+from lit_losses.controller.operations import ControllerStop, register_operation_handlers
 from lit_losses.controller.perform import Firing, handle
 from lit_losses.controller.reach import check_reachable
 from lit_losses.controller.rules import RuleEvaluator
@@ -89,6 +89,8 @@ class TrainingController(L.Callback):
         self.fired: list[dict[str, Any]] = []
         """``{"controller", "step", "event", "operations"}`` of every firing (this process)."""
         self.counters: dict[str, int] = {}
+        self.stop: ControllerStop | None = None
+        """The controller that stopped training with ``lightning.should_training_stop`` (this run)."""
         self.config = None
         self.conventions: list[CallingConvention] = []
         """The calling conventions of this config's metric handlers besides lit_losses' own."""

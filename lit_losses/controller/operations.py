@@ -6,6 +6,7 @@ import logging
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args
 
 import lightning as L
@@ -24,6 +25,16 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 
 _ACTION = re.compile(r"should_.+")
+
+
+@dataclass(frozen=True)
+class ControllerStop:
+    """A controller's ``should_training_stop``: which controller, at which optimizer step, and the exit
+    status it asks ``lit-losses`` for (``None``: 0, as a finished run)."""
+
+    controller: str
+    step: int
+    exit_code: int | None = None
 
 
 class OperationHandler(Handler):
@@ -103,15 +114,32 @@ class LightningOperations(OperationHandler):
     - ``should_validate``: run the validation loop now (during training only; an error without
       validation data).
     - ``should_log``: send the current scalar metrics to the loggers at this step.
+
+    Argument ``exit_code`` (an integer in [1, 125], default none): a stop by ``should_training_stop``
+    makes ``lit-losses`` exit with this status (the controller's `TrainingController.stop` records it), so
+    that a scheduler or a script tells a run a rule stopped from one that finished.
     """
 
     every_rank = ("should_training_stop", "should_save_checkpoint", "should_validate")
 
     def validate(self, metric_names):
-        self._unknown_arguments(("dirpath",))
+        self._unknown_arguments(("dirpath", "exit_code"))
+        code = self.arguments.get("exit_code")
+        if code is not None and (isinstance(code, bool) or not isinstance(code, int) or not 1 <= code <= 125):
+            raise ConfigError(
+                f"exit_code={code!r} must be an integer in [1, 125] (0 is a finished run; 126 and above are "
+                "the shell's and signals')"
+            )
 
     def should_training_stop(self, trainer: L.Trainer, pl_module: L.LightningModule, context: dict) -> None:
         trainer.should_stop = True
+        callback = context.get("callback")
+        if callback is not None and hasattr(callback, "stop"):
+            callback.stop = ControllerStop(
+                controller=context["controller"],
+                step=trainer.global_step,
+                exit_code=self.arguments.get("exit_code"),
+            )
 
     def should_save_checkpoint(self, trainer, pl_module, context) -> None:
         if context["event"] == "on_save_checkpoint":
