@@ -354,8 +354,19 @@ def _fail_on_config_error(err: BaseException) -> None:
     """Exit with one line if a `ConfigError` caused ``err``."""
     cause = config_error_in(err)
     if cause is not None:
-        print(f"lit-losses: error: {cause}", file=sys.stderr)
+        print(f"lit-losses: error: {one_line(str(cause))}", file=sys.stderr)
         sys.exit(2)
+
+
+def one_line(message: str) -> str:
+    """A multi-line error (a list of problems) as one line: the heading, then the problems joined by ``;``.
+
+    Example:
+        >>> one_line("controller config has 2 problem(s):\n  a: bad\n  b: worse")
+        'controller config has 2 problem(s): a: bad; b: worse'
+    """
+    head, *rest = [line.strip() for line in message.splitlines() if line.strip()] or [""]
+    return f"{head} {'; '.join(rest)}" if rest else head
 
 
 def cli_main(args: list[str] | None = None) -> LitLossesCLI:

@@ -515,6 +515,142 @@ CLI_CASES += [
 ]
 
 
+# issue #26: configuration errors that only a training step used to show (batch keys, controller rules and
+# operations that can never work in this run), Lightning refusals without their option, and options
+# that raised a raw error. ``NO_VAL``: the run has no validation batches (the cases reach training).
+NO_VAL = f"{T}limit_val_batches=0"
+CTRL = ("--trainer.callbacks+=lit_losses.TrainingController", "--trainer.callbacks.config={tmp}/ctl.yaml")
+STATE = "controller-metrics:\n  - {name: s, class: TrainingState}\n"
+HISTORY_OF_VAL = "controller-metrics:\n  - {name: h, class: HistoryBasedMetric, arguments: {key: val/loss}}\n"
+
+
+def _controller(
+    rule: str,
+    triggers: str = "on_optimizer_step_end",
+    head: str = STATE,
+    ops: str = "lightning.should_training_stop",
+) -> tuple:
+    """A controller config file ``ctl.yaml`` with one controller ``c``."""
+    body = f"controllers:\n  - {{name: c, triggers: [{triggers}], rule: '{rule}', operations: [{ops}]}}\n"
+    return (("ctl.yaml", head + body),)
+
+
+REGULARIZE = "model:\n  init_args:\n    regularizers:\n      - {name: kl_reference}\n"
+ROLLBACK = "operations:\n  - {name: rec, class: SpikeRecovery, arguments: {source: checkpoint}}\n"
+SET_WEIGHT = (
+    STATE
+    + "operations:\n  - {name: r, class: RegularizerControl, arguments: {regularizer: kl_reference%s}}\n"
+)
+
+CLI_CASES += [
+    # a batch key that the configured loss reads and the data never provides: refused before training
+    CliCase(
+        "base_loss_key_not_in_data",
+        (f"{M}base_loss=ppo", NO_VAL),
+        "model.base_loss='ppo' reads batch key 'sampling_logprobs', which TextDataModule never provides; "
+        "its micro-batches have keys ['input_ids', 'labels', 'position_ids', 'segment_ids']",
+    ),
+    CliCase(
+        "base_loss_is_key_not_in_data",
+        (f"{M}base_loss=importance_sampling", NO_VAL),
+        "model.base_loss='importance_sampling' reads batch key 'sampling_logprobs', which TextDataModule",
+    ),
+    CliCase(
+        "base_loss_dro_key_not_in_data",
+        (f"{M}base_loss=dro", f"{M}base_loss_args={{beta: 0.1}}", NO_VAL),
+        "model.base_loss='dro' reads batch key",
+    ),
+    CliCase(
+        "regularizer_key_not_in_data",
+        ("--config={tmp}/reg.yaml", NO_VAL),
+        "kl_reference reads batch key 'ref_logprobs' (its argument key), which is missing",
+        files=(("reg.yaml", REGULARIZE),),
+    ),
+    # controllers that can never act in this run: refused before training (on_error: raise, the default)
+    CliCase(
+        "controller_validation_trigger_without_validation",
+        (*CTRL, NO_VAL),
+        "controller 'c' can never act: its triggers ['on_validation_end'] never fire; this run has no "
+        "validation batches (trainer.limit_val_batches=0",
+        files=_controller('s["global_step"] > 0', triggers="on_validation_end"),
+    ),
+    CliCase(
+        "controller_validation_metric_without_validation",
+        (*CTRL, NO_VAL),
+        "controller 'c' can never act: its rule reads metric(s) ['ev'], computed only on "
+        "['on_validation_end']",
+        files=_controller(
+            'ev["val/loss_total"] > 9', head="controller-metrics:\n  - {name: ev, class: EvalMetrics}\n"
+        ),
+    ),
+    CliCase(
+        "controller_history_of_val_key_without_validation",
+        (*CTRL, NO_VAL),
+        "its rule reads metric(s) ['h'], computed only on ['on_validation_end']",
+        files=_controller('h["full"]', head=HISTORY_OF_VAL),
+    ),
+    # operations impossible at set-up: refused before training, not at the step they run
+    CliCase(
+        "operation_without_required_argument",
+        (*CTRL, "--config={tmp}/reg.yaml", NO_VAL),
+        "controllers[0] (c).operations: r.should_set_weight needs operations[0].arguments.value",
+        files=(
+            ("reg.yaml", REGULARIZE),
+            *_controller("True", head=SET_WEIGHT % "", ops="r.should_set_weight"),
+        ),
+    ),
+    CliCase(
+        "operation_argument_not_a_number",
+        (*CTRL, "--config={tmp}/reg.yaml", NO_VAL),
+        "RegularizerControl: arguments.factor must be a finite number, got 'half'",
+        files=(
+            ("reg.yaml", REGULARIZE),
+            *_controller("True", head=SET_WEIGHT % ", factor: half", ops="r.should_scale_weight"),
+        ),
+    ),
+    CliCase(
+        "rollback_to_checkpoint_without_checkpoints",
+        (*CTRL, NO_VAL),
+        "operation 'rec': source: checkpoint rolls back to the newest checkpoint of the trainer's "
+        "ModelCheckpoint, but this run writes none (trainer.enable_checkpointing=false",
+        files=_controller("True", head=STATE + ROLLBACK, ops="rec.should_roll_back"),
+    ),
+    CliCase(
+        "exit_code_zero",
+        (*CTRL, NO_VAL),
+        "operations[0].arguments: exit_code=0 must be an integer in [1, 125]",
+        files=_controller(
+            's["global_step"] >= 1',
+            head=STATE + "operations:\n  - {name: lightning, class: "
+            "LightningOperations, arguments: {exit_code: 0}}\n",
+        ),
+    ),
+    # a rule that fails at a step: one line (a RuleFailure is a ConfigError)
+    CliCase(
+        "rule_key_typo_at_run_time",
+        (*CTRL, NO_VAL),
+        "controller 'c': rule 's[\"global_stp\"] >= 1' raised KeyError: 'global_stp' at step 1",
+        files=_controller('s["global_stp"] >= 1'),
+    ),
+    CliCase(
+        "rule_not_boolean_at_run_time",
+        (*CTRL, NO_VAL),
+        "controller 'c': rule 's[\"global_step\"]' evaluated to 1 (int), not a boolean at step 1",
+        files=_controller('s["global_step"]'),
+    ),
+    # trainer and data options that raised a raw error
+    CliCase(
+        "check_val_every_n_epoch_zero",
+        (f"{T}check_val_every_n_epoch=0",),
+        "trainer.check_val_every_n_epoch=0 must be >= 1",
+    ),
+    CliCase("num_workers_negative", (f"{D}num_workers=-1",), "data.num_workers=-1 must be >= 0"),
+    CliCase(
+        "accelerator_absent", (f"{T}accelerator=mps",), "trainer.accelerator: `MPSAccelerator` can not run"
+    ),
+]
+
+
 def _write(tmp_path: Path, name: str, content: str | bytes) -> None:
     path = tmp_path / name
     path.parent.mkdir(parents=True, exist_ok=True)
