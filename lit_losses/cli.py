@@ -362,7 +362,7 @@ def one_line(message: str) -> str:
     """A multi-line error (a list of problems) as one line: the heading, then the problems joined by ``;``.
 
     Example:
-        >>> one_line("controller config has 2 problem(s):\n  a: bad\n  b: worse")
+        >>> one_line("controller config has 2 problem(s):\\n  a: bad\\n  b: worse")
         'controller config has 2 problem(s): a: bad; b: worse'
     """
     head, *rest = [line.strip() for line in message.splitlines() if line.strip()] or [""]
