@@ -18,6 +18,7 @@ from lit_losses.aggregation import (
     configure_train_loaders,
 )
 from lit_losses.choices import check_choice
+from lit_losses.errors import ConfigError
 from lit_losses.heads import Backend, FusedLMHead, head_for
 from lit_losses.hparams import plain_data
 from lit_losses.loss.context import LossContext, LossOutput, Stage
@@ -203,8 +204,17 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Before training: refuse a base loss that reads a batch key the data module never provides
-        (`check_provided`; data modules that tell their keys with ``batch_keys()``, as `TextDataModule`)."""
+        (`check_provided`; data modules that tell their keys with ``batch_keys()``, as `TextDataModule`),
+        and an ``ignore_index`` other than the one the data module labels positions without a target with.
+        """
         data = getattr(self._trainer, "datamodule", None) if stage == "fit" else None
+        data_ignore = getattr(data, "ignore_index", self.ignore_index)
+        if isinstance(data_ignore, int) and data_ignore != self.ignore_index:
+            raise ConfigError(
+                f"model.init_args.ignore_index={self.ignore_index} differs from the label value "
+                f"{type(data).__name__} gives positions without a target ({data_ignore}); remove the option "
+                f"or set it to {data_ignore}"
+            )
         provided = data.batch_keys() if callable(getattr(data, "batch_keys", None)) else ()
         if provided and self.objective.base_loss_weight > 0:
             reader = f"model.base_loss={self.objective.base_loss.name!r}"

@@ -648,6 +648,26 @@ CLI_CASES += [
         (f"{T}check_val_every_n_epoch=0",),
         "trainer.check_val_every_n_epoch=0 must be >= 1",
     ),
+    CliCase(
+        "controller_config_file_empty",
+        CTRL,
+        "controller config file '{tmp}/ctl.yaml' must be a mapping with keys ('controller-metrics', "
+        "'controller_metrics', 'operations', 'controllers'), got an empty document",
+        files=(("ctl.yaml", ""),),
+    ),
+    CliCase(
+        "controller_config_file_not_yaml",
+        CTRL,
+        "controller config file '{tmp}/ctl.yaml' is not valid YAML (expected ',' or ']', but got "
+        "'<stream end>', line 2)",
+        files=(("ctl.yaml", "controllers: [unclosed\n"),),
+    ),
+    CliCase(
+        "ignore_index_other_than_the_data",
+        (f"{M}ignore_index=5", NO_VAL),
+        "model.init_args.ignore_index=5 differs from the label value TextDataModule gives positions "
+        "without a target (-100)",
+    ),
     CliCase("num_workers_negative", (f"{D}num_workers=-1",), "data.num_workers=-1 must be >= 0"),
     CliCase(
         "accelerator_absent", (f"{T}accelerator=mps",), "trainer.accelerator: `MPSAccelerator` can not run"
@@ -1332,7 +1352,7 @@ PY_CASES += [
         "agg_segments_float",
         "aggregation",
         lambda _: _agg(mode="seq-mean-token-mean", segment_ids=torch.tensor([[0.5, 1.5, 1.5]])),
-        TypeError,
+        ValueError,
         "segment_ids must hold integers, got dtype torch.float32",
     ),
     # count_masks and GlobalStatsLoader
@@ -1362,7 +1382,7 @@ PY_CASES += [
         "count_masks_float_labels",
         "aggregation",
         lambda _: count_masks({"labels": LABELS.float()}),
-        TypeError,
+        ValueError,
         "batch['labels'] must hold integers, got dtype torch.float32",
     ),
     ApiCase(
@@ -1383,7 +1403,7 @@ PY_CASES += [
         "count_masks_float_segments",
         "aggregation",
         lambda _: count_masks({"labels": LABELS, "segment_ids": torch.tensor([[0.0, 1.0, 1.0]])}),
-        TypeError,
+        ValueError,
         "segment_ids must hold integers",
     ),
     ApiCase(

@@ -45,10 +45,10 @@ def check_ids(value: Tensor, name: str) -> Tensor:
         >>> check_ids(torch.tensor([[0.5, 1.0]]), "segment_ids")
         Traceback (most recent call last):
         ...
-        TypeError: segment_ids must hold integers, got dtype torch.float32
+        ValueError: segment_ids must hold integers, got dtype torch.float32
     """
     if value.dtype.is_floating_point or value.dtype.is_complex:
-        raise TypeError(f"{name} must hold integers, got dtype {value.dtype}")
+        raise ValueError(f"{name} must hold integers, got dtype {value.dtype}")
     return value
 
 

@@ -208,6 +208,9 @@ class TextDataModule(L.LightningDataModule):
         self.train_set = build(train_docs)
         self.val_set = build(val_docs) if val_docs else None
 
+    ignore_index: int = -100
+    """The label value of positions without a target in this module's micro-batches."""
+
     def batch_keys(self) -> tuple[str, ...]:
         """The keys of this module's training micro-batches (after `setup`; empty before), so that a
         model can refuse, before training, a loss term that reads a key the data never provides."""
