@@ -218,7 +218,12 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         provided = data.batch_keys() if callable(getattr(data, "batch_keys", None)) else ()
         if provided and self.objective.base_loss_weight > 0:
             reader = f"model.base_loss={self.objective.base_loss.name!r}"
-            check_provided(self.objective.base_loss.entry.reads, provided, reader, type(data).__name__)
+            check_provided(
+                reads=self.objective.base_loss.entry.reads,
+                provided=provided,
+                reader=reader,
+                source=type(data).__name__,
+            )
 
     def on_train_start(self) -> None:
         """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs."""

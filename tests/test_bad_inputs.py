@@ -588,6 +588,13 @@ CLI_CASES += [
         ),
     ),
     CliCase(
+        "controller_validates_without_validation",
+        (*CTRL, NO_VAL),
+        "controller 'c' can never act: its operation lightning.should_validate would validate; this run has "
+        "no validation batches",
+        files=_controller('s["global_step"] >= 1', ops="lightning.should_validate"),
+    ),
+    CliCase(
         "controller_history_of_val_key_without_validation",
         (*CTRL, NO_VAL),
         "its rule reads metric(s) ['h'], computed only on ['on_validation_end']",

@@ -1,5 +1,6 @@
-"""Controllers that can never act in this run, found before training: their events never fire, or the
-metrics their rules read are computed only on such events.
+"""Controllers that can never act in this run, found before training: their events never fire, the
+metrics their rules read are computed only on such events, or their operation validates in a run without
+validation.
 
 The user need: a rule on ``on_validation_end`` (or on a metric computed there, such as `EvalMetrics`) in
 a run without validation (``trainer.limit_val_batches=0``, or data without a validation split) is skipped
@@ -24,6 +25,9 @@ VALIDATION_EVENTS = (
     "on_validation_end",
 )
 """The events of the validation loop: they never fire in a fit without validation batches."""
+
+VALIDATING_ACTIONS = ("should_validate", "should_evaluate")
+"""Actions that run the validation loop (``lightning.should_validate``, ``hfcontrols.should_evaluate``)."""
 
 NO_VALIDATION = (
     "this run has no validation batches (trainer.limit_val_batches=0, or data without a validation split)"
@@ -60,9 +64,12 @@ def unreachable(config: ControllerConfig, silent: Sequence[str]) -> list[tuple[s
             found.append((controller.name, f"its triggers {sorted(controller.triggers)} never fire"))
             continue
         reads = sorted(controller.names & dead.keys())
+        validates = [f"{t}.{a}" for t, a in controller.operations if a in VALIDATING_ACTIONS]
         if reads:
             events = sorted({e for name in reads for e in dead[name]})
             found.append((controller.name, f"its rule reads metric(s) {reads}, computed only on {events}"))
+        elif validates and silent >= set(VALIDATION_EVENTS):
+            found.append((controller.name, f"its operation {validates[0]} would validate"))
     return found
 
 
