@@ -29,6 +29,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 import lit_losses
 from lit_losses.console import quiet_console, use_step_progress_bar
+from lit_losses.controller.operations import ControllerStop
 from lit_losses.data.text import TextDataModule
 from lit_losses.errors import ConfigError
 from lit_losses.import_hint import import_error_line
@@ -224,9 +225,10 @@ def check_trainer_options(cli: LitLossesCLI) -> None:
     sub = cli.config.get("subcommand")
     config = cli.config[sub] if sub else cli.config
     trainer = config.get("trainer") or {}
-    accumulate = trainer.get("accumulate_grad_batches")
-    if isinstance(accumulate, int) and accumulate < 1:
-        raise ConfigError(f"trainer.accumulate_grad_batches={accumulate} must be >= 1")
+    for option in ("accumulate_grad_batches", "check_val_every_n_epoch"):
+        value = trainer.get(option)
+        if isinstance(value, int) and value < 1:
+            raise ConfigError(f"trainer.{option}={value} must be >= 1")
     ckpt_path = config.get("ckpt_path")
     if ckpt_path and str(ckpt_path) not in _SPECIAL_CKPT_PATHS:
         read_checkpoint(ckpt_path)
@@ -360,15 +362,30 @@ def _fail_on_config_error(err: BaseException) -> None:
     """Exit with one line if a `ConfigError` caused ``err``."""
     cause = config_error_in(err)
     if cause is not None:
-        print(f"lit-losses: error: {cause}", file=sys.stderr)
+        print(f"lit-losses: error: {one_line(str(cause))}", file=sys.stderr)
         sys.exit(2)
 
 
+def one_line(message: str) -> str:
+    """A multi-line error (a list of problems) as one line: the heading, then the problems joined by ``;``.
+
+    Example:
+        >>> one_line("controller config has 2 problem(s):\\n  a: bad\\n  b: worse")
+        'controller config has 2 problem(s): a: bad; b: worse'
+    """
+    head, *rest = [line.strip() for line in message.splitlines() if line.strip()] or [""]
+    return f"{head} {'; '.join(rest)}" if rest else head
+
+
 def cli_main(args: list[str] | None = None) -> LitLossesCLI:
-    """Run ``lit-losses`` with ``args`` (default: ``sys.argv[1:]``) and return the CLI object."""
+    """Run ``lit-losses`` with ``args`` (default: ``sys.argv[1:]``) and return the CLI object.
+
+    Exits with status 2 for a configuration error (one line), and with a controller's ``exit_code`` when
+    its ``lightning.should_training_stop`` stopped training (`stop_exit_code`).
+    """
     quiet_console()
     try:
-        return LitLossesCLI(
+        cli = LitLossesCLI(
             RegularizedLM,
             TextDataModule,
             subclass_mode_model=True,
@@ -380,10 +397,30 @@ def cli_main(args: list[str] | None = None) -> LitLossesCLI:
     except Exception as err:
         _fail_on_config_error(err)
         raise
+    code = stop_exit_code(cli)
+    if code:
+        sys.exit(code)
+    return cli
+
+
+def stop_exit_code(cli: LitLossesCLI) -> int:
+    """The exit status a controller's ``should_training_stop`` asked for (its operation's ``exit_code``),
+    else 0; a stop with an exit code is told on one line of stderr."""
+    trainer = getattr(cli, "trainer", None)
+    for callback in getattr(trainer, "callbacks", []):
+        stop = getattr(callback, "stop", None)
+        if isinstance(stop, ControllerStop) and stop.exit_code is not None:
+            print(
+                f"lit-losses: controller {stop.controller!r} stopped training at step {stop.step} "
+                f"(exit code {stop.exit_code})",
+                file=sys.stderr,
+            )
+            return stop.exit_code
+    return 0
 
 
 def main() -> None:
-    """Console-script entry point ``lit-losses`` (exit status 0 on success); ``lit-losses report …`` is
+    """Console-script entry point ``lit-losses`` (exit status: `cli_main`); ``lit-losses report …`` is
     `lit_losses.report.report_main`, every other subcommand LightningCLI's."""
     if sys.argv[1:2] == ["report"]:
         from lit_losses.report import report_main  # matplotlib only when a report is asked for

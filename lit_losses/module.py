@@ -18,6 +18,7 @@ from lit_losses.aggregation import (
     configure_train_loaders,
 )
 from lit_losses.choices import check_choice
+from lit_losses.errors import ConfigError
 from lit_losses.heads import Backend, FusedLMHead, head_for
 from lit_losses.hparams import plain_data
 from lit_losses.loss.context import LossContext, LossOutput, Stage
@@ -26,11 +27,12 @@ from lit_losses.loss.objective import Objective, batch_tensor
 from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
 from lit_losses.non_finite import check_hidden_states, check_optimizer_step, non_finite_steps_handled
 from lit_losses.objectives import BaseLossName, GRPOPreset
+from lit_losses.objectives.inputs import check_provided
 from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.parallel import ModelParallelMixin
 from lit_losses.regularizers import RegularizerSpec, TermResult
 from lit_losses.resume import restore_checkpoint_state
-from lit_losses.validation import chunk_size_option
+from lit_losses.validation import checked_hidden, checked_projection, chunk_size_option
 
 LOCAL_NORMALIZATION_WARNING = (
     "training batches carry no global statistics: each micro-batch is normalized by its own counts, which "
@@ -136,13 +138,17 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         """Hidden states ``[B, T, D]`` of the model body for ``batch``."""
         raise NotImplementedError(f"{type(self).__name__} must implement forward_hidden(batch)")
 
+    def hidden_states(self, batch: dict[str, Tensor]) -> Tensor:
+        """`forward_hidden`'s output, checked to be one ``[B, T, D]`` tensor (`checked_hidden`)."""
+        return checked_hidden(self.forward_hidden(batch), type(self).__name__)
+
     def output_projection(self) -> tuple[Tensor, Tensor | None]:
         """The output projection ``(weight [V, D], bias [V] | None)``."""
         raise NotImplementedError(f"{type(self).__name__} must implement output_projection()")
 
     def output_head(self) -> FusedLMHead:
         """The fused head over `output_projection` (references; vocabulary-parallel when sharded)."""
-        weight, bias = self.output_projection()
+        weight, bias = checked_projection(self.output_projection(), type(self).__name__)
         return head_for(
             weight,
             bias,
@@ -154,7 +160,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
 
     def forward_logits(self, batch: dict[str, Tensor]) -> Tensor:
         """Full logits ``[B, T, V]`` (inference)."""
-        return self.output_head().forward_logits(self.forward_hidden(batch))
+        return self.output_head().forward_logits(self.hidden_states(batch))
 
     def global_stats(self, batch: dict[str, Any], stage: Stage) -> GlobalStats:
         """Counts to normalize by: in training the `GlobalStats` that `GlobalStatsLoader` attached (global
@@ -181,7 +187,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     def compute_loss(self, batch: dict[str, Any], stage: Stage = "train") -> LossOutput:
         """Loss of one micro-batch, normalized by the global counts (before ``loss_scale``)."""
         batch_tensor(batch, "labels")
-        hidden = self.forward_hidden(batch)
+        hidden = self.hidden_states(batch)
         if self.check_finite and not non_finite_steps_handled(self._trainer):
             check_hidden_states(hidden, where=f"{stage} batch at step {int(self.global_step)}")
         stats = self.global_stats(batch, stage)
@@ -195,6 +201,29 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             needed=self.head_outputs_needed(),
             regularize=self.regularize,
         )
+
+    def setup(self, stage: str) -> None:
+        """Before training: refuse a base loss that reads a batch key the data module never provides
+        (`check_provided`; data modules that tell their keys with ``batch_keys()``, as `TextDataModule`),
+        and an ``ignore_index`` other than the one the data module labels positions without a target with.
+        """
+        data = getattr(self._trainer, "datamodule", None) if stage == "fit" else None
+        data_ignore = getattr(data, "ignore_index", self.ignore_index)
+        if isinstance(data_ignore, int) and data_ignore != self.ignore_index:
+            raise ConfigError(
+                f"model.init_args.ignore_index={self.ignore_index} differs from the label value "
+                f"{type(data).__name__} gives positions without a target ({data_ignore}); remove the option "
+                f"or set it to {data_ignore}"
+            )
+        provided = data.batch_keys() if callable(getattr(data, "batch_keys", None)) else ()
+        if provided and self.objective.base_loss_weight > 0:
+            reader = f"model.base_loss={self.objective.base_loss.name!r}"
+            check_provided(
+                reads=self.objective.base_loss.entry.reads,
+                provided=provided,
+                reader=reader,
+                source=type(data).__name__,
+            )
 
     def on_train_start(self) -> None:
         """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs."""
@@ -217,7 +246,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> Tensor:
         """Per-token log-probabilities ``[B, T]`` of the labels (0 at ignored positions)."""
         labels = batch_tensor(batch, "labels")
-        return self.output_head()(self.forward_hidden(batch), labels, "logprobs").logprobs
+        return self.output_head()(self.hidden_states(batch), labels, "logprobs").logprobs
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         """Skip (with a controller) or refuse (without) a step whose gradients are not finite

@@ -41,6 +41,8 @@ _VAL_CHECK = re.compile(
     r"training batches \((\d+)\)"
 )
 _TRAINER_OPTIONS = tuple(inspect.signature(Trainer.__init__).parameters)
+_OPTION_OF = {word: "accelerator" for word in ("gpu", "cuda", "mps", "tpu", "xla", "hpu", "backend")}
+"""Words of Lightning refusals that name no option but are about one (``No supported gpu backend found!``)."""
 
 
 class RunStarted(Callback):
@@ -122,4 +124,5 @@ def lightning_config_error(err: BaseException) -> ConfigError | None:
         )
     words = re.findall(r"`(?:Trainer\()?(\w+)", message) + re.findall(r"\w+", message.lower())
     named = next((w for w in words if w in _TRAINER_OPTIONS and w != "self"), None)
+    named = named or next((_OPTION_OF[w] for w in words if w in _OPTION_OF), None)
     return ConfigError(f"trainer.{named}: {message}" if named else f"Lightning refused the run: {message}")

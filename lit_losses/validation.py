@@ -137,3 +137,54 @@ def chunk_size_option(value: int | None) -> int | None:
         (None, 256)
     """
     return check_at_least(value, 1, "model.init_args.head_chunk_size", optional=True)
+
+
+def checked_hidden(hidden: Any, owner: str) -> Tensor:
+    """``hidden`` if ``forward_hidden`` of the subclass ``owner`` returned a ``[B, T, D]`` tensor.
+
+    Raises:
+        TypeError: another return type (e.g. a tuple ``(hidden, cache)``) or shape, naming the hook.
+
+    Example:
+        >>> checked_hidden((torch.zeros(1, 2, 4),), "MyLM")
+        Traceback (most recent call last):
+        ...
+        TypeError: MyLM.forward_hidden(batch) must return the hidden states as one [B, T, D] tensor, got tuple
+    """
+    if not isinstance(hidden, Tensor):
+        raise TypeError(
+            f"{owner}.forward_hidden(batch) must return the hidden states as one [B, T, D] tensor, got "
+            f"{type(hidden).__name__}"
+        )
+    if hidden.dim() != 3:
+        raise TypeError(
+            f"{owner}.forward_hidden(batch) must return a [B, T, D] tensor, got shape {tuple(hidden.shape)}"
+        )
+    return hidden
+
+
+def checked_projection(projection: Any, owner: str) -> tuple[Tensor, Tensor | None]:
+    """``projection`` if ``output_projection`` of the subclass ``owner`` returned ``(weight [V, D], bias
+    [V] | None)``.
+
+    Raises:
+        TypeError: another return type (e.g. the weight alone), naming the hook.
+
+    Example:
+        >>> checked_projection(torch.zeros(8, 4), "MyLM")
+        Traceback (most recent call last):
+        ...
+        TypeError: MyLM.output_projection() must return (weight [V, D], bias [V] or None), got Tensor
+    """
+    ok = isinstance(projection, tuple | list) and len(projection) == 2
+    weight, bias = projection if ok else (None, None)
+    if not ok or not isinstance(weight, Tensor) or not (bias is None or isinstance(bias, Tensor)):
+        got = type(projection).__name__
+        if ok:
+            got = f"({type(weight).__name__}, {type(bias).__name__})"
+        raise TypeError(
+            f"{owner}.output_projection() must return (weight [V, D], bias [V] or None), got {got}"
+        )
+    if weight.dim() != 2:
+        raise TypeError(f"{owner}.output_projection() weight must be [V, D], got shape {tuple(weight.shape)}")
+    return weight, bias

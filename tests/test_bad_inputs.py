@@ -17,9 +17,13 @@ import pytest
 import torch
 
 from lit_losses import TextDataModule, TinyLM
+from lit_losses.aggregation import GlobalStatsLoader, MaskStats, aggregate, count_masks
 from lit_losses.choices import check_choice
-from lit_losses.cli import cli_main
-from lit_losses.errors import ConfigError
+from lit_losses.cli import cli_main, one_line
+from lit_losses.controller import parse_config
+from lit_losses.controller.reach import VALIDATION_EVENTS, unreachable
+from lit_losses.data.rl import RLDataModule, rl_dataset
+from lit_losses.errors import BatchKeyError, ConfigError
 from lit_losses.heads import FusedLMHead
 from lit_losses.optim import OptimizerConfig
 from lit_losses.parallel import PipelineLoss
@@ -511,6 +515,169 @@ CLI_CASES += [
         "data.paths: {tmp}/a.jsonl:1 has no field data.text_field='text'",
         files=(*TOKENIZER, ("a.jsonl", '{"body": "the fox"}\n')),
         corpus=False,
+    ),
+]
+
+
+# issue #26: configuration errors that only a training step used to show (batch keys, controller rules and
+# operations that can never work in this run), Lightning refusals without their option, and options
+# that raised a raw error. ``NO_VAL``: the run has no validation batches (the cases reach training).
+NO_VAL = f"{T}limit_val_batches=0"
+CTRL = ("--trainer.callbacks+=lit_losses.TrainingController", "--trainer.callbacks.config={tmp}/ctl.yaml")
+STATE = "controller-metrics:\n  - {name: s, class: TrainingState}\n"
+HISTORY_OF_VAL = "controller-metrics:\n  - {name: h, class: HistoryBasedMetric, arguments: {key: val/loss}}\n"
+
+
+def _controller(
+    rule: str,
+    triggers: str = "on_optimizer_step_end",
+    head: str = STATE,
+    ops: str = "lightning.should_training_stop",
+) -> tuple:
+    """A controller config file ``ctl.yaml`` with one controller ``c``."""
+    body = f"controllers:\n  - {{name: c, triggers: [{triggers}], rule: '{rule}', operations: [{ops}]}}\n"
+    return (("ctl.yaml", head + body),)
+
+
+REGULARIZE = "model:\n  init_args:\n    regularizers:\n      - {name: kl_reference}\n"
+ROLLBACK = "operations:\n  - {name: rec, class: SpikeRecovery, arguments: {source: checkpoint}}\n"
+SET_WEIGHT = (
+    STATE
+    + "operations:\n  - {name: r, class: RegularizerControl, arguments: {regularizer: kl_reference%s}}\n"
+)
+
+CLI_CASES += [
+    # a batch key that the configured loss reads and the data never provides: refused before training
+    CliCase(
+        "base_loss_key_not_in_data",
+        (f"{M}base_loss=ppo", NO_VAL),
+        "model.base_loss='ppo' reads batch key 'sampling_logprobs', which TextDataModule never provides; "
+        "its micro-batches have keys ['input_ids', 'labels', 'position_ids', 'segment_ids']",
+    ),
+    CliCase(
+        "base_loss_is_key_not_in_data",
+        (f"{M}base_loss=importance_sampling", NO_VAL),
+        "model.base_loss='importance_sampling' reads batch key 'sampling_logprobs', which TextDataModule",
+    ),
+    CliCase(
+        "base_loss_dro_key_not_in_data",
+        (f"{M}base_loss=dro", f"{M}base_loss_args={{beta: 0.1}}", NO_VAL),
+        "model.base_loss='dro' reads batch key",
+    ),
+    CliCase(
+        "regularizer_key_not_in_data",
+        ("--config={tmp}/reg.yaml", NO_VAL),
+        "kl_reference reads batch key 'ref_logprobs' (its argument key), which is missing",
+        files=(("reg.yaml", REGULARIZE),),
+    ),
+    # controllers that can never act in this run: refused before training (on_error: raise, the default)
+    CliCase(
+        "controller_validation_trigger_without_validation",
+        (*CTRL, NO_VAL),
+        "controller 'c' can never act: its triggers ['on_validation_end'] never fire; this run has no "
+        "validation batches (trainer.limit_val_batches=0",
+        files=_controller('s["global_step"] > 0', triggers="on_validation_end"),
+    ),
+    CliCase(
+        "controller_validation_metric_without_validation",
+        (*CTRL, NO_VAL),
+        "controller 'c' can never act: its rule reads metric(s) ['ev'], computed only on "
+        "['on_validation_end']",
+        files=_controller(
+            'ev["val/loss_total"] > 9', head="controller-metrics:\n  - {name: ev, class: EvalMetrics}\n"
+        ),
+    ),
+    CliCase(
+        "controller_validates_without_validation",
+        (*CTRL, NO_VAL),
+        "controller 'c' can never act: its operation lightning.should_validate would validate; this run has "
+        "no validation batches",
+        files=_controller('s["global_step"] >= 1', ops="lightning.should_validate"),
+    ),
+    CliCase(
+        "controller_history_of_val_key_without_validation",
+        (*CTRL, NO_VAL),
+        "its rule reads metric(s) ['h'], computed only on ['on_validation_end']",
+        files=_controller('h["full"]', head=HISTORY_OF_VAL),
+    ),
+    # operations impossible at set-up: refused before training, not at the step they run
+    CliCase(
+        "operation_without_required_argument",
+        (*CTRL, "--config={tmp}/reg.yaml", NO_VAL),
+        "controllers[0] (c).operations: r.should_set_weight needs operations[0].arguments.value",
+        files=(
+            ("reg.yaml", REGULARIZE),
+            *_controller("True", head=SET_WEIGHT % "", ops="r.should_set_weight"),
+        ),
+    ),
+    CliCase(
+        "operation_argument_not_a_number",
+        (*CTRL, "--config={tmp}/reg.yaml", NO_VAL),
+        "RegularizerControl: arguments.factor must be a finite number, got 'half'",
+        files=(
+            ("reg.yaml", REGULARIZE),
+            *_controller("True", head=SET_WEIGHT % ", factor: half", ops="r.should_scale_weight"),
+        ),
+    ),
+    CliCase(
+        "rollback_to_checkpoint_without_checkpoints",
+        (*CTRL, NO_VAL),
+        "operation 'rec': source: checkpoint rolls back to the newest checkpoint of the trainer's "
+        "ModelCheckpoint, but this run writes none (trainer.enable_checkpointing=false",
+        files=_controller("True", head=STATE + ROLLBACK, ops="rec.should_roll_back"),
+    ),
+    CliCase(
+        "exit_code_zero",
+        (*CTRL, NO_VAL),
+        "operations[0].arguments: exit_code=0 must be an integer in [1, 125]",
+        files=_controller(
+            's["global_step"] >= 1',
+            head=STATE + "operations:\n  - {name: lightning, class: "
+            "LightningOperations, arguments: {exit_code: 0}}\n",
+        ),
+    ),
+    # a rule that fails at a step: one line (a RuleFailure is a ConfigError)
+    CliCase(
+        "rule_key_typo_at_run_time",
+        (*CTRL, NO_VAL),
+        "controller 'c': rule 's[\"global_stp\"] >= 1' raised KeyError: 'global_stp' at step 1",
+        files=_controller('s["global_stp"] >= 1'),
+    ),
+    CliCase(
+        "rule_not_boolean_at_run_time",
+        (*CTRL, NO_VAL),
+        "controller 'c': rule 's[\"global_step\"]' evaluated to 1 (int), not a boolean at step 1",
+        files=_controller('s["global_step"]'),
+    ),
+    # trainer and data options that raised a raw error
+    CliCase(
+        "check_val_every_n_epoch_zero",
+        (f"{T}check_val_every_n_epoch=0",),
+        "trainer.check_val_every_n_epoch=0 must be >= 1",
+    ),
+    CliCase(
+        "controller_config_file_empty",
+        CTRL,
+        "controller config file '{tmp}/ctl.yaml' must be a mapping with keys ('controller-metrics', "
+        "'controller_metrics', 'operations', 'controllers'), got an empty document",
+        files=(("ctl.yaml", ""),),
+    ),
+    CliCase(
+        "controller_config_file_not_yaml",
+        CTRL,
+        "controller config file '{tmp}/ctl.yaml' is not valid YAML (expected ',' or ']', but got "
+        "'<stream end>', line 2)",
+        files=(("ctl.yaml", "controllers: [unclosed\n"),),
+    ),
+    CliCase(
+        "ignore_index_other_than_the_data",
+        (f"{M}ignore_index=5", NO_VAL),
+        "model.init_args.ignore_index=5 differs from the label value TextDataModule gives positions "
+        "without a target (-100)",
+    ),
+    CliCase("num_workers_negative", (f"{D}num_workers=-1",), "data.num_workers=-1 must be >= 0"),
+    CliCase(
+        "accelerator_absent", (f"{T}accelerator=mps",), "trainer.accelerator: `MPSAccelerator` can not run"
     ),
 ]
 
@@ -1039,12 +1206,374 @@ PY_CASES += [  # seq-mean-token-sum-norm without its constant, from the APIs tha
 ]
 
 
+# issue #26: the public functions of aggregation, rl_dataset and the subclass hooks check their arguments'
+# types, shapes, ranges and finiteness (before: a raw AttributeError/RuntimeError, or a silently wrong loss)
+LOSS, MASK, COUNTS = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[True, True, False]]), MaskStats(2, 1)
+LABELS = torch.tensor([[5, 6, -100]])
+RECORD = {"tokens": [1, 2, 3], "logprobs": [None, -0.5, -1.0], "advantage": 1.0}
+
+
+def _agg(**override) -> None:
+    args = {"loss_mat": LOSS, "mask": MASK, "mode": "token-mean", "stats": COUNTS, **override}
+    aggregate(**args)
+
+
+def _rl(records=(RECORD,), **override) -> None:
+    rl_dataset(list(records), **{"seq_len": 4, "tokens_per_batch": 8, **override})
+
+
+class TupleHidden(TinyLM):
+    def forward_hidden(self, batch):
+        return (super().forward_hidden(batch),)
+
+
+class WeightOnly(TinyLM):
+    def output_projection(self):
+        return super().output_projection()[0]
+
+
+def _hook(cls: type) -> None:
+    cls(vocab_size=V, d_model=16, n_layers=1, n_heads=2).compute_loss(_batch(), "val")
+
+
+def _controller_config(rule_ops: str, operations: str) -> None:
+    parse_config(
+        f"{STATE}operations:\n{operations}controllers:\n  - {{name: c, triggers: [on_optimizer_step_end], "
+        f"rule: 'True', operations: [{rule_ops}]}}\n"
+    )
+
+
+def _unreachable(metric: str, triggers: str = "on_optimizer_step_end") -> list:
+    config = parse_config(
+        f"controller-metrics:\n  - {metric}\ncontrollers:\n  - {{name: c, triggers: [{triggers}], "
+        "rule: 'm is not None', operations: [lightning.should_training_stop]}\n"
+    )
+    found = unreachable(config, VALIDATION_EVENTS)
+    raise ConfigError(str(found))
+
+
+PY_CASES += [
+    # aggregate: types, shapes, counts, weights, ids
+    ApiCase(
+        "agg_mask_list",
+        "aggregation",
+        lambda _: _agg(mask=[[1, 1, 0]]),
+        TypeError,
+        "the mask must be a [B, T] tensor, got list",
+    ),
+    ApiCase(
+        "agg_loss_list",
+        "aggregation",
+        lambda _: _agg(loss_mat=[[1.0, 2.0, 3.0]]),
+        TypeError,
+        "the loss matrix must be a [B, T] tensor",
+    ),
+    ApiCase(
+        "agg_loss_1d",
+        "aggregation",
+        lambda _: _agg(loss_mat=torch.ones(3), mask=torch.ones(3, dtype=torch.bool)),
+        ValueError,
+        "must be a [B, T] tensor (rows × positions), got shape (3,)",
+    ),
+    ApiCase(
+        "agg_loss_3d",
+        "aggregation",
+        lambda _: _agg(loss_mat=torch.ones(1, 1, 3), mask=torch.ones(1, 1, 3, dtype=torch.bool)),
+        ValueError,
+        "got shape (1, 1, 3)",
+    ),
+    ApiCase(
+        "agg_zero_rows",
+        "aggregation",
+        lambda _: _agg(loss_mat=torch.ones(0, 3), mask=torch.ones(0, 3, dtype=torch.bool)),
+        ValueError,
+        "has shape (0, 3): an empty batch",
+    ),
+    ApiCase(
+        "agg_zero_positions",
+        "aggregation",
+        lambda _: _agg(loss_mat=torch.ones(2, 0), mask=torch.ones(2, 0, dtype=torch.bool)),
+        ValueError,
+        "has shape (2, 0): an empty batch",
+    ),
+    ApiCase(
+        "agg_mask_fraction",
+        "aggregation",
+        lambda _: _agg(mask=torch.tensor([[0.5, 1.0, 0.0]])),
+        ValueError,
+        "mask holds values other than 0 and 1",
+    ),
+    ApiCase(
+        "agg_stats_tuple",
+        "aggregation",
+        lambda _: _agg(stats=(2, 1)),
+        TypeError,
+        "stats must be a MaskStats (the global counts), got tuple",
+    ),
+    ApiCase(
+        "agg_stats_none", "aggregation", lambda _: _agg(stats=None), TypeError, "stats must be a MaskStats"
+    ),
+    ApiCase(
+        "counts_negative",
+        "aggregation",
+        lambda _: MaskStats(-2, 1),
+        ValueError,
+        "MaskStats.num_tokens must be an integer >= 0, got -2",
+    ),
+    ApiCase(
+        "counts_fraction",
+        "aggregation",
+        lambda _: MaskStats(2.5, 1),
+        TypeError,
+        "MaskStats.num_tokens must be an integer >= 0, got 2.5",
+    ),
+    ApiCase(
+        "counts_contradict",
+        "aggregation",
+        lambda _: MaskStats(2, 5),
+        ValueError,
+        "5 sequences with a valid token but only 2 valid tokens",
+    ),
+    ApiCase(
+        "agg_weights_nan",
+        "aggregation",
+        lambda _: _agg(sample_weights=torch.tensor([[1.0, float("nan"), 1.0]])),
+        ValueError,
+        "sample_weights holds 1 non-finite value(s)",
+    ),
+    ApiCase(
+        "agg_weights_negative",
+        "aggregation",
+        lambda _: _agg(sample_weights=torch.tensor([-1.0])),
+        ValueError,
+        "sample_weights holds a negative weight (-1.0)",
+    ),
+    ApiCase(
+        "agg_weights_list",
+        "aggregation",
+        lambda _: _agg(sample_weights=[1.0]),
+        TypeError,
+        "sample_weights must be a tensor, got list",
+    ),
+    ApiCase(
+        "agg_segments_float",
+        "aggregation",
+        lambda _: _agg(mode="seq-mean-token-mean", segment_ids=torch.tensor([[0.5, 1.5, 1.5]])),
+        ValueError,
+        "segment_ids must hold integers, got dtype torch.float32",
+    ),
+    # count_masks and GlobalStatsLoader
+    ApiCase(
+        "count_masks_list_batch",
+        "aggregation",
+        lambda _: count_masks([LABELS]),
+        TypeError,
+        "count_masks needs a dict micro-batch",
+    ),
+    ApiCase(
+        "count_masks_keys_string",
+        "aggregation",
+        lambda _: count_masks({"labels": LABELS}, mask_keys="labels"),
+        TypeError,
+        "mask_keys must be a sequence of batch keys, got the string 'labels'",
+    ),
+    ApiCase(
+        "count_masks_label_format",
+        "aggregation",
+        lambda _: count_masks({"labels": LABELS}, label_format="input-aligned"),
+        ConfigError,
+        "label_format 'input-aligned' is not one of ('next_token', 'input_aligned'); did you mean "
+        "'input_aligned'?",
+    ),
+    ApiCase(
+        "count_masks_float_labels",
+        "aggregation",
+        lambda _: count_masks({"labels": LABELS.float()}),
+        ValueError,
+        "batch['labels'] must hold integers, got dtype torch.float32",
+    ),
+    ApiCase(
+        "count_masks_ignore_index_text",
+        "aggregation",
+        lambda _: count_masks({"labels": LABELS}, ignore_index="-100"),
+        TypeError,
+        "ignore_index must be an integer label value, got '-100'",
+    ),
+    ApiCase(
+        "count_masks_empty",
+        "aggregation",
+        lambda _: count_masks({"labels": LABELS[:0]}),
+        ValueError,
+        "batch['labels'] has shape (0, 3): an empty batch",
+    ),
+    ApiCase(
+        "count_masks_float_segments",
+        "aggregation",
+        lambda _: count_masks({"labels": LABELS, "segment_ids": torch.tensor([[0.0, 1.0, 1.0]])}),
+        ValueError,
+        "segment_ids must hold integers",
+    ),
+    ApiCase(
+        "loader_accumulate_fraction",
+        "aggregation",
+        lambda _: GlobalStatsLoader([], batch_size=None, accumulate_grad_batches=1.5),
+        ConfigError,
+        "GlobalStatsLoader: accumulate_grad_batches must be an integer >= 1, got 1.5",
+    ),
+    ApiCase(
+        "loader_mask_keys_string",
+        "aggregation",
+        lambda _: GlobalStatsLoader([], batch_size=None, mask_keys="labels"),
+        ConfigError,
+        "GlobalStatsLoader: mask_keys must be a sequence of batch keys, got the string 'labels'",
+    ),
+    ApiCase(
+        "loader_label_format",
+        "aggregation",
+        lambda _: GlobalStatsLoader([], batch_size=None, label_format="inputaligned"),
+        ConfigError,
+        "GlobalStatsLoader: label_format 'inputaligned' is not one of",
+    ),
+    ApiCase(
+        "loader_ignore_index_text",
+        "aggregation",
+        lambda _: GlobalStatsLoader([], batch_size=None, ignore_index="x"),
+        ConfigError,
+        "GlobalStatsLoader: ignore_index must be an integer label value, got 'x'",
+    ),
+    # rl_dataset checks what RLDataModule checks
+    ApiCase(
+        "rl_dataset_seq_len", "data", lambda _: _rl(seq_len=1), ConfigError, "data.seq_len=1 must be >= 2"
+    ),
+    ApiCase(
+        "rl_dataset_seq_len_text",
+        "data",
+        lambda _: _rl(seq_len="4"),
+        ConfigError,
+        "data.seq_len='4' must be >= 2",
+    ),
+    ApiCase(
+        "rl_dataset_tokens_per_batch",
+        "data",
+        lambda _: _rl(tokens_per_batch=2),
+        ConfigError,
+        "data.tokens_per_batch=2 is smaller than one sequence (seq_len=4)",
+    ),
+    ApiCase(
+        "rl_dataset_pad_negative",
+        "data",
+        lambda _: _rl(pad_id=-1),
+        ConfigError,
+        "data.pad_id=-1 must be >= 0",
+    ),
+    ApiCase(
+        "rl_dataset_pad_outside",
+        "data",
+        lambda _: _rl(vocab_size=8, pad_id=9),
+        ConfigError,
+        "data.pad_id=9 must be a token id in [0, 8) (data.vocab_size)",
+    ),
+    ApiCase(
+        "rl_dataset_vocab_zero",
+        "data",
+        lambda _: _rl(vocab_size=0),
+        ConfigError,
+        "data.vocab_size=0 must be >= 1",
+    ),
+    ApiCase(
+        "rl_dataset_no_record",
+        "data",
+        lambda _: _rl(records=()),
+        ConfigError,
+        "rl_dataset: records holds no record",
+    ),
+    ApiCase(
+        "rl_module_pad_negative",
+        "data",
+        lambda _: RLDataModule(paths=["x.jsonl"], pad_id=-1),
+        ConfigError,
+        "data.pad_id=-1 must be >= 0",
+    ),
+    # subclass hooks returning the wrong type
+    ApiCase(
+        "hook_hidden_tuple",
+        "python",
+        lambda _: _hook(TupleHidden),
+        TypeError,
+        "TupleHidden.forward_hidden(batch) must return the hidden states as one [B, T, D] tensor, got tuple",
+    ),
+    ApiCase(
+        "hook_projection_tensor",
+        "python",
+        lambda _: _hook(WeightOnly),
+        TypeError,
+        "WeightOnly.output_projection() must return (weight [V, D], bias [V] or None), got Parameter",
+    ),
+    # a missing batch key that a base loss reads: a BatchKeyError (a ConfigError and a KeyError)
+    ApiCase(
+        "base_loss_key_missing",
+        "batch",
+        lambda _: _loss(_batch(), base_loss="ppo"),
+        BatchKeyError,
+        "base loss 'ppo' reads batch key 'sampling_logprobs', which is missing",
+    ),
+    # controller configs: an action without its argument, a bad exit code, controllers that can never act
+    ApiCase(
+        "controller_action_argument",
+        "controller",
+        lambda _: _controller_config(
+            "r.should_scale_weight", "  - {name: r, class: RegularizerControl, arguments: {regularizer: z}}\n"
+        ),
+        ConfigError,
+        "r.should_scale_weight needs operations[0].arguments.factor",
+    ),
+    ApiCase(
+        "controller_exit_code_text",
+        "controller",
+        lambda _: _controller_config(
+            "lightning.should_training_stop",
+            "  - {name: lightning, class: LightningOperations, arguments: {exit_code: fail}}\n",
+        ),
+        ConfigError,
+        "exit_code='fail' must be an integer in [1, 125]",
+    ),
+    ApiCase(
+        "controller_exit_code_high",
+        "controller",
+        lambda _: _controller_config(
+            "lightning.should_training_stop",
+            "  - {name: lightning, class: LightningOperations, arguments: {exit_code: 143}}\n",
+        ),
+        ConfigError,
+        "exit_code=143 must be an integer in [1, 125]",
+    ),
+    ApiCase(
+        "controller_eval_metric_unreachable",
+        "controller",
+        lambda _: _unreachable("{name: m, class: EvalMetrics}"),
+        ConfigError,
+        "[('c', \"its rule reads metric(s) ['m'], computed only on ['on_validation_end']\")]",
+    ),
+    ApiCase(
+        "controller_trigger_unreachable",
+        "controller",
+        lambda _: _unreachable(
+            "{name: m, class: TrainingState}", "on_validation_epoch_end, on_validation_end"
+        ),
+        ConfigError,
+        "its triggers ['on_validation_end', 'on_validation_epoch_end'] never fire",
+    ),
+]
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", PY_CASES, ids=[f"{c.where}-{c.id}" for c in PY_CASES])
 def test_api_bad_input_raises_one_clear_line(case: ApiCase, tmp_path):
     with pytest.raises(case.error) as info:
         case.call(tmp_path)
     message = str(info.value.args[0]) if info.value.args else str(info.value)
+    if case.where == "controller":  # every problem of a config, one per line; the CLI joins them (one_line)
+        message = one_line(message)
     assert case.expected in message, message
     if case.error is not RuntimeError:  # torch's own size-mismatch report lists every tensor
         assert "\n" not in message, message

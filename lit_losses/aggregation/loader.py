@@ -20,6 +20,7 @@ from lit_losses.aggregation.stats import (
     sum_counts,
     tensor_to_counts,
 )
+from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
 
 GLOBAL_STATS_KEY = "global_stats"
@@ -86,10 +87,12 @@ class GlobalStatsLoader(DataLoader):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        if accumulate_grad_batches is not None and accumulate_grad_batches < 1:
-            raise ConfigError(
-                f"GlobalStatsLoader: accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}"
-            )
+        check_loader_options(
+            accumulate_grad_batches=accumulate_grad_batches,
+            mask_keys=mask_keys,
+            ignore_index=ignore_index,
+            label_format=label_format,
+        )
         self.accumulate_grad_batches = accumulate_grad_batches
         self.mask_keys = tuple(mask_keys) if mask_keys is not None else None
         self.ignore_index = ignore_index
@@ -216,6 +219,42 @@ class GlobalStatsLoader(DataLoader):
 
     def _all_reduce(self, counts: torch.Tensor) -> tuple[torch.Tensor, int]:
         return all_reduce_counts(counts, self.process_group)
+
+
+def check_loader_options(
+    accumulate_grad_batches: Any, mask_keys: Any, ignore_index: Any, label_format: Any
+) -> None:
+    """Refuse `GlobalStatsLoader` options of the wrong type or range, with one `ConfigError` line each.
+
+    Example:
+        >>> check_loader_options(  # doctest: +ELLIPSIS
+        ...     accumulate_grad_batches=2, mask_keys="labels", ignore_index=-100, label_format=None
+        ... )
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: GlobalStatsLoader: mask_keys must be a sequence of ...
+    """
+    accumulate = accumulate_grad_batches
+    if accumulate is not None and (
+        isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1
+    ):
+        raise ConfigError(
+            f"GlobalStatsLoader: accumulate_grad_batches must be an integer >= 1, got {accumulate!r}"
+        )
+    if isinstance(mask_keys, str) or (
+        mask_keys is not None and not all(isinstance(k, str) for k in mask_keys)
+    ):
+        raise ConfigError(
+            f"GlobalStatsLoader: mask_keys must be a sequence of batch keys, got the string {mask_keys!r}"
+            if isinstance(mask_keys, str)
+            else f"GlobalStatsLoader: mask_keys must be batch key names (strings), got {list(mask_keys)!r}"
+        )
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise ConfigError(
+            f"GlobalStatsLoader: ignore_index must be an integer label value, got {ignore_index!r}"
+        )
+    if label_format is not None:
+        check_choice(label_format, LabelFormat, "GlobalStatsLoader: label_format")
 
 
 def all_reduce_counts(counts: torch.Tensor, group: Any = None) -> tuple[torch.Tensor, int]:

@@ -43,6 +43,7 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
+from lit_losses.aggregation.checks import check_mask, check_tensor, check_weights
 from lit_losses.aggregation.stats import MaskStats, sequence_ids
 from lit_losses.choices import check_choice
 
@@ -75,7 +76,9 @@ def token_weights(
     multiplies every position's weight.
     """
     check_mode(mode)
-    mask = mask.bool()
+    mask = check_mask(mask, "mask").bool()
+    if not isinstance(stats, MaskStats):
+        raise TypeError(f"stats must be a MaskStats (the global counts), got {type(stats).__name__}")
     m = mask.to(dtype)
     if mode == "token-sum":
         w = m
@@ -109,6 +112,7 @@ def per_position_weights(sample_weights: Tensor, mask: Tensor, segment_ids: Tens
         [[2.0, 2.0, 2.0], [3.0, 3.0, 3.0]]
     """
     rows = mask.shape[0]
+    check_weights(sample_weights, "sample_weights")
     if sample_weights.dim() == 1 and sample_weights.shape[0] == rows and mask.dim() == 2:
         if segment_ids is not None and bool((segment_ids != segment_ids[:, :1]).any()):
             raise ValueError(
@@ -184,6 +188,8 @@ def aggregate(
         >>> aggregate(loss, mask, "token-mean", MaskStats(3, 2), sample_weights=weights)  # (2·1+2·3+0·2)/3
         tensor(2.6667)
     """
+    check_tensor(loss_mat, f"{name}: the loss matrix")
+    check_tensor(mask, f"{name}: the mask")
     if loss_mat.shape != mask.shape:
         raise ValueError(
             f"{name}: loss matrix shape {tuple(loss_mat.shape)} differs from the mask shape "

@@ -9,6 +9,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from lit_losses.aggregation.checks import check_batch, check_count, check_ids, check_index, check_tensor
+from lit_losses.choices import check_choice
+
 LABELS_KEY = "labels"
 """The default mask key: ``labels != ignore_index``."""
 
@@ -80,6 +83,7 @@ def sequence_ids(
         raise ValueError(
             f"{name} shape {tuple(segment_ids.shape)} differs from the mask shape {tuple(mask.shape)}"
         )
+    check_ids(segment_ids, name)
     seg = segment_ids.long() - segment_ids.min()
     key = rows.long() * (int(seg.max()) + 1) + seg
     return torch.unique(key, return_inverse=True)[1]
@@ -120,8 +124,9 @@ def batch_mask(batch: Mapping[str, Any], key: str, ignore_index: int = -100) -> 
     value = batch[key]
     if not isinstance(value, Tensor):
         raise TypeError(f"batch[{key!r}] must be a tensor to serve as a mask, got {type(value).__name__}")
+    check_tensor(value, f"batch[{key!r}]")
     if key == LABELS_KEY:
-        return value != ignore_index
+        return check_ids(value, f"batch[{key!r}]") != check_index(ignore_index, "ignore_index")
     if value.dtype != torch.bool and not torch.all((value == 0) | (value == 1)):
         raise ValueError(f"batch[{key!r}] is used as a mask but holds values other than 0 and 1")
     return value.bool()
@@ -135,6 +140,15 @@ class MaskStats:
     """Valid tokens."""
     num_sequences: int = 0
     """Sequences with at least one valid token."""
+
+    def __post_init__(self) -> None:
+        self.num_tokens = check_count(self.num_tokens, "MaskStats.num_tokens")
+        self.num_sequences = check_count(self.num_sequences, "MaskStats.num_sequences")
+        if self.num_sequences > self.num_tokens:
+            raise ValueError(
+                f"MaskStats counts contradict each other: {self.num_sequences} sequences with a valid token "
+                f"but only {self.num_tokens} valid tokens"
+            )
 
     def __add__(self, other: MaskStats) -> MaskStats:
         return MaskStats(self.num_tokens + other.num_tokens, self.num_sequences + other.num_sequences)
@@ -158,6 +172,10 @@ def count_masks(
         >>> count_masks(batch, label_format="input_aligned")["labels"].num_tokens  # after the shift
         2
     """
+    check_batch(batch, "count_masks")
+    check_choice(label_format, LabelFormat, "label_format")
+    if isinstance(mask_keys, str):
+        raise TypeError(f"mask_keys must be a sequence of batch keys, got the string {mask_keys!r}")
     segment_ids = batch_segment_ids(batch)
     if label_format == "input_aligned" and isinstance(batch.get(LABELS_KEY), Tensor):
         batch = {**batch, LABELS_KEY: shift_labels(batch[LABELS_KEY], segment_ids, ignore_index)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,9 @@ from lit_losses.controller.entries import Controller
 from lit_losses.controller.events import ALL_EVENTS
 from lit_losses.controller.loop import end_epoch
 from lit_losses.controller.metrics import epoch_progress, register_metric_handlers
-from lit_losses.controller.operations import register_operation_handlers
+from lit_losses.controller.operations import ControllerStop, register_operation_handlers
 from lit_losses.controller.perform import Firing, handle
+from lit_losses.controller.reach import check_reachable
 from lit_losses.controller.rules import RuleEvaluator
 
 log = logging.getLogger("lit_losses.controller")
@@ -45,10 +47,12 @@ class TrainingController(L.Callback):
     naming the controller, the rule and the metric values (``on_error: warn``: a warning, every time).
 
     **Validation** happens in ``__init__`` (syntax, names, classes, actions, triggers, patience: all
-    problems in one `ConfigError` naming each YAML path) and at ``setup`` (against the module, e.g. a
-    `RegularizerControl`'s regularizer name), before the first training step. A config naming handler
-    classes not registered yet waits for `register_metric_handlers` / `register_operation_handlers`
-    (called on this object, as fms-hf-tuning does) until ``setup``.
+    problems in one `ConfigError` naming each YAML path), at ``setup`` (against the module and the
+    trainer, e.g. a `RegularizerControl`'s regularizer name, a rollback to checkpoints in a run without
+    them) and when training starts (a controller that can never act, its events or metrics being those
+    of a validation this run does not have: `lit_losses.controller.reach`), before the first step. A
+    config naming handler classes not registered yet waits for `register_metric_handlers` /
+    `register_operation_handlers` (called on this object, as fms-hf-tuning does) until ``setup``.
 
     **State** (patience counts, metric windows and values, operations' state) is saved in checkpoints.
 
@@ -85,6 +89,8 @@ class TrainingController(L.Callback):
         self.fired: list[dict[str, Any]] = []
         """``{"controller", "step", "event", "operations"}`` of every firing (this process)."""
         self.counters: dict[str, int] = {}
+        self.stop: ControllerStop | None = None
+        """The controller that stopped training with ``lightning.should_training_stop`` (this run)."""
         self.config = None
         self.conventions: list[CallingConvention] = []
         """The calling conventions of this config's metric handlers besides lit_losses' own."""
@@ -146,6 +152,7 @@ class TrainingController(L.Callback):
         self._on_event("on_fit_start", trainer, pl_module)
 
     def on_train_start(self, trainer, pl_module):
+        check_reachable(self.config, trainer)
         for handler in self.config.operations.values():
             handler.start(trainer, pl_module, self)
         self._on_event("on_train_start", trainer, pl_module)
@@ -215,10 +222,15 @@ class TrainingController(L.Callback):
         """The controllers that ``event`` triggers, in YAML order."""
         return self._by_event.get(event, [])
 
-    def note_once(self, key: str, message: str) -> None:
-        """Log ``message`` at INFO the first time ``key`` is noted (e.g. a rule skipped: metrics missing)."""
-        if key not in self._skipped_once:
-            self._skipped_once.add(key)
+    def note_once(self, key: str, message: str, warn: bool = False) -> None:
+        """Log ``message`` at INFO (``warn``: as a ``UserWarning``) the first time ``key`` is noted (e.g. a
+        rule skipped: metrics missing)."""
+        if key in self._skipped_once:
+            return
+        self._skipped_once.add(key)
+        if warn:
+            warnings.warn(message, UserWarning, stacklevel=2)
+        else:
             log.info(message)
 
     def request_epoch_end(self) -> None:

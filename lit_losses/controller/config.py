@@ -62,20 +62,22 @@ def load_source(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     """
     if isinstance(source, Mapping):
         return dict(source)
-    text = str(source)
+    text, name = str(source), "controller config"
     if "\n" not in text and Path(text).suffix in (".yaml", ".yml", ".json"):
         path = Path(text)
         if not path.is_file():
             raise ConfigError(f"controller config file {text!r} does not exist")
-        text = path.read_text()
+        text, name = path.read_text(), f"controller config file {text!r}"
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"controller config is not valid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(f"{name} is not valid YAML ({problem}{where})") from None
     if not isinstance(data, Mapping):
-        raise ConfigError(
-            f"controller config must be a mapping with keys {TOP_LEVEL}, got {type(data).__name__}"
-        )
+        got = "an empty document" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"{name} must be a mapping with keys {TOP_LEVEL}, got {got}")
     return dict(data)
 
 

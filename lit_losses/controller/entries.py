@@ -170,6 +170,14 @@ def _operations(raw: Any, label: str, operations: dict, triggers: list[str], pro
                     f"{label}.operations: {op} can only run on {list(allowed)}, not on "
                     f"{sorted(set(triggers) - set(allowed))}"
                 )
+            handler = operations[target]
+            lacking = [a for a in handler.action_arguments.get(action, ()) if a not in handler.arguments]
+            if lacking:
+                where = getattr(handler, "_path", f"operations.{target}")
+                problems.append(
+                    f"{label}.operations: {op} needs {where}.arguments.{lacking[0]} (operation {target!r} "
+                    "has none)"
+                )
             ops.append((target, action))
     return ops
 

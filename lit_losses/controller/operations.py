@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, get_args
 
 import lightning as L
 
@@ -23,6 +25,16 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 
 _ACTION = re.compile(r"should_.+")
+
+
+@dataclass(frozen=True)
+class ControllerStop:
+    """A controller's ``should_training_stop``: which controller, at which optimizer step, and the exit
+    status it asks ``lit-losses`` for (``None``: 0, as a finished run)."""
+
+    controller: str
+    step: int
+    exit_code: int | None = None
 
 
 class OperationHandler(Handler):
@@ -51,6 +63,9 @@ class OperationHandler(Handler):
     """Actions that run on every rank; the others run on rank 0 only."""
     action_triggers: Mapping[str, tuple[str, ...]] = {}
     """Actions that may only run on some events: action -> the allowed triggers."""
+    action_arguments: Mapping[str, tuple[str, ...]] = {}
+    """Arguments some actions need: action -> the arguments (a controller using the action on an
+    operation without them is refused when the config is parsed)."""
 
     def __init__(self, name: str, **arguments: Any) -> None:
         self.name = name
@@ -99,15 +114,32 @@ class LightningOperations(OperationHandler):
     - ``should_validate``: run the validation loop now (during training only; an error without
       validation data).
     - ``should_log``: send the current scalar metrics to the loggers at this step.
+
+    Argument ``exit_code`` (an integer in [1, 125], default none): a stop by ``should_training_stop``
+    makes ``lit-losses`` exit with this status (the controller's `TrainingController.stop` records it), so
+    that a scheduler or a script tells a run a rule stopped from one that finished.
     """
 
     every_rank = ("should_training_stop", "should_save_checkpoint", "should_validate")
 
     def validate(self, metric_names):
-        self._unknown_arguments(("dirpath",))
+        self._unknown_arguments(("dirpath", "exit_code"))
+        code = self.arguments.get("exit_code")
+        if code is not None and (isinstance(code, bool) or not isinstance(code, int) or not 1 <= code <= 125):
+            raise ConfigError(
+                f"exit_code={code!r} must be an integer in [1, 125] (0 is a finished run; 126 and above are "
+                "the shell's and signals')"
+            )
 
     def should_training_stop(self, trainer: L.Trainer, pl_module: L.LightningModule, context: dict) -> None:
         trainer.should_stop = True
+        callback = context.get("callback")
+        if callback is not None and hasattr(callback, "stop"):
+            callback.stop = ControllerStop(
+                controller=context["controller"],
+                step=trainer.global_step,
+                exit_code=self.arguments.get("exit_code"),
+            )
 
     def should_save_checkpoint(self, trainer, pl_module, context) -> None:
         if context["event"] == "on_save_checkpoint":
@@ -132,11 +164,21 @@ class RegularizerControl(OperationHandler):
     """
 
     every_rank = ("should_set_weight", "should_scale_weight", "should_enable", "should_disable")
+    action_arguments: ClassVar[dict[str, tuple[str, ...]]] = {
+        "should_set_weight": ("value",),
+        "should_scale_weight": ("factor",),
+    }
 
     def validate(self, metric_names):
         self._unknown_arguments(("regularizer", "value", "factor"))
         if not isinstance(self.arguments.get("regularizer"), str):
             raise ConfigError("RegularizerControl needs arguments.regularizer (a regularizer name)")
+        for key in ("value", "factor"):
+            value = self.arguments.get(key, 0.0)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ConfigError(
+                    f"RegularizerControl: arguments.{key} must be a finite number, got {value!r}"
+                )
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Check that ``pl_module`` has the regularizer.

@@ -68,11 +68,7 @@ def handle(firing: Firing) -> None:
         if outcome.error is not None:
             report_rule_error(firing, controller, outcome.error)
         elif not outcome.evaluated:
-            missing = sorted(controller.names - callback.values.keys())
-            callback.note_once(
-                controller.name,
-                f"controller {controller.name!r}: metrics {missing} not available yet; rule skipped",
-            )
+            note_skipped(firing, controller)
         elif patience_reached(callback.counters, controller, outcome.holds):
             perform(firing, controller)
             acted = True
@@ -81,6 +77,28 @@ def handle(firing: Firing) -> None:
     if event == "on_optimizer_step_end":
         for handler in callback.config.operations.values():
             handler.after_step(trainer, pl_module, callback)
+
+
+def note_skipped(firing: Firing, controller: Controller) -> None:
+    """Note, once per controller, a rule skipped because metrics it reads have no value yet: at INFO,
+    or as a warning when those metrics were computed on this event after an optimizer step and still
+    gave nothing (e.g. a `HistoryBasedMetric` ``key`` that is never logged: the logged keys are listed)."""
+    callback = firing.callback
+    missing = sorted(controller.names - callback.values.keys())
+    handlers = callback.config.metrics
+    computed_now = [n for n in missing if n in handlers and firing.event in handlers[n].events]
+    if firing.event == "on_optimizer_step_end" and computed_now:
+        logged = sorted(firing.trainer.callback_metrics)
+        callback.note_once(
+            controller.name,
+            f"controller {controller.name!r}: metric(s) {computed_now} got no value after optimizer step "
+            f"{firing.trainer.global_step} (a metric key never logged? logged keys: {logged}); rule skipped",
+            warn=True,
+        )
+        return
+    callback.note_once(
+        controller.name, f"controller {controller.name!r}: metrics {missing} not available yet; rule skipped"
+    )
 
 
 def recompute_metrics(firing: Firing) -> None:

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_losses.aggregation.window import train_loaders
 from lit_losses.controller.loop import scale_learning_rate
@@ -89,6 +90,22 @@ class SpikeRecovery(OperationHandler):
         self.attempts: list[int] = []
         self.snapshot: dict[str, Any] | None = None
         self._rolled_back_at: int | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Refuse ``source: checkpoint`` without a ``checkpoint`` path in a run that writes no checkpoint.
+
+        Raises:
+            ConfigError: naming the operation and the trainer options that would write checkpoints.
+        """
+        if self.arguments.get("source") != "checkpoint" or self.arguments.get("checkpoint"):
+            return
+        if not any(isinstance(c, ModelCheckpoint) for c in trainer.checkpoint_callbacks):
+            raise ConfigError(
+                f"operation {self.name!r}: source: checkpoint rolls back to the newest checkpoint of the "
+                "trainer's ModelCheckpoint, but this run writes none (trainer.enable_checkpointing=false and "
+                "no ModelCheckpoint in trainer.callbacks); enable checkpointing, give arguments.checkpoint, "
+                "or use source: snapshot"
+            )
 
     def start(self, trainer: L.Trainer, pl_module: L.LightningModule, controller: Any) -> None:
         """Check that data can be skipped, and take the first snapshot."""
@@ -200,7 +217,8 @@ def _newest_checkpoint(trainer: L.Trainer) -> str | None:
     """The most recently written checkpoint of the trainer's ``ModelCheckpoint`` callbacks."""
     paths = set()
     for callback in trainer.checkpoint_callbacks:
-        paths.update(p for p in (callback.last_model_path, callback.best_model_path) if p)
+        last, best = getattr(callback, "last_model_path", ""), getattr(callback, "best_model_path", "")
+        paths.update(p for p in (last, best) if p)
         paths.update(getattr(callback, "best_k_models", {}))
     existing = [p for p in paths if Path(p).is_file()]
     return max(existing, key=lambda p: Path(p).stat().st_mtime_ns) if existing else None

@@ -20,6 +20,8 @@ from typing import Any
 
 import simpleeval
 
+from lit_losses.errors import ConfigError
+
 
 def _is_finite(value: Any) -> bool:
     try:
@@ -99,9 +101,10 @@ class RuleError(ValueError):
     """A rule that cannot be accepted; the message says why."""
 
 
-class RuleFailure(RuntimeError):
+class RuleFailure(ConfigError, RuntimeError):
     """A rule failed while training (it raised, or its value is not a boolean); the message names the
-    controller, the rule, the step, the event and the values of the metrics it reads."""
+    controller, the rule, the step, the event and the values of the metrics it reads. An error of the
+    configuration found at run time: ``lit-losses`` reports it on one line, exit code 2."""
 
 
 def check_rule(rule: str, names: Iterable[str]) -> ast.Expression:

@@ -13,6 +13,37 @@ from lit_losses.data.tokenizer import MIN_VOCAB_SIZE
 from lit_losses.errors import ConfigError
 
 
+def _check_integer(value: Any, name: str, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name}={value!r} must be >= {minimum} (an integer)")
+
+
+def check_rl_options(seq_len: Any, tokens_per_batch: Any, vocab_size: Any, pad_id: Any) -> None:
+    """The sizes of RL micro-batches, checked the same way for `rl_dataset` and `RLDataModule`.
+
+    Raises:
+        ConfigError: one line naming the option (``data.<option>``) and its value.
+
+    Example:
+        >>> check_rl_options(seq_len=8, tokens_per_batch=4, vocab_size=None, pad_id=0)
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: data.tokens_per_batch=4 is smaller than one sequence (seq_len=8)
+    """
+    _check_integer(seq_len, "data.seq_len", 2)
+    _check_integer(tokens_per_batch, "data.tokens_per_batch", 1)
+    if tokens_per_batch < seq_len:
+        raise ConfigError(
+            f"data.tokens_per_batch={tokens_per_batch} is smaller than one sequence (seq_len={seq_len})"
+        )
+    _check_integer(pad_id, "data.pad_id", 0)
+    if vocab_size is None:
+        return
+    _check_integer(vocab_size, "data.vocab_size", 1)
+    if pad_id >= vocab_size:
+        raise ConfigError(f"data.pad_id={pad_id} must be a token id in [0, {vocab_size}) (data.vocab_size)")
+
+
 def rows_dataset(
     rows: list[RLRow], seq_len: int, tokens_per_batch: int, packing: bool = True, pad_id: int = 0
 ) -> MicroBatchDataset:
@@ -47,7 +78,10 @@ def rl_dataset(
         >>> batch["advantages"].tolist(), batch["sample_weights"].tolist()
         ([[1.0, 1.0, -1.0]], [[1.0, 1.0, 0.5]])
     """
+    check_rl_options(seq_len=seq_len, tokens_per_batch=tokens_per_batch, vocab_size=vocab_size, pad_id=pad_id)
     rows = complete_fields(parse_records(records, vocab_size, seq_len))
+    if not rows:
+        raise ConfigError("rl_dataset: records holds no record (give at least one)")
     return rows_dataset(rows, seq_len, tokens_per_batch, packing=packing, pad_id=pad_id)
 
 
@@ -113,12 +147,9 @@ class RLDataModule(TextDataModule):
                 "data.paths: give the JSONL files of RL records (e.g. data/rollouts.jsonl, written by "
                 "python -m lit_losses.data.rollouts)"
             )
-        if vocab_size < 1:
-            raise ConfigError(f"data.vocab_size={vocab_size} must be >= 1")
-        if not 0 <= pad_id < vocab_size:
-            raise ConfigError(
-                f"data.pad_id={pad_id} must be a token id in [0, {vocab_size}) (data.vocab_size)"
-            )
+        check_rl_options(
+            seq_len=seq_len, tokens_per_batch=tokens_per_batch, vocab_size=vocab_size, pad_id=pad_id
+        )
         if max_records is not None and max_records < 1:
             raise ConfigError(f"data.max_records={max_records} must be >= 1")
         # the parent's lower bound on vocab_size is its byte-level BPE's; records carry their token ids

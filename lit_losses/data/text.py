@@ -134,6 +134,8 @@ class TextDataModule(L.LightningDataModule):
             raise ConfigError(f"data.val_fraction={val_fraction} must be in [0, 1)")
         if max_documents is not None and max_documents < 1:
             raise ConfigError(f"data.max_documents={max_documents} must be >= 1")
+        if num_workers < 0:
+            raise ConfigError(f"data.num_workers={num_workers} must be >= 0 (0: load in the main process)")
         self.save_hyperparameters()
         self.paths = paths
         self.text_field = text_field
@@ -213,6 +215,16 @@ class TextDataModule(L.LightningDataModule):
 
         self.train_set = build(train_docs)
         self.val_set = build(val_docs) if val_docs else None
+
+    ignore_index: int = -100
+    """The label value of positions without a target in this module's micro-batches."""
+
+    def batch_keys(self) -> tuple[str, ...]:
+        """The keys of this module's training micro-batches (after `setup`; empty before), so that a
+        model can refuse, before training, a loss term that reads a key the data never provides."""
+        if not self.train_set:
+            return ()
+        return tuple(sorted(self.train_set[0]))
 
     def train_dataloader(self) -> GlobalStatsLoader:
         """Micro-batches carrying the global counts of their optimizer step (`GlobalStatsLoader`).

@@ -17,11 +17,13 @@ ref_logprobs        optional, reference-policy log-probabilities (the ``kl_refer
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from lit_losses.errors import BatchKeyError
 
 SAMPLING_LOGPROBS = "sampling_logprobs"
 ADVANTAGES = "advantages"
@@ -46,7 +48,7 @@ def token_values(batch: Mapping[str, Any], key: str, mask: Tensor, reader: str) 
         reader: who reads it, for messages (``"base loss 'ppo'"``).
 
     Raises:
-        KeyError: the key is missing (the message names it, ``reader`` and the keys the batch has).
+        BatchKeyError: the key is missing (the message names it, ``reader`` and the keys the batch has).
         ValueError: not a real-valued tensor, a shape other than ``labels``'s (both shapes named), or a
             NaN/Inf at a position with a label.
 
@@ -58,10 +60,10 @@ def token_values(batch: Mapping[str, Any], key: str, mask: Tensor, reader: str) 
         >>> token_values({"labels": mask}, "advantages", mask, "base loss 'ppo'")
         Traceback (most recent call last):
         ...
-        KeyError: "base loss 'ppo' reads batch key 'advantages', which is missing; the batch has keys [...]"
+        lit_losses.errors.BatchKeyError: base loss 'ppo' reads batch key 'advantages', which is missing; ...
     """
     if key not in batch:
-        raise KeyError(
+        raise BatchKeyError(
             f"{reader} reads batch key {key!r}, which is missing; the batch has keys {sorted(batch)}"
         )
     value = batch[key]
@@ -84,3 +86,30 @@ def token_values(batch: Mapping[str, Any], key: str, mask: Tensor, reader: str) 
 def valid_values(batch: Mapping[str, Any], key: str, mask: Tensor, reader: str, dtype: torch.dtype) -> Tensor:
     """`token_values` at the valid positions, row-major (the fused head's token order), in ``dtype``."""
     return token_values(batch, key, mask, reader=reader)[mask].to(dtype)
+
+
+def check_provided(reads: Iterable[str], provided: Iterable[str], reader: str, source: str) -> None:
+    """Refuse, before training, a key that ``reader`` reads and the data never provides.
+
+    Args:
+        reads: the batch keys read.
+        provided: the keys of the data's micro-batches.
+        reader: who reads them, as the option that configured it (``"model.base_loss='ppo'"``).
+        source: the data, for messages (``"the data module (TextDataModule)"``).
+
+    Raises:
+        BatchKeyError: one line naming the key, the reader, the data and the keys it provides.
+
+    Example:
+        >>> check_provided(["advantages"], ["input_ids", "labels"], "model.base_loss='ppo'", "TextDataModule")
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.BatchKeyError: model.base_loss='ppo' reads batch key 'advantages', which ...
+    """
+    provided = set(provided)
+    for key in reads:
+        if key not in provided:
+            raise BatchKeyError(
+                f"{reader} reads batch key {key!r}, which {source} never provides; its micro-batches have "
+                f"keys {sorted(provided)}"
+            )

@@ -15,6 +15,7 @@ from lit_losses.errors import ConfigError
 from lit_losses.heads import head_for
 from lit_losses.loss.objective import Objective
 from lit_losses.regularizers import RegularizerSet, RegularizerSpec
+from lit_losses.validation import checked_projection
 
 OutputProjection = Callable[[], tuple[Tensor, "Tensor | None"]]
 
@@ -132,7 +133,7 @@ class PipelineLoss:
         keys = self.objective.mask_keys()
         local = count_masks(batch, keys, self.ignore_index)
         stats = GlobalStats(self._global, self.loss_scale, local, position=0, window=self.n_microbatches)
-        weight, bias = self.output_projection()
+        weight, bias = checked_projection(self.output_projection(), "PipelineLoss")
         head = head_for(
             weight,
             bias,

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from lit_losses.aggregation.stats import batch_segment_ids, sequence_ids
+from lit_losses.errors import BatchKeyError
 from lit_losses.objectives.ratios import sequence_mean
 from lit_losses.regularizers.registry import register_regularizer
 
@@ -71,7 +72,10 @@ def kl_reference(
     general path only (as it does beside a base loss with sequence-level ratios).
     """
     if key not in ctx.batch:
-        raise KeyError(f"kl_reference: batch key {key!r} is missing; the batch has keys {sorted(ctx.batch)}")
+        raise BatchKeyError(
+            f"kl_reference reads batch key {key!r} (its argument key), which is missing; the batch has keys "
+            f"{sorted(ctx.batch)}"
+        )
     logprobs = ctx.head.logprobs
     ref = ctx.batch[key].to(logprobs.dtype)
     if ref.shape != logprobs.shape:

@@ -55,11 +55,20 @@ def test_patience_defaults_are_fms_hf_tunings():
 
 
 def test_a_metric_not_yet_available_skips_its_rule(caplog):
-    ctrl = controller('val["loss"] > 0', metrics=[{"name": "val", "class": "EvalMetrics"}])
-    with caplog.at_level(logging.INFO, logger="lit_losses.controller"):
-        trainer = fit(tiny(), [ctrl], max_steps=3)
+    ctrl = controller('val["loss"] > 0', metrics=[{"name": "val", "class": "EvalMetrics"}], on_error="warn")
+    with (
+        caplog.at_level(logging.INFO, logger="lit_losses.controller"),
+        pytest.warns(UserWarning, match="controller 'c' can never act: its rule reads metric"),
+    ):
+        trainer = fit(tiny(), [ctrl], max_steps=3)  # no validation data: 'val' never gets a value
     assert trainer.global_step == 3 and not ctrl.fired
     assert sum("not available yet" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_controller_that_can_never_act_is_refused_before_training():
+    ctrl = controller('val["loss"] > 0', metrics=[{"name": "val", "class": "EvalMetrics"}])
+    with pytest.raises(ConfigError, match=r"controller 'c' can never act: .* this run has no validation"):
+        fit(tiny(), [ctrl], max_steps=3)
 
 
 def test_module_dependent_problems_are_found_before_training():

@@ -12,6 +12,7 @@ import pytest
 from lit_losses import GlobalStatsLoader, RegularizerSpec, TrainingController
 from lit_losses.controller import OPERATION_HANDLERS, OperationHandler, register_operation_handlers
 from lit_losses.controller.operations import LOG_LEVELS, LogLevel
+from lit_losses.errors import ConfigError
 from tests.aggregation.ddp_step import micro_batches
 from tests.controller.helpers import STATE, Record, controller, fit, tiny, torch_loader
 from tests.helpers import quiet_trainer
@@ -113,9 +114,19 @@ def test_validate_log_and_scale_lr_on_demand(tmp_path):
     assert "val/loss" in metrics.splitlines()[0]
 
 
-def test_should_validate_without_validation_data_says_so():
+def test_should_validate_without_validation_data_is_refused_before_training():
     ctrl = controller('state["global_step"] == 1', operations=["lightning.should_validate"])
-    with pytest.raises(RuntimeError, match="controller 'c': should_validate without validation data"):
+    with pytest.raises(ConfigError, match=r"its operation lightning\.should_validate would validate"):
+        fit(tiny(), [ctrl], max_steps=2)
+    assert ctrl.counters == {"c": 0}  # before the first step
+
+
+def test_should_validate_without_validation_data_says_so_with_on_error_warn():
+    ctrl = controller('state["global_step"] == 1', operations=["lightning.should_validate"], on_error="warn")
+    with (
+        pytest.warns(UserWarning, match="controller 'c' can never act"),
+        pytest.raises(RuntimeError, match="controller 'c': should_validate without validation data"),
+    ):
         fit(tiny(), [ctrl], max_steps=2)
 
 
