@@ -992,6 +992,34 @@ PY_CASES = [
         ValueError,
         "hidden width 5",
     ),
+    # per-token weights of the fused cross-entropy (were silent: a NaN weight made the loss NaN)
+    ApiCase(
+        "head_nan_token_weight",
+        "batch",
+        lambda _: FusedLMHead(torch.randn(V, 4)).weighted_ce(
+            torch.randn(3, 4), torch.tensor([1, 2, 3]), torch.tensor([1.0, float("nan"), 1.0])
+        ),
+        ValueError,
+        "token_weights hold 1 non-finite value(s) (NaN/Inf), e.g. at position (1,)",
+    ),
+    ApiCase(
+        "head_token_weight_shape",
+        "batch",
+        lambda _: FusedLMHead(torch.randn(V, 4)).weighted_ce(
+            torch.randn(3, 4), torch.tensor([1, 2, 3]), torch.ones(2)
+        ),
+        ValueError,
+        "token_weights shape (2,) differs from the targets' shape (3,)",
+    ),
+    ApiCase(
+        "head_inf_uniform_weight",
+        "batch",
+        lambda _: FusedLMHead(torch.randn(V, 4)).weighted_ce(
+            torch.randn(3, 4), torch.tensor([1, 2, 3]), float("inf")
+        ),
+        ValueError,
+        "token_weights=inf must be a finite number",
+    ),
     # checkpoints, through the Python loader the CLI uses
     ApiCase(
         "ckpt_empty",

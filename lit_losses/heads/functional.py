@@ -310,6 +310,7 @@ def linear_cross_entropy(
         temperature=temperature,
     )
     head.check_inputs(hidden, targets)
+    check_token_weights(token_weights, targets, check_finite=check_finite)
     valid, h, y = valid_tokens(hidden, targets, ignore_index)
     uniform = not isinstance(token_weights, Tensor)
     w = token_weights if uniform else token_weights[valid]
@@ -327,6 +328,32 @@ def linear_cross_entropy(
     out = linear_logprobs(hidden, weight, targets, bias=bias, **head.options())
     logprobs = out.logprobs[valid]
     return -(w.to(logprobs.dtype) * logprobs).sum()
+
+
+def check_token_weights(token_weights: Tensor | float, targets: Tensor, check_finite: bool = True) -> None:
+    """Refuse per-token weights of another shape than ``targets`` and (with ``check_finite``) NaN/Inf ones.
+
+    Example:
+        >>> check_token_weights(torch.tensor([1.0, float("nan")]), torch.tensor([3, 4]))
+        Traceback (most recent call last):
+        ...
+        ValueError: token_weights hold 1 non-finite value(s) (NaN/Inf), e.g. at position (1,)
+    """
+    if not isinstance(token_weights, Tensor):
+        if check_finite and not math.isfinite(float(token_weights)):
+            raise ValueError(f"token_weights={token_weights!r} must be a finite number")
+        return
+    if token_weights.shape != targets.shape:
+        raise ValueError(
+            f"token_weights shape {tuple(token_weights.shape)} differs from the targets' shape "
+            f"{tuple(targets.shape)} (one weight per position, or one float for all)"
+        )
+    if check_finite and not bool(torch.isfinite(token_weights).all()):
+        bad = ~torch.isfinite(token_weights)
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"token_weights hold {int(bad.sum())} non-finite value(s) (NaN/Inf), e.g. at position {first}"
+        )
 
 
 def linear_pointwise_loss(
