@@ -1,4 +1,4 @@
-"""The README's "RL objectives" YAML builds the objective it describes."""
+"""The offline-RL tutorial's "Objectives" YAML builds the objective it describes."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import yaml
 
 from lit_losses import TinyLM
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorials" / "offline-rl.md"
 
 
 def test_readme_rl_yaml_builds_a_ppo_objective_with_its_terms():
-    text = README.read_text()
-    section = text[text.index("## RL objectives") : text.index("### Offline RL data")]
+    text = TUTORIAL.read_text()
+    section = text[text.index("## Objectives") : text.index("## Offline RL data")]
     (block,) = re.findall(r"```yaml\n(.*?)```", section, flags=re.S)
     options = yaml.safe_load(block)["model"]["init_args"]
     model = TinyLM(vocab_size=64, d_model=16, n_layers=1, n_heads=2, **options)
