@@ -1,15 +1,23 @@
 """Forward+backward time and peak memory of the output-head variants, in one run.
 
-Variants (per-token = a random upstream gradient on every log-probability):
-  naive          logits materialized, autograd (the reference)
-  torch_chunked  torch.nn.functional.linear_cross_entropy(reduction="none", options=chunked), per-token
-  chunked        lit_losses chunked backend, per-token logprobs
-  chunked_ce     lit_losses plain-CE fast path (weighted_ce: gradients in forward)
-  blocked        lit_losses blocked backend (vocabulary blocks, no V x D temporary), per-token logprobs
-  blocked_ce     the blocked backend's plain CE (weighted_ce: 4 matmuls, the weight's gradient written once)
-  matmul3        the bare 3 matmuls of any exact head: logits, grad of hidden, grad of weight
-  liger_ce       backend liger: Liger-Kernel's fused linear cross-entropy, plain CE (CUDA, [liger] extra)
-  liger_native   Liger-Kernel's LigerFusedLinearCrossEntropyLoss called directly (the peer, CUDA)
+Variants (per-token = a random upstream gradient on every requested output):
+  naive                 logits materialized, autograd (the reference), per-token logprobs
+  naive_entropy         the same, per-token logprobs + entropy
+  torch_chunked         torch.nn.functional.linear_cross_entropy(reduction="none", options=chunked)
+  chunked               lit_losses chunked backend, per-token logprobs
+  chunked_entropy       the same, logprobs + entropy
+  chunked_ce            lit_losses plain-CE fast path (weighted_ce: gradients in forward)
+  blocked               lit_losses blocked backend (vocabulary blocks, no V x D temporary), logprobs
+  blocked_entropy       the same, logprobs + entropy
+  blocked_ce            the blocked backend's plain CE (weighted_ce: 4 matmuls, the weight's gradient
+                        written once)
+  matmul3               the bare 3 matmuls of any exact head: logits, grad of hidden, grad of weight
+  liger_ce              backend liger: Liger-Kernel's fused linear cross-entropy, plain CE (CUDA)
+  liger_native          Liger-Kernel's LigerFusedLinearCrossEntropyLoss called directly (the peer, CUDA)
+  liger_scaled_entropy  backend liger_scaled: Liger's fused linear scaled CE, logprobs + entropy (CUDA)
+  cce                   backend cce: cut-cross-entropy, per-token logprobs (CUDA)
+  cce_ce                backend cce, plain CE (CUDA)
+  cce_native            cut_cross_entropy.linear_cross_entropy called directly, mean CE (the peer, CUDA)
 
 Each (variant, shape) runs in a fresh subprocess so that its peak RSS is its own; peak memory is the
 process high-water mark minus the resident size once inputs are allocated. Time is the best of
@@ -17,8 +25,7 @@ process high-water mark minus the resident size once inputs are allocated. Time 
 
     python benchmarks/fused_head.py                      # CPU fp32, the shapes of the issue
     python benchmarks/fused_head.py --shapes 512x256x32000 --repeats 2
-    python benchmarks/fused_head.py --device cuda --dtype bfloat16 --shapes 8192x4096x128256 \
-        --variants naive chunked chunked_ce liger_ce matmul3      # the GPU comparison of issue #3
+    python benchmarks/fused_head.py --device cuda --dtype bfloat16 --shapes 8192x4096x128256   # all
 """
 
 from __future__ import annotations
@@ -32,18 +39,93 @@ import subprocess
 import sys
 import time
 
-VARIANTS = (
-    "naive",
-    "torch_chunked",
-    "chunked",
-    "chunked_ce",
-    "blocked",
-    "blocked_ce",
-    "matmul3",
-    "liger_ce",
-    "liger_native",
-)
-CPU_VARIANTS = VARIANTS[:-2]
+import torch
+
+
+def _naive(hidden, weight, targets, upstream, chunk, entropy=False):
+    logits = (hidden @ weight.T).float()
+    log_p = torch.log_softmax(logits, -1)
+    lp = log_p.gather(1, targets[:, None]).squeeze(1)
+    if not entropy:
+        lp.backward(upstream)
+        return
+    ent = -(log_p.exp() * log_p).sum(-1)
+    torch.autograd.backward((lp, ent), (upstream, upstream))
+
+
+def _torch_chunked(hidden, weight, targets, upstream, chunk):
+    ce = torch.nn.functional.linear_cross_entropy(
+        hidden, weight, targets, reduction="none", options=torch.nn.LinearCrossEntropyOptions()
+    )
+    (-ce).backward(upstream.to(ce.dtype))
+
+
+def _ours_per_token(backend, outputs):
+    def run(hidden, weight, targets, upstream, chunk):
+        from lit_losses.heads import FusedLMHead
+
+        head = FusedLMHead(weight, backend=backend, chunk_size=chunk, check_finite=False)
+        out = head(hidden, targets, outputs)
+        values = [getattr(out, name) for name in outputs]
+        torch.autograd.backward(values, [upstream] * len(values))
+
+    return run
+
+
+def _ours_ce(backend):
+    def run(hidden, weight, targets, upstream, chunk):
+        from lit_losses.heads import FusedLMHead
+
+        head = FusedLMHead(weight, backend=backend, chunk_size=chunk, check_finite=False)
+        head.weighted_ce(hidden, targets, 1.0 / hidden.shape[0]).backward()
+
+    return run
+
+
+def _liger_native(hidden, weight, targets, upstream, chunk):
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    LigerFusedLinearCrossEntropyLoss()(weight, hidden, targets).backward()
+
+
+def _cce_native(hidden, weight, targets, upstream, chunk):
+    from cut_cross_entropy import linear_cross_entropy
+
+    linear_cross_entropy(hidden, weight, targets, reduction="mean").backward()
+
+
+def _matmul3(hidden, weight, targets, upstream, chunk):
+    with torch.no_grad():
+        logits = hidden @ weight.T
+        _ = logits @ weight
+        _ = logits.T @ hidden
+
+
+LP, LP_ENT = ("logprobs",), ("logprobs", "entropy")
+
+#: name -> one forward and backward (``matmul3``: the three matmuls alone, no gradient).
+RUNS = {
+    "naive": _naive,
+    "naive_entropy": lambda *args: _naive(*args, entropy=True),
+    "torch_chunked": _torch_chunked,
+    "chunked": _ours_per_token("chunked", LP),
+    "chunked_entropy": _ours_per_token("chunked", LP_ENT),
+    "chunked_ce": _ours_ce("chunked"),
+    "blocked": _ours_per_token("blocked", LP),
+    "blocked_entropy": _ours_per_token("blocked", LP_ENT),
+    "blocked_ce": _ours_ce("blocked"),
+    "matmul3": _matmul3,
+    "liger_ce": _ours_ce("liger"),
+    "liger_native": _liger_native,
+    "liger_scaled_entropy": _ours_per_token("liger_scaled", LP_ENT),
+    "cce": _ours_per_token("cce", LP),
+    "cce_ce": _ours_ce("cce"),
+    "cce_native": _cce_native,
+}
+VARIANTS = tuple(RUNS)
+#: The variants that need CUDA (the peers' kernels).
+CUDA_ONLY = ("liger_ce", "liger_native", "liger_scaled_entropy", "cce", "cce_ce", "cce_native")
+CPU_VARIANTS = tuple(v for v in VARIANTS if v not in CUDA_ONLY)
 DEFAULT_SHAPES = ("2048x512x128256", "4096x1024x65536")
 
 
@@ -53,48 +135,13 @@ def rss_bytes() -> int:
 
 
 def run_variant(variant: str, hidden, weight, targets, upstream, chunk: int | None) -> None:
-    """One forward and backward of ``variant`` (``matmul3``: the three matmuls alone, no gradient)."""
-    import torch
-
-    from lit_losses.heads import FusedLMHead
-
-    if variant == "naive":
-        logits = (hidden @ weight.T).float()
-        lp = torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1)
-        lp.backward(upstream)
-    elif variant == "torch_chunked":
-        ce = torch.nn.functional.linear_cross_entropy(
-            hidden, weight, targets, reduction="none", options=torch.nn.LinearCrossEntropyOptions()
-        )
-        (-ce).backward(upstream.to(ce.dtype))
-    elif variant in ("chunked", "blocked"):
-        head = FusedLMHead(weight, backend=variant, chunk_size=chunk, check_finite=False)
-        head(hidden, targets).logprobs.backward(upstream)
-    elif variant in (
-        "chunked_ce",
-        "blocked_ce",
-        "liger_ce",
-    ):  # liger: Liger's fused linear CE, reduction "sum"
-        backend = variant.removesuffix("_ce")
-        FusedLMHead(weight, backend=backend, chunk_size=chunk, check_finite=False).weighted_ce(
-            hidden, targets, 1.0 / hidden.shape[0]
-        ).backward()
-    elif variant == "liger_native":
-        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-
-        LigerFusedLinearCrossEntropyLoss()(weight, hidden, targets).backward()
-    elif variant == "matmul3":
-        with torch.no_grad():
-            logits = hidden @ weight.T
-            _ = logits @ weight
-            _ = logits.T @ hidden
+    """One forward and backward of ``variant``."""
+    RUNS[variant](hidden, weight, targets, upstream, chunk)
 
 
 def run_one(
     variant: str, n: int, d: int, v: int, repeats: int, dtype_name: str, device: str, chunk: int | None = None
 ) -> dict:
-    import torch
-
     dtype = getattr(torch, dtype_name)
     g = torch.Generator().manual_seed(0)
     hidden = (torch.randn(n, d, generator=g) * 0.5).to(device, dtype).requires_grad_()
@@ -147,8 +194,6 @@ def main() -> None:
         print(json.dumps(run_one(variant, n, d, v, args.repeats, args.dtype, args.device, args.chunk_size)))
         return
 
-    import torch
-
     print(
         f"# {time.strftime('%Y-%m-%d')} | {platform.processor() or platform.machine()} | "
         f"{os.cpu_count()} CPUs | torch {torch.__version__} threads={torch.get_num_threads()} | "
@@ -175,6 +220,9 @@ def main() -> None:
             if out.returncode != 0:
                 print(f"{variant} {shape} failed: {out.stderr[-500:]}", file=sys.stderr)
                 continue
+            for line in out.stderr.splitlines():  # e.g. compiled kernels that could not be built
+                if "lit_losses:" in line:
+                    print(f"{variant} {shape}: {line.strip()}", file=sys.stderr)
             rows[variant] = json.loads(out.stdout.strip().splitlines()[-1])
         naive = rows.get("naive")
         print(f"\n| {shape} | time (s) | peak MiB | time / naive | mem / naive | time / matmul3 |")

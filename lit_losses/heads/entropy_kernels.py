@@ -15,8 +15,9 @@ per-token path, forward and backward together, 3 instead of 11), and one work te
 the chunk keeps its full size. ``H`` is accumulated in float64 (Inductor's fp32 sum over a long row
 would lose two digits against the eager blocked row dot); ``∂/∂z`` has no reduction.
 
-They are used on CPU for chunks of at least `COMPILE_MIN_LOGITS` logits (below that the passes are cheap
-and a compile is not worth its seconds) and of at least 2 rows, when the caller is not itself being
+They are used on CPU (Inductor's C++ kernels) and on CUDA (its Triton kernels, one source for both) for
+chunks of at least `COMPILE_MIN_LOGITS` logits (below that the passes are cheap and a compile is not worth
+its seconds) and of at least 2 rows, when the caller is not itself being
 compiled and compiling is not switched off. Inductor builds them at their first use in each process, a
 few seconds, and again for inputs it has not seen the like of (another dtype, inference tensors). Its on-
 disk graph cache is not used for them: a cached kernel keeps the tuning of the sizes it was first built
@@ -30,8 +31,10 @@ the inputs it refused, and so do calls made under a ``TorchDispatchMode`` (e.g. 
 The ``blocked`` backend's passes over an ``[n, V_b]`` block of logits (`lit_losses.heads.vocab_blocks`)
 are compiled the same way, under the same switches: `block_softmax_stats` reads the block once for its row
 maximum ``m`` and ``s = Σ e^{z − m}`` (and ``t = Σ e^{z − m} (z − m)`` for the entropy, both accumulated
-in float64), and `block_logit_grad_` writes ``e^{z − lse} ⊙ (a + b ⊙ (z − lse))`` over it. Every compiled
-call is recorded as ``lit_losses::<kernel>`` in `torch.profiler` traces (how the passes are counted).
+in float64), and `block_logit_grad_` writes ``e^{z − lse} ⊙ (a + b ⊙ (z − lse)) + g_ℓ e_y`` over it — or,
+for bf16/fp16 operands, `block_logit_grad_as` writes it once in the operand dtype, so that the cast for the
+gradient matmuls is no pass of its own. Every compiled call is recorded as ``lit_losses::<kernel>`` in
+`torch.profiler` traces (how the passes are counted).
 """
 
 from __future__ import annotations
@@ -87,10 +90,34 @@ def _block_entropy_stats_kernel(z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return m, e.sum(1, dtype=torch.float64).to(z.dtype), (e * x).sum(1, dtype=torch.float64).to(z.dtype)
 
 
-def _block_grad_kernel_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor) -> None:
-    """``z ← e^{z − lse} ⊙ (a + b ⊙ (z − lse))``, ``lse``, ``a`` and ``b`` per row."""
+def _block_grad(z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor) -> Tensor:
+    """``e^{z − lse} ⊙ (a + b ⊙ (z − lse)) + g_target ⊙ e_cols`` (traced inside the two kernels below)."""
     log_p = z - lse[:, None]
-    z.copy_(log_p.exp() * (a[:, None] + b[:, None] * log_p))
+    hit = torch.arange(z.shape[1], device=z.device)[None, :] == cols
+    return log_p.exp() * (a[:, None] + b[:, None] * log_p) + torch.where(hit, g_target[:, None], 0.0)
+
+
+def _block_grad_kernel_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor) -> None:
+    """``z ← e^{z − lse} ⊙ (a + b ⊙ (z − lse)) + g_target ⊙ e_cols``; ``lse``, ``a``, ``b``, ``g_target``
+    per row, ``cols [n, 1]`` the target's column."""
+    z.copy_(_block_grad(z, lse, a, b, cols=cols, g_target=g_target))
+
+
+def _block_grad_bf16_kernel(
+    z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor
+) -> Tensor:
+    """`_block_grad_kernel_`'s gradient as a new bf16 tensor (the matmul operand), ``z`` untouched."""
+    return _block_grad(z, lse, a, b, cols=cols, g_target=g_target).to(torch.bfloat16)
+
+
+def _block_grad_fp16_kernel(
+    z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor
+) -> Tensor:
+    """`_block_grad_kernel_`'s gradient as a new fp16 tensor (the matmul operand), ``z`` untouched."""
+    return _block_grad(z, lse, a, b, cols=cols, g_target=g_target).to(torch.float16)
+
+
+_BLOCK_GRAD_AS = {torch.bfloat16: _block_grad_bf16_kernel, torch.float16: _block_grad_fp16_kernel}
 
 
 @functools.cache
@@ -103,20 +130,20 @@ def use_compiled_entropy_kernels(device: torch.device, rows: int, vocab_size: in
     """Whether the entropy passes of chunks of ``rows`` tokens take the compiled kernels.
 
     Args:
-        device: where the logits are (CPU only).
+        device: where the logits are (CPU: C++ kernels; CUDA: Triton kernels; elsewhere eager).
         rows: tokens per chunk.
         vocab_size: ``V``.
 
     Returns:
-        True when ``rows · V ≥ COMPILE_MIN_LOGITS`` on CPU, the caller is not being compiled itself, the
-        kernels have not failed to compile, and neither ``LIT_LOSSES_COMPILE_KERNELS`` nor torch's
+        True when ``rows · V ≥ COMPILE_MIN_LOGITS`` on CPU or CUDA, the caller is not being compiled
+        itself, the kernels have not failed to compile, and neither ``LIT_LOSSES_COMPILE_KERNELS`` nor torch's
         ``TORCH_COMPILE_DISABLE`` switches them off. The chunk size is chosen from this before a first
         compile is tried: on a machine where it fails, that first call runs the eager passes on a
         full-size chunk (two work tensors of its size), later calls on half-size ones.
     """
     return (
         not torch.compiler.is_compiling()
-        and device.type == "cpu"
+        and device.type in ("cpu", "cuda")
         and rows * vocab_size >= COMPILE_MIN_LOGITS
         and os.environ.get(ENV_SWITCH, "1").strip().lower() not in _OFF
         and not any(os.environ.get(name) == "1" for name in _DYNAMO_OFF)
@@ -205,17 +232,35 @@ def block_softmax_stats(z: Tensor, with_entropy: bool) -> tuple[Tensor, ...] | N
     return _run(_block_entropy_stats_kernel if with_entropy else _block_lse_kernel, z)
 
 
-def block_logit_grad_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor) -> Tensor | None:
-    """A block's logit gradient without its target term, ``p ⊙ (a + b ⊙ log p)`` with ``log p = z − lse``,
-    in one read-write of ``z``.
+def block_logit_grad_(
+    z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor
+) -> Tensor | None:
+    """A block's logit gradient ``p ⊙ (a + b ⊙ log p) + g_target ⊙ e_cols`` with ``log p = z − lse``, in
+    one read-write of ``z``.
 
     Args:
         z: ``[n, V_b]`` logits, overwritten by the result.
         lse: ``[n]`` log-sum-exp of each row's full vocabulary.
         a: ``[n]``, ``g_lse − g_ℓ − g_H · H``.
         b: ``[n]``, ``−g_H`` (zeros without the entropy).
+        cols: ``[n, 1]`` int64, each token's target column in the block (any column where it is not in it).
+        g_target: ``[n]``, ``g_ℓ`` where the target is in the block, 0 elsewhere.
 
     Returns:
         ``z``, or ``None`` (``z`` untouched) when the eager passes must compute it (`_run`).
     """
-    return _run(_block_grad_kernel_, z, lse, a, b)
+    return _run(_block_grad_kernel_, z, lse, a, b, cols, g_target)
+
+
+def block_logit_grad_as(
+    z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor, dtype: torch.dtype
+) -> Tensor | None:
+    """`block_logit_grad_` written as a new ``dtype`` tensor (bf16 or fp16: the matmuls' operand dtype), in
+    one read of ``z`` and one narrower write: the cast to the operand dtype costs no pass of its own.
+
+    Returns:
+        The ``[n, V_b]`` gradient in ``dtype``, or ``None`` when the eager passes must compute it (another
+        ``dtype``, or `_run`'s cases).
+    """
+    kernel = _BLOCK_GRAD_AS.get(dtype)
+    return None if kernel is None else _run(kernel, z, lse, a, b, cols, g_target)

@@ -212,20 +212,30 @@ def blocked_backward(
     b = torch.zeros_like(a) if g_ent is None else -g_ent
     scratch = BlockScratch(n, acc, h.device)
     compiled = entropy_kernels.use_compiled_entropy_kernels(h.device, n, min(block, vocab))
+    # a narrower operand dtype takes the gradient straight in it, unless the bias needs its fp32 column sums
+    cast_in_kernel = compiled and h.dtype != acc and grad_b is None
     for v0 in range(0, vocab, block):
         span = (v0, min(v0 + block, vocab))
         z, w_blk = block_logits(h, weight, bias, span=span, scratch=scratch)
-        dz = entropy_kernels.block_logit_grad_(z, lse, a, b=b) if compiled else None
+        inside, cols = _targets_in(targets, span)
+        g_target = torch.where(inside, g_lp, 0)
+        dz = None
+        if cast_in_kernel:
+            dz = entropy_kernels.block_logit_grad_as(
+                z, lse, a, b, cols=cols, g_target=g_target, dtype=h.dtype
+            )
+        elif compiled:
+            dz = entropy_kernels.block_logit_grad_(z, lse, a, b, cols=cols, g_target=g_target)
         if dz is None:
             dz = _eager_logit_grad_(z, lse, a, b=None if g_ent is None else b, scratch=scratch)
-        inside, cols = _targets_in(targets, span)
-        dz.scatter_add_(1, cols, torch.where(inside, g_lp, 0)[:, None])
+            dz.scatter_add_(1, cols, g_target[:, None])
         project_block(dz, h, w_blk, span=span, grads=(grad_h, grad_w, grad_b))
     return grad_h, grad_w, grad_b
 
 
 def _eager_logit_grad_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor | None, scratch: BlockScratch) -> Tensor:
-    """``p ⊙ (a + b ⊙ log p)`` over ``z`` with ``log p = z − lse`` (``b`` ``None``: ``p ⊙ a``)."""
+    """``p ⊙ (a + b ⊙ log p)`` over ``z`` with ``log p = z − lse`` (``b`` ``None``: ``p ⊙ a``); the target
+    term is added by the caller."""
     log_p = z.sub_(lse[:, None])
     if b is None:
         return log_p.exp_().mul_(a[:, None])
@@ -234,7 +244,8 @@ def _eager_logit_grad_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor | None, scra
 
 
 def project_block(dz: Tensor, h: Tensor, w_blk: Tensor, span: tuple[int, int], grads: Grads) -> None:
-    """``∂/∂h += dz W_b``; ``∂/∂W[span] = dzᵀ h`` and ``∂/∂b[span] = Σ_t dz``, each written once."""
+    """``∂/∂h += dz W_b``; ``∂/∂W[span] = dzᵀ h`` and ``∂/∂b[span] = Σ_t dz``, each written once (``dz`` in
+    the compute dtype, or already in the operand dtype when no bias gradient is asked)."""
     grad_h, grad_w, grad_b = grads
     dz_in = dz if dz.dtype == h.dtype else dz.to(h.dtype)
     if grad_h is not None:
@@ -247,6 +258,6 @@ def project_block(dz: Tensor, h: Tensor, w_blk: Tensor, span: tuple[int, int], g
         if grad_w.dtype == h.dtype:
             torch.mm(dz_in.t(), h, out=grad_w[v0:v1])
         else:
-            grad_w[v0:v1] = mm_in(dz_in.t(), h, dz.dtype)
+            grad_w[v0:v1] = mm_in(dz_in.t(), h, torch.promote_types(dz_in.dtype, torch.float32))
     if grad_b is not None:
         grad_b[v0:v1] = dz.sum(0)

@@ -13,7 +13,7 @@ from lit_losses.heads import (
     select_backend,
 )
 from lit_losses.heads.naive import naive_head
-from lit_losses.heads.vocab_blocks import vocab_block_size
+from lit_losses.heads.vocab_blocks import blocked_backward, blocked_forward, vocab_block_size
 
 ALL = ("logprobs", "lse", "entropy")
 
@@ -269,3 +269,51 @@ def test_a_call_under_a_dispatch_mode_runs_eagerly_and_leaves_the_kernels_on(com
     assert compiled_kernels == ["_block_lse_kernel"]
     for got, want in zip(stats, ref, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_bf16_operands_take_the_gradient_in_bf16_from_the_kernel_as_from_the_eager_passes(
+    with_entropy, compiled_kernels, monkeypatch
+):
+    """bf16 operands (CUDA under ``bf16-true``): the compiled kernel writes each block's logit gradient
+    straight in bf16 (no fp32 block, no cast pass); the gradients equal the eager passes' (fp32 gradient,
+    then a cast) to bf16 rounding of single elements, and the float64 gradient to bf16 accuracy."""
+    monkeypatch.setattr(entropy_kernels, "COMPILE_MIN_LOGITS", 1)
+    g = torch.Generator().manual_seed(3)
+    n, d, v, block = 48, 8, 700, 128
+    h = torch.randn(n, d, generator=g).bfloat16()
+    w = (torch.randn(v, d, generator=g) * 0.4).bfloat16()
+    y = torch.randint(0, v, (n,), generator=g)
+    up = [torch.randn(n, generator=g) for _ in range(3)]
+    if not with_entropy:
+        up[2] = None
+
+    def grads():
+        _lp, lse, ent = blocked_forward(
+            h, w, None, y, with_entropy=with_entropy, block=block, acc=torch.float32
+        )
+        return blocked_backward(
+            h,
+            w,
+            None,
+            targets=y,
+            stats=(lse, ent),
+            upstream=tuple(up),
+            block=block,
+            needs=(True, True, False),
+        )
+
+    fused = grads()
+    assert "_block_grad_bf16_kernel" in compiled_kernels
+    monkeypatch.setenv(entropy_kernels.ENV_SWITCH, "0")
+    eager = grads()
+    h64, w64 = (x.double().requires_grad_() for x in (h, w))
+    log_p = torch.log_softmax(h64 @ w64.T, dim=1)
+    loss = (log_p.gather(1, y[:, None])[:, 0] * up[0]).sum() + (torch.logsumexp(h64 @ w64.T, 1) * up[1]).sum()
+    if with_entropy:
+        loss = loss - ((log_p.exp() * log_p).sum(1) * up[2]).sum()
+    exact = torch.autograd.grad(loss, (h64, w64))
+    for got, ref, ex in zip(fused[:2], eager[:2], exact, strict=True):
+        scale = ex.abs().max()
+        torch.testing.assert_close(got.double() / scale, ref.double() / scale, rtol=0, atol=1e-2)
+        torch.testing.assert_close(got.double() / scale, ex / scale, rtol=0, atol=2e-2)

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lit_losses.heads import FusedLMHead, liger
+from lit_losses.heads import FusedLMHead, entropy_kernels, liger
 from lit_losses.heads.liger import liger_available, liger_uniform_ce_sum
 
 pytestmark = [
@@ -168,3 +168,38 @@ def test_auto_plain_ce_with_a_bf16_weight_on_cuda_returns_a_bf16_gradient_withou
     torch.testing.assert_close(loss.float(), ref, rtol=1e-2, atol=1e-2)
     scale = w32.grad.abs().max()
     torch.testing.assert_close(weight.grad.float() / scale, w32.grad / scale, rtol=0, atol=2e-2)
+
+
+@pytest.mark.parametrize("backend", ["chunked", "blocked"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_compiled_triton_kernels_on_cuda_match_naive_fp32(backend, bias, compiled_kernels, monkeypatch):
+    """Every block through the compiled (Triton) kernels, fp32: values and gradients of the three outputs
+    equal the naive head's."""
+    monkeypatch.setattr(entropy_kernels, "COMPILE_MIN_LOGITS", 1)
+    hidden, weight, b, targets = problem(bias=bias)
+    upstream = [torch.randn(targets.shape, device="cuda") for _ in ALL]
+    ref, ref_grads = per_token_loss_and_grads("naive", hidden, weight, b, targets, upstream)
+    got, grads = per_token_loss_and_grads(backend, hidden, weight, b, targets, upstream)
+    assert compiled_kernels, "the compiled kernels did not run"
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["chunked", "blocked"])
+def test_compiled_triton_kernels_on_cuda_bf16_against_float64(backend, compiled_kernels, monkeypatch):
+    """bf16 weight and hidden states through the compiled kernels (``blocked``: the logit gradient written
+    straight in bf16 by the kernel) against the float64 naive head, to bf16 accuracy."""
+    monkeypatch.setattr(entropy_kernels, "COMPILE_MIN_LOGITS", 1)
+    hidden, weight, _, targets = problem(dtype=torch.bfloat16)
+    h64, w64 = (x.detach().double().requires_grad_() for x in (hidden, weight))
+    upstream = [torch.randn(targets.shape, device="cuda", dtype=torch.float64) for _ in ALL]
+    ref, ref_grads = per_token_loss_and_grads("naive", h64, w64, None, targets, upstream)
+    got, grads = per_token_loss_and_grads(backend, hidden, weight, None, targets, upstream)
+    if backend == "blocked":
+        assert "_block_grad_bf16_kernel" in compiled_kernels, compiled_kernels
+    torch.testing.assert_close(got.double(), ref, rtol=2e-3, atol=1e-1)
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert g.dtype == torch.bfloat16
+        scale = r.abs().max()
+        torch.testing.assert_close(g.double() / scale, r / scale, rtol=0, atol=2e-2)
