@@ -2,12 +2,13 @@
 weight: 2 gloo ranks sharing the GPU (uneven rows of ``W`` and of the bias), 1 NCCL rank (the GPU
 collectives over a group of one) and the single-shard path in this process; skipped without CUDA.
 
-Per-token ``logprobs``/``lse``/``entropy`` under random upstream gradients, the plain-CE fast path (per-token
-and uniform weights) and a fused pointwise loss, with ignored positions: values, losses and the gradients
-of ``hidden``, of the rank's rows of ``W`` and of the bias (worker: `tests.parallel.vocab_parallel_device_worker`).
-The head computes in fp32 for bf16 leaves (`lit_losses.heads.precision`), so the reference is taken at the
-bf16-rounded inputs: the values keep fp32's accuracy and only the gradients, returned in bf16, are rounded
-(relative error ``≤ 2⁻⁸`` of the largest gradient).
+Per-token ``logprobs``/``lse``/``entropy`` under random upstream gradients, the plain-CE fast path
+(per-token and uniform weights) and a fused pointwise loss, with ignored positions: values, losses and the
+gradients of ``hidden``, of the rank's rows of ``W`` and of the bias (the worker:
+`tests.parallel.vocab_parallel_device_worker`). The head computes in fp32 for bf16 leaves
+(`lit_losses.heads.precision`), so the reference is taken at the bf16-rounded inputs: values and losses keep
+fp32's accuracy, and the gradients, returned in bf16, are off by their rounding (at most ``2⁻⁸`` of the
+largest one).
 """
 
 from __future__ import annotations
