@@ -143,11 +143,12 @@ def run_one(
     variant: str, n: int, d: int, v: int, repeats: int, dtype_name: str, device: str, chunk: int | None = None
 ) -> dict:
     dtype = getattr(torch, dtype_name)
-    g = torch.Generator().manual_seed(0)
-    hidden = (torch.randn(n, d, generator=g) * 0.5).to(device, dtype).requires_grad_()
-    weight = (torch.randn(v, d, generator=g) * 0.02).to(device, dtype).requires_grad_()
-    targets = torch.randint(0, v, (n,), generator=g).to(device)
-    upstream = torch.randn(n, generator=g).to(device)
+    g = torch.Generator(device).manual_seed(0)  # drawn where they live: a 128256 x 4096 draw on one CPU
+    # thread would take seconds per variant
+    hidden = (torch.randn(n, d, generator=g, device=device) * 0.5).to(dtype).requires_grad_()
+    weight = (torch.randn(v, d, generator=g, device=device) * 0.02).to(dtype).requires_grad_()
+    targets = torch.randint(0, v, (n,), generator=g, device=device)
+    upstream = torch.randn(n, generator=g, device=device)
 
     def step() -> None:
         hidden.grad = weight.grad = None
