@@ -54,6 +54,7 @@ from lit_losses.heads.peer_kernels import (
     INSTEAD,
     empty_rows,
     import_peer,
+    module_importable,
     refuse_bias,
     require_cuda,
     require_dtype,
@@ -65,14 +66,16 @@ _SM90 = (9, 0)
 
 
 def liger_scaled_available() -> bool:
-    """True when CUDA is available and Liger's scaled cross-entropy imports (``[liger]``, liger-kernel>=0.8.5)."""
+    """True when CUDA is available and Liger's scaled cross-entropy imports (``[liger]``,
+    liger-kernel>=0.8.5), with its CuTe DSL (``liger-kernel[cutedsl]``) on a compute-capability 9.0 GPU,
+    where Liger requires it."""
     if not torch.cuda.is_available():
         return False
     try:
         from liger_kernel.ops import LigerFusedLinearScaledCrossEntropyFunction  # noqa: F401
     except ImportError:
         return False
-    return True
+    return torch.cuda.get_device_capability() != _SM90 or module_importable("cutlass")
 
 
 def _scaled_function(hidden: Tensor) -> Any:
@@ -86,8 +89,8 @@ def _scaled_function(hidden: Tensor) -> Any:
     if torch.cuda.get_device_capability(hidden.device) == _SM90:
         if hidden.dtype != torch.bfloat16:
             raise ValueError(
-                f"head backend {NAME!r} on a compute-capability 9.0 GPU runs Liger's SM90 kernel, which takes "
-                f"bf16 operands only, got {hidden.dtype}; use backend={INSTEAD!r} (or bf16 operands: "
+                f"head backend {NAME!r} on a compute-capability 9.0 GPU runs Liger's SM90 kernel, which "
+                f"takes bf16 operands only, got {hidden.dtype}; use backend={INSTEAD!r} (or bf16 operands: "
                 "matmul_precision='low' with a bf16 model)"
             )
         import_peer(NAME, "cutlass", "liger-kernel[cutedsl]")

@@ -8,7 +8,7 @@ Example:
     >>> refuse_bias("cce", torch.zeros(3))
     Traceback (most recent call last):
     ...
-    ValueError: head backend 'cce' has no bias term (the kernel takes none); use backend='chunked' for a head with a bias
+    ValueError: head backend 'cce' has no bias term (the kernel takes none); use backend='chunked' ...
 """
 
 from __future__ import annotations
@@ -66,15 +66,17 @@ def refuse_bias(backend: str, bias: Tensor | None) -> None:
         )
 
 
-def require_dtype(backend: str, hidden: Tensor, accum_dtype: torch.dtype, dtypes: Sequence[torch.dtype]) -> None:
+def require_dtype(
+    backend: str, hidden: Tensor, accum_dtype: torch.dtype, dtypes: Sequence[torch.dtype]
+) -> None:
     """Refuse (`ValueError`) operands the kernel does not take or computes less precisely than the head's
     contract: an operand dtype outside ``dtypes``, or an ``accum_dtype`` wider than fp32 (the kernels
     accumulate in fp32 at most)."""
     if hidden.dtype not in dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise ValueError(
-            f"head backend {backend!r} takes operands in {names} here, got {hidden.dtype} (the head's operand "
-            f"dtype, `lit_losses.heads.precision`); use backend={INSTEAD!r}"
+            f"head backend {backend!r} takes operands in {names} here, got {hidden.dtype} (the head's "
+            f"operand dtype, `lit_losses.heads.precision`); use backend={INSTEAD!r}"
         )
     if torch.finfo(accum_dtype).bits > 32:
         raise ValueError(
