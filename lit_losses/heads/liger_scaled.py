@@ -12,7 +12,9 @@ and get 0 and no gradient, like every backend's). What Liger 0.8.5 does, and wha
   (``pip install 'liger-kernel[cutedsl]'``); anywhere else a PyTorch fallback in 512-token chunks. So
   on Hopper an fp32 operand dtype (``matmul_precision="full"``, or an fp32 model) is refused here
   (`ValueError`), and so is float64 everywhere (Liger computes in fp32 at most).
-* **Precision.** ``nll`` is fp32; the **entropy is returned in the operand dtype**: bf16 under bf16
+* **Precision.** The SM90 kernel accumulates the logits in fp32 and stages them through fp16 shared
+  memory before its fp32 online softmax (fp16 rounding, 2⁻¹¹ relative, and fp16's range: ±65504).
+  ``nll`` is fp32; the **entropy is returned in the operand dtype**: bf16 under bf16
   operands (the SM90 kernel stores it in bf16 and its backward reuses that bf16 value; the fallback
   computes it in fp32 and rounds it to the input dtype). The fallback also rounds the logits to the
   operand dtype before its fp32 softmax. Both accumulate the weight's gradient in the operand dtype

@@ -4,8 +4,9 @@ every output they give, under random upstream gradients, with ignored positions;
 without the package.
 
 Tolerances: fp32 operands to 1e-5 (relative, as the fp32 ``chunked`` backend); bf16 operands to a few bf16
-roundings: values to 2 units of bf16's relative precision (Liger stores the entropy in bf16), gradients
-against the largest reference gradient (both kernels accumulate them in bf16).
+roundings: values to 2 units of bf16's relative precision (Liger stores the entropy in bf16 and its SM90
+kernel rounds the logits to fp16), gradients against the largest reference gradient (both kernels
+accumulate them in bf16).
 """
 
 import pytest
@@ -57,8 +58,9 @@ def value_tol(dtype):
 
 def assert_grads_close(grads, ref_grads, dtype):
     """Gradients in their leaves' dtype; fp32: elementwise to 1e-5 relative to the largest reference entry,
-    bf16: to 3e-2 of it (bf16 operands and bf16 accumulation)."""
-    atol = 1e-5 if dtype == torch.float32 else 3e-2
+    bf16: to 4e-2 of it (bf16 operands, and bf16 accumulation: cce adds the hidden states' gradient over
+    ~40 vocabulary blocks in bf16, Liger's SM90 kernel reuses its bf16 entropy in backward)."""
+    atol = 1e-5 if dtype == torch.float32 else 4e-2
     for got, ref in zip(grads, ref_grads, strict=True):
         assert got.dtype == dtype
         scale = ref.abs().max()
