@@ -31,7 +31,11 @@ GIVES = {"liger_scaled": ("logprobs", "entropy"), "cce": ("logprobs",)}
 def needs(name):
     available = {"liger_scaled": liger_scaled_available, "cce": cce_available}[name]
     if not available():
-        pytest.skip(f"head backend {name!r} is not installed")
+        install = {
+            "liger_scaled": "liger-kernel>=0.8.5, and liger-kernel[cutedsl] on compute capability 9.0",
+            "cce": "cut-cross-entropy>=25.1",
+        }[name]
+        pytest.skip(f"head backend {name!r} is not available here: needs {install}")
 
 
 def takes_fp32(name):
