@@ -3,8 +3,9 @@ logits never materialized. Depends on torch alone (no Lightning, no transformers
 
 Three layers, as in Liger-Kernel: the functional API (`linear_logprobs`, `linear_cross_entropy`,
 `linear_pointwise_loss`; `lit_losses.heads.functional`), `FusedLMHead` the object over it, and the backends
-that compute it: `HeadBackend` s registered in `HEAD_BACKENDS` (``chunked``, ``naive``, ``torch``,
-``liger``), one module each, among which `select_backend` (the one dispatcher) picks for a call.
+that compute it: `HeadBackend` s registered in `HEAD_BACKENDS` (``chunked``, ``blocked``, ``naive``,
+``torch``, ``liger``, ``liger_scaled``, ``cce``), one module each, among which `select_backend` (the one
+dispatcher) picks for a call.
 `VocabParallelHead` (the ``vocab_parallel`` backend) computes the same over an output projection sharded
 along the vocabulary (tensor parallel).
 """

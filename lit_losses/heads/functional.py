@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from lit_losses.choices import check_choice
-from lit_losses.heads import blocked, chunked, liger, naive, torch_lce
+from lit_losses.heads import blocked, cce, chunked, liger, liger_scaled, naive, torch_lce
 from lit_losses.heads.backend import (
     HEAD_BACKENDS,
     BackendOutputs,
@@ -51,14 +51,22 @@ from lit_losses.heads.output import HEAD_OUTPUTS, HeadOutput, check_head_inputs,
 from lit_losses.heads.precision import MatmulPrecision, compute_dtype, in_compute_dtype
 
 #: The head backends a configuration can name (``auto`` picks among the registered ones).
-Backend = Literal["auto", "chunked", "blocked", "naive", "torch", "liger"]
+Backend = Literal["auto", "chunked", "blocked", "naive", "torch", "liger", "liger_scaled", "cce"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 #: Per-token outputs each registered backend can give (a live view of `HEAD_BACKENDS`).
 BACKEND_OUTPUTS = BackendOutputs()
 #: How `linear_cross_entropy` reduces the weighted per-token losses.
 Reduction = Literal["mean", "sum"]
 
-_BUILTIN = (chunked.CHUNKED, blocked.BLOCKED, naive.NAIVE, torch_lce.TORCH, liger.LIGER)
+_BUILTIN = (
+    chunked.CHUNKED,
+    blocked.BLOCKED,
+    naive.NAIVE,
+    torch_lce.TORCH,
+    liger.LIGER,
+    liger_scaled.LIGER_SCALED,
+    cce.CCE,
+)
 if set(BACKENDS) != {"auto", *(b.name for b in _BUILTIN)}:  # pragma: no cover - a maintenance error
     raise RuntimeError(f"Backend lists {BACKENDS}; the built-in backends are {[b.name for b in _BUILTIN]}")
 

@@ -48,8 +48,10 @@ class FusedLMHead:
         backend: ``chunked`` (pure PyTorch, CPU/CUDA, token chunks), ``blocked`` (pure PyTorch, vocabulary
             blocks: no ``V × D`` temporary), ``naive`` (materializes logits; the reference), ``torch``
             (`F.linear_cross_entropy`, logprobs only), ``liger`` (CUDA, plain CE with one token weight),
-            ``auto`` (chunked, or blocked for a weight narrower than the compute dtype; liger for that plain
-            CE on CUDA when installed; `select_backend` gives the reasons), or a registered name.
+            ``liger_scaled`` (CUDA, Liger's logprobs + entropy, no bias), ``cce`` (CUDA, cut-cross-entropy's
+            logprobs and plain CE, bf16/fp16, no bias; ``auto`` never picks these two), ``auto`` (chunked,
+            or blocked for a weight narrower than the compute dtype; liger for that plain CE on CUDA when
+            installed; `select_backend` gives the reasons), or a registered name.
         chunk_size: tokens per chunk (default: about 512 MiB of fp32 logits per chunk; on CPU about
             128 MiB and at most 1024 tokens, see `default_chunk_size`).
         ignore_index: target value of positions without a label.

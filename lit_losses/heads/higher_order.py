@@ -14,6 +14,7 @@ path                                           double backward
 ``naive``                                      exact (autograd through materialized logits)
 ``torch`` (``F.linear_cross_entropy``)         refused: torch's kernel is first-order only
 ``liger``                                      refused: gradients computed in forward by the kernel
+``liger_scaled``, ``cce``                      refused: the kernels' backward is first-order only
 =============================================  ===========================================================
 """
 

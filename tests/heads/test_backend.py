@@ -5,7 +5,8 @@ through `FusedLMHead` and through the functional API (``linear_logprobs``, ``lin
 
 The cases are generated from `HEAD_BACKENDS`, so a newly registered backend is tested by this file without
 editing it. A backend that is not available here (``torch`` without `F.linear_cross_entropy`, ``liger``
-without CUDA and Liger-Kernel) is skipped; a ``cuda_only`` backend runs on CUDA.
+without CUDA and Liger-Kernel) is skipped; a ``cuda_only`` backend runs on CUDA. The backends over other
+libraries' kernels with a narrower contract (``liger_scaled``, ``cce``) have their own files.
 """
 
 from typing import get_args
@@ -40,9 +41,16 @@ def tolerance(dtype, name=None):
     return dict(rtol=1e-10, atol=1e-10) if exact else dict(rtol=1e-5, atol=1e-5)
 
 
+#: Backends over other libraries' kernels with a narrower contract (no bias; bf16 operands; no float64):
+#: tested against float64 on CUDA in ``test_cuda_peers.py``, their refusals in ``test_peer_backends.py``.
+PEER_KERNELS = ("liger_scaled", "cce")
+
+
 def usable(name):
     """The backend ``name`` and the device it runs on; skips when it cannot run here."""
     backend = HEAD_BACKENDS[name]
+    if name in PEER_KERNELS:
+        pytest.skip(f"head backend {name!r} is tested in test_cuda_peers.py")
     if backend.cuda_only and not torch.cuda.is_available():
         pytest.skip(f"head backend {name!r} needs CUDA")
     if not backend.available():
