@@ -25,6 +25,8 @@ either way.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -51,6 +53,13 @@ class BlockScratch:
         return flat[:size].view(self.n_tokens, columns)
 
 
+#: A block of at least this many vocabulary rows has a multiple of it. Its ``[n, V_b]`` logits are a matmul's
+#: output and the next matmuls' operand, whose rows must start at aligned addresses for the fast tensor-core
+#: kernels: measured on an H200 (bf16, n = 8192, D = 4096), blocks of 8187 rows took cuBLAS to Ampere-era
+#: kernels at 290 TFLOP/s, 2.7x slower than the full head's matmuls (`benchmarks/RESULTS.md`).
+BLOCK_ALIGN = 128
+
+
 def vocab_block_size(n_tokens: int, vocab_size: int, hidden_size: int, chunk_size: int | None, device) -> int:
     """Vocabulary rows per block, so that a block takes about one token chunk's memory.
 
@@ -66,15 +75,18 @@ def vocab_block_size(n_tokens: int, vocab_size: int, hidden_size: int, chunk_siz
         device: where the logits live.
 
     Returns:
-        At least 16 rows (or ``V`` when smaller), at most ``V``.
+        At least 16 rows (or ``V`` when smaller), at most ``V``; rounded down to a multiple of
+        `BLOCK_ALIGN` when at least that.
 
     Example:
         >>> from lit_losses.heads.vocab_blocks import vocab_block_size
         >>> vocab_block_size(1024, 65536, 1024, 256, "cpu")  # a chunk of 256 tokens: 64 MiB of fp32
-        5461
+        5376
     """
     chunk = chunk_size or default_chunk_size(n_tokens, vocab_size, device=device)
     rows = chunk * vocab_size // max(1, n_tokens + 2 * hidden_size)
+    if rows >= BLOCK_ALIGN:
+        rows -= rows % BLOCK_ALIGN
     return int(min(vocab_size, max(16, rows)))
 
 
@@ -82,14 +94,14 @@ def block_logits(
     h: Tensor, weight: Tensor, bias: Tensor | None, span: tuple[int, int], scratch: BlockScratch
 ) -> tuple[Tensor, Tensor]:
     """``(z, W_b)``: the logits ``h W_bᵀ + b_b`` of vocabulary rows ``span`` in the scratch's dtype, and the
-    weight block in ``h``'s (operand) dtype."""
+    weight block in ``h``'s (operand) dtype. Operands in the scratch's dtype write the scratch; narrower ones
+    (bf16 on CUDA) give a new tensor, the matmul's own output, rather than a copy of it."""
     v0, v1 = span
     w_blk = weight[v0:v1].to(h.dtype)
-    z = scratch.take("logits", v1 - v0)
-    if h.dtype == z.dtype:
-        torch.mm(h, w_blk.t(), out=z)
+    if h.dtype == scratch.dtype:
+        z = torch.mm(h, w_blk.t(), out=scratch.take("logits", v1 - v0))
     else:
-        z.copy_(mm_in(h, w_blk.t(), z.dtype))
+        z = mm_in(h, w_blk.t(), scratch.dtype)
     if bias is not None:
         z.add_(bias[v0:v1].to(z.dtype))
     return z, w_blk
@@ -170,9 +182,23 @@ def blocked_forward(
     compiled = entropy_kernels.use_compiled_entropy_kernels(h.device, n, min(block, vocab))
     for v0 in range(0, vocab, block):
         span = (v0, min(v0 + block, vocab))
-        z, _ = block_logits(h, weight, bias, span=span, scratch=scratch)
-        state.update_(z, targets, span, scratch=scratch, compiled=compiled)
+        # one call per block: its logits are freed before the next block's are made
+        _fold_block(state, h, weight, bias, targets=targets, span=span, scratch=scratch, compiled=compiled)
     return state.results()
+
+
+def _fold_block(
+    state: OnlineSoftmax,
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    span: tuple[int, int],
+    scratch: BlockScratch,
+    compiled: bool,
+) -> None:
+    z, _ = block_logits(h, weight, bias, span=span, scratch=scratch)
+    state.update_(z, targets, span, scratch=scratch, compiled=compiled)
 
 
 def blocked_backward(
@@ -209,28 +235,58 @@ def blocked_backward(
     grad_b = torch.empty_like(bias) if needs[2] and bias is not None else None
     coef = g_lse - g_lp
     a = coef if g_ent is None else coef - g_ent * entropy
-    b = torch.zeros_like(a) if g_ent is None else -g_ent
+    b = None if g_ent is None else -g_ent
     scratch = BlockScratch(n, acc, h.device)
     compiled = entropy_kernels.use_compiled_entropy_kernels(h.device, n, min(block, vocab))
     # a narrower operand dtype takes the gradient straight in it, unless the bias needs its fp32 column sums
     cast_in_kernel = compiled and h.dtype != acc and grad_b is None
     for v0 in range(0, vocab, block):
-        span = (v0, min(v0 + block, vocab))
-        z, w_blk = block_logits(h, weight, bias, span=span, scratch=scratch)
-        inside, cols = _targets_in(targets, span)
-        g_target = torch.where(inside, g_lp, 0)
-        dz = None
-        if cast_in_kernel:
-            dz = entropy_kernels.block_logit_grad_as(
-                z, lse, a, b, cols=cols, g_target=g_target, dtype=h.dtype
-            )
-        elif compiled:
-            dz = entropy_kernels.block_logit_grad_(z, lse, a, b, cols=cols, g_target=g_target)
-        if dz is None:
-            dz = _eager_logit_grad_(z, lse, a, b=None if g_ent is None else b, scratch=scratch)
-            dz.scatter_add_(1, cols, g_target[:, None])
-        project_block(dz, h, w_blk, span=span, grads=(grad_h, grad_w, grad_b))
+        # one call per block: its logits and their gradient are freed before the next block's are made
+        _backprop_block(
+            h,
+            weight,
+            bias,
+            targets=targets,
+            span=(v0, min(v0 + block, vocab)),
+            coefficients=(lse, a, None if g_ent is None else b, g_lp),
+            kernel="cast" if cast_in_kernel else "in_place" if compiled else None,
+            scratch=scratch,
+            grads=(grad_h, grad_w, grad_b),
+        )
     return grad_h, grad_w, grad_b
+
+
+def _backprop_block(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    span: tuple[int, int],
+    coefficients: tuple[Tensor, Tensor, Tensor | None, Tensor],
+    kernel: Literal["cast", "in_place"] | None,
+    scratch: BlockScratch,
+    grads: Grads,
+) -> None:
+    """One block of `blocked_backward`: its logits, their gradient ``p ⊙ (a + b ⊙ log p) + g_ℓ e_y`` (by the
+    compiled ``kernel``, written in the operand dtype or over the logits, or by the eager passes), projected
+    onto ``grads``. ``coefficients``: ``(lse, a, b, g_ℓ)`` per token (``b`` ``None`` without the entropy)."""
+    lse, a, b, g_lp = coefficients
+    z, w_blk = block_logits(h, weight, bias, span=span, scratch=scratch)
+    inside, cols = _targets_in(targets, span)
+    g_target = torch.where(inside, g_lp, 0)
+    b_or_zeros = torch.zeros_like(a) if b is None else b
+    dz = None
+    if kernel == "cast":
+        dz = entropy_kernels.block_logit_grad_as(
+            z, lse, a, b_or_zeros, cols=cols, g_target=g_target, dtype=h.dtype
+        )
+    elif kernel == "in_place":
+        dz = entropy_kernels.block_logit_grad_(z, lse, a, b_or_zeros, cols=cols, g_target=g_target)
+    if dz is None:
+        dz = _eager_logit_grad_(z, lse, a, b=b, scratch=scratch)
+        dz.scatter_add_(1, cols, g_target[:, None])
+    del z  # the bf16 gradient is a new tensor: the fp32 logits can go before the matmuls
+    project_block(dz, h, w_blk, span=span, grads=grads)
 
 
 def _eager_logit_grad_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor | None, scratch: BlockScratch) -> Tensor:

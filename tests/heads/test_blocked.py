@@ -13,7 +13,7 @@ from lit_losses.heads import (
     select_backend,
 )
 from lit_losses.heads.naive import naive_head
-from lit_losses.heads.vocab_blocks import blocked_backward, blocked_forward, vocab_block_size
+from lit_losses.heads.vocab_blocks import BLOCK_ALIGN, blocked_backward, blocked_forward, vocab_block_size
 
 ALL = ("logprobs", "lse", "entropy")
 
@@ -172,11 +172,15 @@ def test_auto_takes_blocked_for_narrow_weights_only():
     assert select_backend("auto", "pointwise", outputs=ALL, narrow_weight=True).backend.name == "blocked"
 
 
-def test_block_size_takes_one_chunk_of_memory():
-    """``[n, V_b]`` logits and ``[V_b, D]`` twice: about ``chunk · V`` elements in all."""
+def test_block_size_takes_one_chunk_of_memory_in_aligned_rows():
+    """``[n, V_b]`` logits and ``[V_b, D]`` twice: about ``chunk · V`` elements in all, in a multiple of
+    ``BLOCK_ALIGN`` rows (aligned rows for the matmuls' tensor-core kernels) from that size on."""
     n, v, d = 1024, 65536, 1024
     rows = vocab_block_size(n, v, d, 256, "cpu")
-    assert rows * (n + 2 * d) <= 256 * v < (rows + 1) * (n + 2 * d)
+    assert rows % BLOCK_ALIGN == 0
+    assert rows * (n + 2 * d) <= 256 * v < (rows + BLOCK_ALIGN) * (n + 2 * d)
+    # the H200 case: 8192 tokens, D = 4096, a 512 MiB chunk of V = 128256: 8064 rows (63 x 128), not 8187
+    assert vocab_block_size(8192, 128256, 4096, None, "cuda") == 8064
     assert vocab_block_size(4, 50, 2, 1, "cpu") == 16 and vocab_block_size(4, 10, 2, 1000, "cpu") == 10
 
 
