@@ -64,12 +64,15 @@ class TrainingController(L.Callback):
 
     Example:
         >>> from lit_losses.controller import TrainingController
-        >>> controller = TrainingController({
-        ...     "controller-metrics": [{"name": "state", "class": "TrainingState"}],
-        ...     "controllers": [{"name": "stop-at-100", "triggers": ["on_optimizer_step_end"],
-        ...                      "rule": 'state["global_step"] >= 100',
-        ...                      "operations": ["lightning.should_training_stop"]}],
-        ... })
+        >>> controller = TrainingController('''  # the YAML of a config file, inline
+        ... controller-metrics:
+        ...   - {name: state, class: TrainingState}
+        ... controllers:
+        ...   - name: stop-at-100
+        ...     triggers: [on_optimizer_step_end]
+        ...     rule: state["global_step"] >= 100
+        ...     operations: [lightning.should_training_stop]
+        ... ''')
         >>> controller.counters, controller.fired
         ({'stop-at-100': 0}, [])
 

@@ -137,7 +137,7 @@ class PipelineLoss:
         head = head_for(
             weight,
             bias,
-            self.head_backend,
+            backend=self.head_backend,
             chunk_size=self.head_chunk_size,
             ignore_index=self.ignore_index,
             check_finite=False,
