@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from jsonargparse.typing import Path_fr
 
 from lit_losses.aggregation.window import window_ends
 from lit_losses.controller.config import UnregisteredClassError, load_source, parse_config
@@ -57,7 +58,9 @@ class TrainingController(L.Callback):
     **State** (patience counts, metric windows and values, operations' state) is saved in checkpoints.
 
     Args:
-        config: YAML path, inline YAML, or dict.
+        config: YAML path, inline YAML, or dict. A relative path written in a CLI config file is relative
+            to that file's folder (else to the working directory); the run's saved ``config.yaml`` holds it
+            absolute.
 
     Raises:
         ConfigError: every problem of the config at once (see `parse_config`).
@@ -83,7 +86,7 @@ class TrainingController(L.Callback):
     #: ``train/loss_total``) instead of stopping the run with an error (`lit_losses.non_finite`).
     handles_non_finite_steps = True
 
-    def __init__(self, config: str | Path | dict[str, Any]) -> None:
+    def __init__(self, config: Path_fr | str | Path | dict[str, Any]) -> None:
         super().__init__()
         self._source = load_source(config)
         self.evaluator = RuleEvaluator()
