@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import yaml
+from jsonargparse import Namespace
+from jsonargparse import Path as ResolvedPath
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
@@ -283,6 +285,7 @@ def claim_run_dir(cli: LitLossesCLI) -> None:
         trainer.loggers, _ = claim_logger_versions(trainer.loggers, rebuild, cli.run_claim)
     for saver in (c for c in trainer.callbacks if isinstance(c, SaveConfigCallback)):
         saver.overwrite = True  # it writes into the file claimed here (set on every rank: same code path)
+        saver.config = with_absolute_paths(saver.config)
         if not is_global_zero() or trainer.log_dir is None:  # no folder: Lightning's own error follows
             continue
         reuse = sub != "fit" or bool(config.get("ckpt_path")) or bool(config.get("reuse_run_dir"))
@@ -295,6 +298,29 @@ def claim_run_dir(cli: LitLossesCLI) -> None:
             Path(trainer.log_dir), saver.config_filename, reuse, refuse=refuse
         )
         saver.config_filename = cli.run_claim.config_file.name
+
+
+def with_absolute_paths(config: Any) -> Any:
+    """A copy of ``config`` where each path that jsonargparse resolved (a relative path in a config file is
+    relative to that file: `TrainingController`'s ``config``) is absolute, so that the saved ``config.yaml``
+    names the same files from its own folder (jsonargparse would write the path as it was given).
+
+    Example:
+        >>> from jsonargparse.typing import Path_fr
+        >>> relative = Path_fr("__init__.py", cwd=lit_losses.__path__[0])  # as given in lit_losses/x.yaml
+        >>> config = Namespace(callbacks=[Namespace(config=relative)])
+        >>> str(relative), str(with_absolute_paths(config).callbacks[0].config) == lit_losses.__file__
+        ('__init__.py', True)
+    """
+    if isinstance(config, ResolvedPath):
+        return type(config)(config.absolute)
+    if isinstance(config, list):
+        return [with_absolute_paths(value) for value in config]
+    if isinstance(config, Namespace):
+        config = config.clone()
+        for key, value in config.items():
+            config[key] = with_absolute_paths(value)
+    return config
 
 
 def _run_dir_option(trainer: Any, trainer_config: Any) -> str:

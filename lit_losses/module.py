@@ -128,6 +128,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         self.base_loss_weight = self.objective.base_loss_weight
         self.val_telemetry = ValidationTelemetry(self.loss_agg)
         self.step_telemetry = StepTelemetry()
+        self._non_finite_handled: bool | None = None  # read at each trainer call's setup (`setup`)
 
     @property
     def telemetry(self) -> dict[str, Any]:
@@ -155,8 +156,18 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             backend=self.head_backend,
             chunk_size=self.head_chunk_size,
             ignore_index=self.ignore_index,
-            check_finite=self.check_finite and not non_finite_steps_handled(self._trainer),
+            check_finite=self._checks_hidden_states(),
         )
+
+    def _checks_hidden_states(self) -> bool:
+        """``check_finite``, unless a callback of the trainer skips non-finite steps
+        (`lit_losses.non_finite`): then the NaN must reach the loss for the callback's rules. The callbacks
+        are read once per trainer call (``fit``, ``validate``, …) at `setup`, after Lightning has attached
+        them all; outside a trainer call, here."""
+        handled = self._non_finite_handled
+        if handled is None:
+            handled = non_finite_steps_handled(self._trainer)
+        return self.check_finite and not handled
 
     def forward_logits(self, batch: dict[str, Tensor]) -> Tensor:
         """Full logits ``[B, T, V]`` (inference)."""
@@ -188,7 +199,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         """Loss of one micro-batch, normalized by the global counts (before ``loss_scale``)."""
         batch_tensor(batch, "labels")
         hidden = self.hidden_states(batch)
-        if self.check_finite and not non_finite_steps_handled(self._trainer):
+        if self._checks_hidden_states():
             check_hidden_states(hidden, where=f"{stage} batch at step {int(self.global_step)}")
         stats = self.global_stats(batch, stage)
         return self.objective(
@@ -206,7 +217,9 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         """Before training: refuse a base loss that reads a batch key the data module never provides
         (`check_provided`; data modules that tell their keys with ``batch_keys()``, as `TextDataModule`),
         and an ``ignore_index`` other than the one the data module labels positions without a target with.
+        Read whether a callback skips non-finite steps (once per trainer call, `_checks_hidden_states`).
         """
+        self._non_finite_handled = non_finite_steps_handled(self._trainer)
         data = getattr(self._trainer, "datamodule", None) if stage == "fit" else None
         data_ignore = getattr(data, "ignore_index", self.ignore_index)
         if isinstance(data_ignore, int) and data_ignore != self.ignore_index:
@@ -268,6 +281,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
 
     def teardown(self, stage: str) -> None:
         self.regularizer_set.close()
+        self._non_finite_handled = None  # the next trainer call reads its own callbacks
 
 
 __all__ = ["LossContext", "LossOutput", "RegularizedLM"]

@@ -198,12 +198,11 @@ def write_report(folders: list[str | Path], out: str | Path | None = None) -> Pa
 
     Example:
         >>> import tempfile
-        >>> from torch.utils.tensorboard import SummaryWriter
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     with SummaryWriter(tmp) as writer:
-        ...         for step in range(4):
-        ...             writer.add_scalar("train/loss_total", 4.0 - step, step)
-        ...             writer.add_scalar("regularizers/z_loss/contribution", 0.01, step)
+        >>> with tempfile.TemporaryDirectory() as tmp:  # a CSVLogger's run (TensorBoard event files alike)
+        ...     _ = (Path(tmp) / "metrics.csv").write_text(
+        ...         "epoch,step,train/loss_total,regularizers/z_loss/contribution\\n"
+        ...         "0,0,4.0,0.01\\n0,1,3.0,0.01\\n0,2,2.0,0.01\\n"
+        ...     )
         ...     page = write_report([tmp]).read_text()
         >>> [p["title"] for p in json.loads(page.split('id="plotted-data">')[1].split("</script>")[0])]
         ['Training loss', 'Regularizer contributions (stacked): ...']

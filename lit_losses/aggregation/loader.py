@@ -21,6 +21,7 @@ from lit_losses.aggregation.stats import (
     tensor_to_counts,
 )
 from lit_losses.choices import check_choice
+from lit_losses.distributed import all_reduce
 from lit_losses.errors import ConfigError
 
 GLOBAL_STATS_KEY = "global_stats"
@@ -267,10 +268,7 @@ def all_reduce_counts(counts: torch.Tensor, group: Any = None) -> tuple[torch.Te
     """
     if not (dist.is_available() and dist.is_initialized()):
         return counts, 1
-    if dist.get_backend(group) == "nccl":
-        counts = counts.cuda()
-    dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
-    return counts.cpu(), dist.get_world_size(group)
+    return all_reduce(counts, group=group).cpu(), dist.get_world_size(group)
 
 
 def data_parallel_group(trainer: Any) -> Any:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from jsonargparse.typing import Path_fr
 
 from lit_losses.aggregation.window import window_ends
 from lit_losses.controller.config import UnregisteredClassError, load_source, parse_config
@@ -57,19 +58,24 @@ class TrainingController(L.Callback):
     **State** (patience counts, metric windows and values, operations' state) is saved in checkpoints.
 
     Args:
-        config: YAML path, inline YAML, or dict.
+        config: YAML path, inline YAML, or dict. A relative path written in a CLI config file is relative
+            to that file's folder (else to the working directory); the run's saved ``config.yaml`` holds it
+            absolute.
 
     Raises:
         ConfigError: every problem of the config at once (see `parse_config`).
 
     Example:
         >>> from lit_losses.controller import TrainingController
-        >>> controller = TrainingController({
-        ...     "controller-metrics": [{"name": "state", "class": "TrainingState"}],
-        ...     "controllers": [{"name": "stop-at-100", "triggers": ["on_optimizer_step_end"],
-        ...                      "rule": 'state["global_step"] >= 100',
-        ...                      "operations": ["lightning.should_training_stop"]}],
-        ... })
+        >>> controller = TrainingController('''  # the YAML of a config file, inline
+        ... controller-metrics:
+        ...   - {name: state, class: TrainingState}
+        ... controllers:
+        ...   - name: stop-at-100
+        ...     triggers: [on_optimizer_step_end]
+        ...     rule: state["global_step"] >= 100
+        ...     operations: [lightning.should_training_stop]
+        ... ''')
         >>> controller.counters, controller.fired
         ({'stop-at-100': 0}, [])
 
@@ -80,7 +86,7 @@ class TrainingController(L.Callback):
     #: ``train/loss_total``) instead of stopping the run with an error (`lit_losses.non_finite`).
     handles_non_finite_steps = True
 
-    def __init__(self, config: str | Path | dict[str, Any]) -> None:
+    def __init__(self, config: Path_fr | str | Path | dict[str, Any]) -> None:
         super().__init__()
         self._source = load_source(config)
         self.evaluator = RuleEvaluator()

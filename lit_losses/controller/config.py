@@ -3,6 +3,7 @@ every problem is reported at once, with its YAML path."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,11 +63,14 @@ def load_source(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     """
     if isinstance(source, Mapping):
         return dict(source)
-    text, name = str(source), "controller config"
+    text, name = os.fspath(source) if isinstance(source, os.PathLike) else str(source), "controller config"
     if "\n" not in text and Path(text).suffix in (".yaml", ".yml", ".json"):
         path = Path(text)
         if not path.is_file():
-            raise ConfigError(f"controller config file {text!r} does not exist")
+            raise ConfigError(
+                f"controller config file {text!r} does not exist (a relative path is looked up in the folder "
+                f"of the config file that names it, then in the working directory {os.getcwd()})"
+            )
         text, name = path.read_text(), f"controller config file {text!r}"
     try:
         data = yaml.safe_load(text)

@@ -23,6 +23,7 @@ from torch import Tensor
 from lit_losses.aggregation import GlobalStats, count_masks
 from lit_losses.aggregation.loader import all_reduce_counts, data_parallel_group
 from lit_losses.aggregation.stats import counts_to_tensor, tensor_to_counts
+from lit_losses.distributed import all_reduce
 from lit_losses.errors import ConfigError
 from lit_losses.loss.context import LossContext
 from lit_losses.loss.objective import agg_norm_option, batch_tensor, check_something_to_optimize
@@ -220,11 +221,8 @@ def _all_reduce_metrics(
     """``(Σ over the ranks of each share, max over the ranks of each error flag)`` as floats."""
     values = torch.tensor([float(torch.as_tensor(v).detach()) for v in shares], dtype=torch.float64)
     flags = torch.tensor([float(e) for e in errors], dtype=torch.float64)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        device = "cuda" if torch.distributed.get_backend(group) == "nccl" else "cpu"
-        values, flags = values.to(device), flags.to(device)
-        torch.distributed.all_reduce(values, group=group)
-        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX, group=group)
+    values = all_reduce(values, group=group)
+    flags = all_reduce(flags, op=torch.distributed.ReduceOp.MAX, group=group)
     return values.tolist(), flags.tolist()
 
 

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from lit_losses.aggregation import LABELS_KEY, AggMode, GlobalStats, count_masks, sum_counts
 from lit_losses.aggregation.stats import counts_to_tensor, tensor_to_counts
+from lit_losses.distributed import all_reduce
 from lit_losses.errors import ConfigError
 from lit_losses.heads import head_for
 from lit_losses.loss.objective import Objective
@@ -117,7 +118,7 @@ class PipelineLoss:
         keys = self.objective.mask_keys()
         counts = counts_to_tensor(sum_counts([count_masks(batch, keys, self.ignore_index)]), keys)
         if self.process_group is not None:
-            dist.all_reduce(counts, group=self.process_group)
+            counts = all_reduce(counts, group=self.process_group)  # under NCCL too (CPU counts)
         self._global = tensor_to_counts(counts, keys)
         self.step += 1
         return labels if segment_ids is None else torch.stack((labels, segment_ids.to(labels.dtype)), dim=-1)
@@ -137,7 +138,7 @@ class PipelineLoss:
         head = head_for(
             weight,
             bias,
-            self.head_backend,
+            backend=self.head_backend,
             chunk_size=self.head_chunk_size,
             ignore_index=self.ignore_index,
             check_finite=False,

@@ -6,6 +6,7 @@ import logging
 
 import lightning as L
 import pytest
+import yaml
 
 from lit_losses import GlobalStatsLoader, RegularizerSpec, TrainingController
 from lit_losses.controller.decisions import patience_reached
@@ -132,10 +133,53 @@ def test_shipped_controller_configs_run(path, tmp_path):
     assert ctrl.values, "no metric was computed"
 
 
-def test_cli_run_with_the_controlled_config(tmp_path):
+def test_cli_run_with_the_controlled_config_from_another_working_directory(tmp_path, monkeypatch):
+    """configs/controlled.yaml names its controller file relative to its own folder: the run finds it from
+    any working directory, and the saved config.yaml names it absolute (it runs from anywhere too)."""
     from tests.test_cli import run_cli
 
-    cli, _ = run_cli(["--config", str(REPO / "configs" / "controlled.yaml")], tmp_path)
+    monkeypatch.chdir(tmp_path)
+    cli, root = run_cli(["--config", str(REPO / "configs" / "controlled.yaml")], tmp_path)
     (ctrl,) = [c for c in cli.trainer.callbacks if isinstance(c, TrainingController)]
     assert [c.name for c in ctrl.config.controllers] == ["loss-not-finite", "loss-runaway"]
     assert "train_loss" in ctrl.values and cli.trainer.global_step == 6
+    (saved,) = root.rglob("config.yaml")
+    (callback,) = yaml.safe_load(saved.read_text())["trainer"]["callbacks"]
+    assert callback["init_args"]["config"] == str(REPO / "configs" / "controller" / "stop_on_runaway.yaml")
+
+
+def test_a_controller_file_is_looked_up_beside_the_config_then_in_the_working_directory(
+    tmp_path, monkeypatch
+):
+    """A relative controller path in a config file: the file beside the config wins over one of the same
+    name in the working directory, which is used when there is none beside it."""
+    from lit_losses.cli import LitLossesCLI, LitLossesParser
+    from lit_losses.data.text import TextDataModule
+    from lit_losses.module import RegularizedLM
+
+    text = (REPO / "configs" / "controller" / "stop_on_runaway.yaml").read_text()
+    for folder, name, patience in (
+        ("cfg", "both.yaml", 3),
+        ("cwd", "both.yaml", 5),
+        ("cwd", "cwd_only.yaml", 7),
+    ):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        thresholds = text.replace("patience_threshold: 1", f"patience_threshold: {patience}")
+        (tmp_path / folder / name).write_text(thresholds)
+    monkeypatch.chdir(tmp_path / "cwd")
+    for name, expected in (("both.yaml", 3), ("cwd_only.yaml", 7)):
+        config = tmp_path / "cfg" / f"uses_{name}"
+        callback = {"class_path": "lit_losses.TrainingController", "init_args": {"config": name}}
+        config.write_text(yaml.safe_dump({"trainer": {"callbacks": [callback]}}))
+        cli = LitLossesCLI(
+            RegularizedLM,
+            TextDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            args=["--config", str(REPO / "configs" / "tiny_lm.yaml"), "--config", str(config)],
+            parser_class=LitLossesParser,
+            auto_configure_optimizers=False,
+            run=False,
+        )
+        (ctrl,) = [c for c in cli.trainer.callbacks if isinstance(c, TrainingController)]
+        assert ctrl.config.controllers[1].patience.patience_threshold == expected, name

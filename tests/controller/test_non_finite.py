@@ -96,3 +96,34 @@ def test_without_a_controller_non_finite_gradients_stop_the_run():
         NonFiniteStepError, match=r"optimizer step 1: the loss or the gradients are not finite"
     ):
         quiet_trainer(max_steps=2).fit(net, GlobalStatsLoader(data, batch_size=None))
+
+
+class SkipsNonFiniteSteps(L.Callback):
+    """The smallest callback that handles non-finite steps (a `TrainingController` without rules)."""
+
+    handles_non_finite_steps = True
+
+
+def test_the_callbacks_are_read_once_per_fit_and_again_at_the_next_fit(monkeypatch):
+    """A NaN micro-batch is skipped in a fit with a callback that handles it and refused in the next fit of
+    the same model without one: what the first fit read is not carried over. Each fit reads its callbacks
+    once (at ``setup``), not at each micro-batch."""
+    import lit_losses.module
+
+    reads = []
+    real = lit_losses.module.non_finite_steps_handled
+    monkeypatch.setattr(
+        lit_losses.module, "non_finite_steps_handled", lambda trainer: reads.append(trainer) or real(trainer)
+    )
+    data = pattern_batches(3)
+    data.insert(1, {**data[0], "nan": torch.ones(1)})
+    L.seed_everything(0, verbose=False)
+    net = NaNLM(vocab_size=64, d_model=32, n_layers=1, n_heads=2)
+    first = quiet_trainer(max_steps=len(data), callbacks=[SkipsNonFiniteSteps()])
+    with pytest.warns(UserWarning, match="optimizer step 2: non-finite gradients"):
+        first.fit(net, GlobalStatsLoader(data, batch_size=None))
+    assert first.global_step == len(data) and reads == [first]
+    second = quiet_trainer(max_steps=len(data))
+    with pytest.raises(NonFiniteStepError, match="train batch at step 1: the hidden states contain"):
+        second.fit(net, GlobalStatsLoader(data, batch_size=None))
+    assert reads == [first, second]

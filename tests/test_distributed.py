@@ -1,0 +1,28 @@
+"""`lit_losses.distributed.all_reduce` under NCCL (one CUDA process) takes the CPU tensors that counts and
+metrics are built as, and gives them back on the CPU; gloo's path is tested through its callers on 2
+processes (tests/parallel/test_custom_call.py, tests/aggregation/test_ddp_equivalence.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from lit_losses.distributed import all_reduce
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_nccl_reduces_cpu_tensors_and_gives_them_back_on_the_cpu(tmp_path):
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        counts = torch.tensor([[5, 2], [3, 1]])
+        flags = torch.tensor([0.0, 1.0], dtype=torch.float64)
+        summed = all_reduce(counts)
+        worst = all_reduce(flags, op=dist.ReduceOp.MAX)
+        on_gpu = all_reduce(counts.cuda())
+    finally:
+        dist.destroy_process_group()
+    assert summed.device.type == "cpu" and torch.equal(summed, counts)  # one rank: the sum is the tensor
+    assert worst.device.type == "cpu" and torch.equal(worst, flags)
+    assert on_gpu.device.type == "cuda" and torch.equal(on_gpu.cpu(), counts)
