@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # Every CUDA check of the output head in one run, for a lent GPU machine (benchmarks/RESULTS.md records
-# what it gave): the CUDA tests, first with the machine's packages, then with the peers' kernels
-# (Liger-Kernel, cut-cross-entropy) importable; then the head benchmarks at the issue's shape.
+# what it gave): the GEMMs of one vocabulary block, the head against the naive head and the peers' kernels
+# (Liger-Kernel, cut-cross-entropy) at the issue's shape, the CUDA tests, the head's memory and a profile.
 #
-#   bash benchmarks/cuda_checks.sh [PEERS_DIR] [STEPS]   # logs under $OUT (default ./cuda_checks)
+#   bash benchmarks/cuda_checks.sh [CCE_DIR] [LIGER_DIR] [STEPS]   # logs under $OUT (./cuda_checks)
 #
-# PEERS_DIR: where liger_kernel and cut_cross_entropy are installed (pip install --target), if they are
-# not installed in the environment; it is put on PYTHONPATH after the first step. STEPS: the steps to run
-# (default: all), e.g. "tests fused_head".
+# CCE_DIR, LIGER_DIR: where cut_cross_entropy and liger_kernel are installed (pip install --target), if
+# they are not installed in the environment: cut-cross-entropy is importable in every step, Liger-Kernel
+# in the `liger` step only (with it, `auto` takes Liger's kernel for the plain CE, which other tests
+# exclude). STEPS: the steps to run (default: all), e.g. "tests fused_head".
 set -u
 out=${OUT:-cuda_checks}
-peers=${1:-}
-steps=${2:-"tests tests_peers fused_head head_profile fused_head_rest liger_fallback head_memory"}
+cce=${1:-}
+liger=${2:-}
+steps=${3:-"block_gemm fused_head tests liger head_memory head_profile"}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 shape=${SHAPE:-8192x4096x128256}
+if [ -n "$cce" ]; then
+    export PYTHONPATH="$PYTHONPATH:$cce"
+fi
 bench=(python3 benchmarks/fused_head.py --device cuda --dtype bfloat16 --shapes "$shape" --repeats 3)
 
 {
@@ -33,24 +38,17 @@ step() { # name, seconds, command...: runs when STEPS names it
     echo "$name: exit $? in $((SECONDS - t0)) s" | tee -a "$out/steps.txt"
 }
 
-step tests 150 python3 -m pytest -m cuda -q -rs -p no:cacheprovider --timeout 120 \
-    tests/heads tests/parallel/test_cuda.py tests/models/test_hf_precision.py
-if [ -n "$peers" ]; then
-    export PYTHONPATH="$PYTHONPATH:$peers"
-fi
-step tests_peers 60 python3 -m pytest -m cuda -q -rs -p no:cacheprovider --timeout 50 \
-    tests/heads/test_cuda.py tests/heads/test_cuda_peers.py
-step fused_head 150 "${bench[@]}" --variants naive naive_entropy matmul3 blocked_ce blocked_entropy chunked_ce \
-    liger_native cce_ce cce_native
-step head_profile 40 python3 benchmarks/head_profile.py --device cuda --dtype bfloat16 --shape "$shape" \
-    --variants blocked_ce blocked_entropy --rows 12
-step fused_head_rest 120 "${bench[@]}" --variants chunked_entropy liger_ce cce
+step block_gemm 40 python3 benchmarks/block_gemm.py
+step fused_head 150 env PYTHONPATH="$PYTHONPATH:$liger" "${bench[@]}" --variants naive naive_entropy matmul3 blocked_ce blocked_entropy chunked_ce \
+    liger_native cce_native
+step tests 170 python3 -m pytest -m cuda -q -rs -p no:cacheprovider --timeout 150 -n 4 \
+    tests/heads tests/parallel/test_cuda.py tests/models/test_hf_precision.py tests/test_distributed.py
 # Liger's scaled CE runs its SM90 kernel on compute capability 9.0 only with liger-kernel[cutedsl]; where
-# that is missing, its PyTorch fallback is measured by reporting capability 8.0 to every process
+# that is missing, the adapter is tested on Liger's PyTorch fallback by reporting capability 8.0
 mkdir -p /tmp/sm80 && printf 'import torch\ntorch.cuda.get_device_capability = lambda *a, **k: (8, 0)\n' \
     >/tmp/sm80/sitecustomize.py
-step liger_fallback 90 env PYTHONPATH="/tmp/sm80:$PYTHONPATH" bash -c \
-    "python3 -m pytest -m cuda -q -rs -p no:cacheprovider tests/heads/test_cuda_peers.py -k liger_scaled \
-    && ${bench[*]} --variants liger_scaled_entropy"
-step head_memory 60 python3 benchmarks/head_memory.py --device cuda --shape "$shape" --chunk-size 1024 \
-    --backends auto --dtypes bfloat16 float32
+step liger 90 env PYTHONPATH="/tmp/sm80:$PYTHONPATH:$liger" python3 -m pytest -m cuda -q -rs \
+    -p no:cacheprovider tests/heads/test_cuda_peers.py tests/heads/test_cuda.py -k liger
+step head_memory 60 python3 benchmarks/head_memory.py --device cuda --backends auto
+step head_profile 40 python3 benchmarks/head_profile.py --device cuda --dtype bfloat16 --shape "$shape" \
+    --variants blocked_ce chunked_ce --rows 10
