@@ -218,8 +218,10 @@ def _backend(name: str, narrow_weight: bool = False) -> HeadBackend:
 
 
 def _auto_ce_backend(uniform: bool, on_cuda: bool, narrow_weight: bool) -> HeadBackend:
-    """``auto``'s backend for the plain CE: the first ``auto_ce`` backend whose fused path applies, else
-    the one for the weight's dtype."""
+    """``auto``'s backend for the plain CE: `LEAN_BACKEND` for a narrow weight; else the first ``auto_ce``
+    backend whose fused path applies, else `DEFAULT_BACKEND`."""
+    if narrow_weight:
+        return HEAD_BACKENDS[LEAN_BACKEND]
     for b in registered_backends():
         if b.auto_ce and b.takes_weights(uniform) and (on_cuda or not b.cuda_only) and b.available():
             return b
@@ -253,11 +255,16 @@ def select_backend(
     cross-entropy). The accumulator of ``chunked`` is the weight's gradient itself when the weight is in
     the compute dtype, so its speed costs no memory there; beside a bf16 weight it is an fp32 copy twice
     the gradient's size, plus an fp32 copy of the weight on CPU (measured, `benchmarks/head_memory.py`).
-    The same rule holds on every device, but on CUDA the plain cross-entropy goes to Liger's kernel first.
+    The same rule holds on every device, but on CUDA the plain cross-entropy of a weight in the compute
+    dtype goes to Liger's kernel first (where it is installed): for a bf16 weight ``blocked`` is both
+    faster and leaner than Liger with the fp32 weight-gradient accumulation the head's precision asks for
+    (one H200, 8192 × 4096 × 128256: 55 ms and 1.7 GiB, where Liger accumulating in bf16 takes 54 ms
+    and 1.1 GiB, and in fp32 about 1.5× that time and 3 GiB; `benchmarks/RESULTS.md`).
 
     * ``per_token``: the requested backend (``auto``: as above), which must give ``outputs``.
-    * ``weighted_ce``: for ``auto``, the first registered backend marked ``auto_ce`` whose fused plain-CE
-      path applies (weights, CUDA input if ``cuda_only``, ``available()``), else as above. The
+    * ``weighted_ce``: for ``auto``, ``blocked`` for a narrow weight; otherwise the first registered
+      backend marked ``auto_ce`` whose fused plain-CE path applies (weights, CUDA input if ``cuda_only``,
+      ``available()``), else ``chunked``. The
       backend's ``fused_ce`` if it has one (a ``"uniform"``-only path refuses per-token weights), else
       its per-token ``logprobs``.
     * ``pointwise``: the backend's ``fused_pointwise`` if it has one; else its per-token ``outputs``

@@ -264,8 +264,9 @@ def linear_cross_entropy(
 
     Every gradient is computed in forward (three ``N·D·V`` matmuls on the ``chunked`` backend; backward
     only rescales them). Backends without a fused path (``naive``, ``torch``) take their per-token
-    ``logprobs``; ``liger`` takes one float weight only; ``auto`` is ``liger`` for that case on CUDA when
-    Liger-Kernel is installed, else ``chunked``.
+    ``logprobs``; ``liger`` takes one float weight only. ``auto`` is ``blocked`` for a weight narrower than
+    the compute dtype (bf16-true: no ``V × D`` temporary, four matmuls); otherwise ``liger`` for one float
+    weight on CUDA when Liger-Kernel is installed, else ``chunked`` (`select_backend`).
 
     Args:
         hidden: ``[..., D]`` hidden states.

@@ -6,10 +6,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lit_losses.heads import (
+    HEAD_BACKENDS,
     FusedLMHead,
+    HeadBackend,
     entropy_kernels,
     linear_cross_entropy,
     linear_logprobs,
+    register_backend,
     select_backend,
 )
 from lit_losses.heads.naive import naive_head
@@ -321,3 +324,27 @@ def test_bf16_operands_take_the_gradient_in_bf16_from_the_kernel_as_from_the_eag
         scale = ex.abs().max()
         torch.testing.assert_close(got.double() / scale, ref.double() / scale, rtol=0, atol=1e-2)
         torch.testing.assert_close(got.double() / scale, ex / scale, rtol=0, atol=2e-2)
+
+
+def test_auto_plain_ce_on_cuda_takes_blocked_for_a_narrow_weight_before_an_auto_ce_kernel():
+    """On CUDA an installed ``auto_ce`` kernel (Liger's) takes the plain CE of a weight in the compute
+    dtype; a bf16 weight goes to ``blocked``, faster and leaner there than Liger with fp32 weight-gradient
+    accumulation (``benchmarks/RESULTS.md``, H200)."""
+    kernel = HeadBackend(
+        name="a_cuda_kernel",
+        fused_ce=lambda head, h, y, w: h.sum(),
+        cuda_only=True,
+        auto_ce=True,
+        available=lambda: True,
+    )
+    with HEAD_BACKENDS.scoped():
+        register_backend(kernel)
+        wide = select_backend("auto", "weighted_ce", uniform=True, on_cuda=True, narrow_weight=False)
+        narrow = select_backend("auto", "weighted_ce", uniform=True, on_cuda=True, narrow_weight=True)
+        on_cpu = select_backend("auto", "weighted_ce", uniform=True, on_cuda=False, narrow_weight=False)
+    assert (wide.backend.name, narrow.backend.name, on_cpu.backend.name) == (
+        "a_cuda_kernel",
+        "blocked",
+        "chunked",
+    )
+    assert wide.fused and narrow.fused
