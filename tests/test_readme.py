@@ -18,3 +18,12 @@ def test_readme_is_short_and_its_links_exist():
     assert len(text.splitlines()) <= 150
     links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
     assert links and all((README.parent / link).exists() for link in links if "://" not in link), links
+
+
+def test_the_readme_feature_table_names_the_functional_head_api():
+    """The head's functional layer is public and listed where a newcomer looks first."""
+    import lit_losses.heads as heads
+
+    row = next(line for line in README.read_text().splitlines() if line.startswith("| fused output head"))
+    for name in ("linear_logprobs", "linear_cross_entropy", "linear_pointwise_loss"):
+        assert f"`{name}`" in row and callable(getattr(heads, name))
