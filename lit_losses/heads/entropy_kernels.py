@@ -100,21 +100,21 @@ def _block_grad(z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_ta
 def _block_grad_kernel_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor) -> None:
     """``z ← e^{z − lse} ⊙ (a + b ⊙ (z − lse)) + g_target ⊙ e_cols``; ``lse``, ``a``, ``b``, ``g_target``
     per row, ``cols [n, 1]`` the target's column."""
-    z.copy_(_block_grad(z, lse, a, b, cols=cols, g_target=g_target))
+    z.copy_(_block_grad(z, lse, a, b=b, cols=cols, g_target=g_target))
 
 
 def _block_grad_bf16_kernel(
     z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor
 ) -> Tensor:
     """`_block_grad_kernel_`'s gradient as a new bf16 tensor (the matmul operand), ``z`` untouched."""
-    return _block_grad(z, lse, a, b, cols=cols, g_target=g_target).to(torch.bfloat16)
+    return _block_grad(z, lse, a, b=b, cols=cols, g_target=g_target).to(torch.bfloat16)
 
 
 def _block_grad_fp16_kernel(
     z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor
 ) -> Tensor:
     """`_block_grad_kernel_`'s gradient as a new fp16 tensor (the matmul operand), ``z`` untouched."""
-    return _block_grad(z, lse, a, b, cols=cols, g_target=g_target).to(torch.float16)
+    return _block_grad(z, lse, a, b=b, cols=cols, g_target=g_target).to(torch.float16)
 
 
 _BLOCK_GRAD_AS = {torch.bfloat16: _block_grad_bf16_kernel, torch.float16: _block_grad_fp16_kernel}

@@ -183,7 +183,9 @@ def blocked_forward(
     for v0 in range(0, vocab, block):
         span = (v0, min(v0 + block, vocab))
         # one call per block: its logits are freed before the next block's are made
-        _fold_block(state, h, weight, bias, targets=targets, span=span, scratch=scratch, compiled=compiled)
+        _fold_block(
+            state, h, weight, bias=bias, targets=targets, span=span, scratch=scratch, compiled=compiled
+        )
     return state.results()
 
 
@@ -278,10 +280,10 @@ def _backprop_block(
     dz = None
     if kernel == "cast":
         dz = entropy_kernels.block_logit_grad_as(
-            z, lse, a, b_or_zeros, cols=cols, g_target=g_target, dtype=h.dtype
+            z, lse, a, b=b_or_zeros, cols=cols, g_target=g_target, dtype=h.dtype
         )
     elif kernel == "in_place":
-        dz = entropy_kernels.block_logit_grad_(z, lse, a, b_or_zeros, cols=cols, g_target=g_target)
+        dz = entropy_kernels.block_logit_grad_(z, lse, a, b=b_or_zeros, cols=cols, g_target=g_target)
     if dz is None:
         dz = _eager_logit_grad_(z, lse, a, b=b, scratch=scratch)
         dz.scatter_add_(1, cols, g_target[:, None])
