@@ -33,6 +33,7 @@ inputs stay float64 (which is what `torch.autograd.gradcheck` needs).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -84,6 +85,18 @@ def default_chunk_size(
     if on_cpu:
         rows = min(rows, CPU_MAX_CHUNK_TOKENS)
     return int(max(16, min(max(n_tokens, 1), rows)))
+
+
+def token_chunks(n_tokens: int, chunk_size: int) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each chunk of ``chunk_size`` consecutive tokens out of ``n_tokens`` (the last one
+    shorter).
+
+    Example:
+        >>> list(token_chunks(5, 2))
+        [(0, 2), (2, 4), (4, 5)]
+    """
+    for start in range(0, n_tokens, chunk_size):
+        yield start, min(start + chunk_size, n_tokens)
 
 
 class WorkTensors:
@@ -384,8 +397,7 @@ def differentiable_grads(
     parts: list[Tensor] = []
     grad_w = weight.new_zeros(weight.shape, dtype=acc) if needs[1] else None
     grad_b = weight.new_zeros(V, dtype=acc) if needs[2] and bias is not None else None
-    for s in range(0, n, chunk_size):
-        e = min(s + chunk_size, n)
+    for s, e in token_chunks(n, chunk_size):
         h = hidden[s:e].to(acc)
         log_p = torch.log_softmax(torch.nn.functional.linear(h, w, b), dim=1)
         p = log_p.exp()
