@@ -74,6 +74,11 @@ class ShardedSettings(HeadSettings):
 
     shard: VocabShard
 
+    @property
+    def vocab_size(self) -> int:
+        """``V``, the whole vocabulary (not this rank's rows)."""
+        return self.shard.vocab_size
+
     def check_inputs(self, hidden: Tensor, targets: Tensor) -> None:
         """`check_head_inputs` against the global ``[V, D]`` shape (meta tensors: no data)."""
         shape = (self.shard.vocab_size, self.weight.shape[-1])
@@ -211,7 +216,8 @@ class VocabParallelHead(FusedLMHead):
     all-reduce of ``∂/∂hidden`` ``[tokens, D]`` (in forward for the fused paths, in backward for per-token
     outputs). Never ``[tokens, V]`` logits. Gradients reach this rank's rows only (and ``hidden``). Every
     rank of the group must make the same calls with the same ``hidden`` and ``targets``. No double backward
-    (`DoubleBackwardError`).
+    (`DoubleBackwardError`). The calls are `FusedLMHead`'s over `ShardedSettings`, which check the inputs
+    against the whole vocabulary and compute on this rank's rows with the ``vocab_parallel`` backend.
 
     Args:
         weight: this rank's rows ``[stop − start, D]``, or a DTensor ``[V, D]`` placed ``Shard(0)``.
