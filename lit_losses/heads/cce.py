@@ -85,7 +85,9 @@ def cce_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: 
 
 def _valid_logprobs(head: HeadConfig, h: Tensor, y: Tensor) -> Tensor:
     """``[n]`` log-probabilities of the valid tokens ``h``, ``y``, in ``promote(h, accum_dtype)``."""
-    out_dtype = peer_kernels.check_operands(NAME, h, head.bias, head.accum_dtype, dtypes=_OPERANDS)
+    out_dtype = peer_kernels.check_operands(
+        NAME, h, head.bias, accum_dtype=head.accum_dtype, dtypes=_OPERANDS
+    )
     if h.shape[0] == 0:
         return peer_kernels.empty_rows(h, head.weight, out_dtype)
     return cce_logprobs(h, head.weight, y, ignore_index=head.ignore_index).to(out_dtype)

@@ -9,7 +9,7 @@ dispatcher) and running it in the head's compute dtype (`lit_losses.heads.precis
 - `linear_pointwise_loss`: any sum of per-token functions of ``(logprobs, lse, entropy)``, same.
 
 Each builds a `HeadSettings` (the weight, the bias and the options, checked) and calls its method of the
-same kind (`HeadSettings.per_token`, `HeadSettings.cross_entropy`, `HeadSettings.pointwise_loss`): check
+same kind (`HeadSettings.logprobs`, `HeadSettings.cross_entropy`, `HeadSettings.pointwise_loss`): check
 the inputs, keep the valid tokens, route, compute. `FusedLMHead` is the module over them: it holds the
 weight, the bias and the options, and its ``__call__``, ``weighted_ce`` and ``pointwise_loss`` call these
 methods of its `FusedLMHead.settings`. The layers below are the backends (`HEAD_BACKENDS`; the ``chunked``
@@ -24,7 +24,7 @@ The call path of `RegularizedLM`'s plain cross-entropy, four hops to the ``chunk
 and of its per-token outputs (``Objective``'s general path; ``pointwise_loss`` →
 `HeadSettings.pointwise_loss` → ``chunked_pointwise`` for the fused one):
 
-    RegularizedLM.compute_loss → Objective.__call__ → FusedLMHead.__call__ → HeadSettings.per_token
+    RegularizedLM.compute_loss → Objective.__call__ → FusedLMHead.__call__ → HeadSettings.logprobs
     → chunked_per_token (``ChunkedLogProbs.apply``)
 """
 
@@ -95,7 +95,7 @@ def check_head_options(
 @dataclass(frozen=True, eq=False)
 class HeadSettings:
     """A head's weight, bias and options (what a backend reads: a `lit_losses.heads.backend.HeadConfig`),
-    checked when built, and the three calls over them: `per_token`, `cross_entropy`, `pointwise_loss` (the
+    checked when built, and the three calls over them: `logprobs`, `cross_entropy`, `pointwise_loss` (the
     functional API and `FusedLMHead` call these). Each checks the inputs, keeps the valid tokens, routes
     the call (`select_backend`) and computes it in the compute dtype (`computing`); a subclass changes
     those steps (`lit_losses.heads.vocab_parallel.ShardedSettings`).
@@ -159,7 +159,7 @@ class HeadSettings:
             check_finite=self.check_finite,
         )
 
-    def per_token(self, hidden: Tensor, targets: Tensor, outputs: str | Sequence[str]) -> HeadOutput:
+    def logprobs(self, hidden: Tensor, targets: Tensor, outputs: str | Sequence[str]) -> HeadOutput:
         """`linear_logprobs` with these settings: check the inputs, route, compute in the compute dtype."""
         outputs = normalize_outputs(outputs)
         self.check_inputs(hidden, targets)
@@ -196,7 +196,7 @@ class HeadSettings:
             with self.computing(h, route.backend) as (head, h):
                 return route.backend.fused_ce(head, h, y, w)
         w = weight_vector(w, h.shape[0], h.device)
-        logprobs = self.per_token(hidden, targets, ("logprobs",)).logprobs[valid]
+        logprobs = self.logprobs(hidden, targets, ("logprobs",)).logprobs[valid]
         return -(w.to(logprobs.dtype) * logprobs).sum()
 
     def pointwise_loss(
@@ -219,7 +219,7 @@ class HeadSettings:
         if route.fused:
             with self.computing(h, route.backend) as (head, h):
                 return route.backend.fused_pointwise(head, h, y, chunk_loss, with_entropy)
-        out = self.per_token(hidden, targets, outputs)
+        out = self.logprobs(hidden, targets, outputs)
         lse = None if out.lse is None else out.lse[valid]
         entropy = out.entropy[valid] if with_entropy and out.entropy is not None else None
         return chunk_loss(0, int(h.shape[0]), out.logprobs[valid], lse, entropy)
@@ -304,7 +304,7 @@ def linear_logprobs(
         matmul_precision=matmul_precision,
         temperature=temperature,
     )
-    return head.per_token(hidden, targets, outputs)
+    return head.logprobs(hidden, targets, outputs)
 
 
 def linear_cross_entropy(

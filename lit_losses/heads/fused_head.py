@@ -154,7 +154,7 @@ class FusedLMHead:
             ValueError: bad inputs (shapes, target range, non-finite hidden states), unknown outputs, or
                 outputs the backend cannot give.
         """
-        return self.settings().per_token(hidden, targets, outputs)
+        return self.settings().logprobs(hidden, targets, outputs)
 
     def weighted_ce(self, hidden: Tensor, targets: Tensor, token_weights: Tensor | float) -> Tensor:
         """Plain-CE fast path: ``Σ_t w_t · (−log p_t[y_t])`` over valid positions, gradients fused.

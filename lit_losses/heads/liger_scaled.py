@@ -125,7 +125,9 @@ def liger_scaled_per_token(
 ) -> HeadOutput:
     """`liger_scaled_logprobs_entropy` on the valid positions, in ``promote(hidden, accum_dtype)``,
     scattered back to the shape of ``targets`` (0 at ignored positions)."""
-    out_dtype = peer_kernels.check_operands(NAME, hidden, head.bias, head.accum_dtype, dtypes=_OPERANDS)
+    out_dtype = peer_kernels.check_operands(
+        NAME, hidden, head.bias, accum_dtype=head.accum_dtype, dtypes=_OPERANDS
+    )
     valid, h, y = valid_tokens(hidden, targets, head.ignore_index)
     if h.shape[0] == 0:
         zeros = peer_kernels.empty_rows(h, head.weight, out_dtype)
