@@ -24,6 +24,7 @@ from torch import Tensor
 
 from lit_losses.heads.backend import HeadBackend, HeadConfig, register_backend, scatter_valid, valid_tokens
 from lit_losses.heads.chunked_ops import accumulation_dtype, default_chunk_size, recomputed_grads
+from lit_losses.heads.functions import PerTokenFunction
 from lit_losses.heads.precision import autocast_off
 from lit_losses.heads.vocab_blocks import blocked_backward, blocked_forward, vocab_block_size
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["BLOCKED", "BlockedLogProbs", "blocked_per_token", "blocked_weighted_ce"]
 
 
-class BlockedLogProbs(torch.autograd.Function):
+class BlockedLogProbs(PerTokenFunction):
     """``(hidden [n, D], weight [V, D], bias [V] | None, targets [n]) → (logprobs, lse, entropy) [n]`` over
     vocabulary blocks of ``block`` rows.
 
@@ -42,7 +43,8 @@ class BlockedLogProbs(torch.autograd.Function):
     empty tensor unless ``with_entropy``. A double backward (``create_graph=True``) recomputes the
     gradients with differentiable operations, token chunk by token chunk (exact to every order).
 
-    ``apply(hidden, weight, bias, targets, with_entropy, block, accum_dtype)``
+    ``apply(hidden, weight, bias, targets, with_entropy, block, accum_dtype)`` (its context:
+    `PerTokenFunction`)
 
     Returns:
         ``(logprobs, lse, entropy)``, each ``[n]`` in ``promote(hidden, accum_dtype)``.
@@ -63,16 +65,6 @@ class BlockedLogProbs(torch.autograd.Function):
             hidden, weight, bias, targets=targets, with_entropy=with_entropy, block=block, acc=acc
         )
         return logprobs, lse, hidden.new_empty(0, dtype=acc) if entropy is None else entropy
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        hidden, weight, bias, targets, with_entropy, block, accum_dtype = inputs
-        ctx.save_for_backward(hidden, weight, bias, targets, output[1], output[2])
-        ctx.with_entropy = with_entropy
-        ctx.block = block
-        ctx.accum_dtype = accum_dtype
-        if not with_entropy:
-            ctx.mark_non_differentiable(output[2])
 
     @staticmethod
     def backward(ctx: Any, g_lp: Tensor | None, g_lse: Tensor | None, g_ent: Tensor | None):
@@ -97,7 +89,7 @@ class BlockedLogProbs(torch.autograd.Function):
                 targets=targets,
                 stats=(lse, entropy),
                 upstream=upstream,
-                block=ctx.block,
+                block=ctx.size,
                 needs=needs,
             )
         grad_h = None if grad_h is None else grad_h.to(hidden.dtype)

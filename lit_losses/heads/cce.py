@@ -36,18 +36,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lit_losses.heads import peer_kernels
 from lit_losses.heads.backend import HeadBackend, HeadConfig, register_backend, scatter_valid, valid_tokens
-from lit_losses.heads.higher_order import first_order_only
 from lit_losses.heads.output import HeadOutput
-from lit_losses.heads.peer_kernels import (
-    INSTEAD,
-    empty_rows,
-    import_peer,
-    module_importable,
-    refuse_bias,
-    require_cuda,
-    require_dtype,
-)
 
 NAME = "cce"
 _INSTALL = "lit_losses[cce]"
@@ -56,7 +47,7 @@ _OPERANDS = (torch.bfloat16, torch.float16)
 
 def cce_available() -> bool:
     """True when CUDA is available and `cut_cross_entropy` imports (the optional extra ``[cce]``)."""
-    return torch.cuda.is_available() and module_importable("cut_cross_entropy")
+    return torch.cuda.is_available() and peer_kernels.module_importable("cut_cross_entropy")
 
 
 def cce_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
@@ -76,9 +67,9 @@ def cce_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: 
         RuntimeError: not on CUDA, or cut-cross-entropy not installed.
         ValueError: ``hidden`` not in bf16/fp16 (CCE's backward takes nothing else).
     """
-    require_cuda(NAME, hidden)
-    require_dtype(NAME, hidden, torch.float32, dtypes=_OPERANDS)
-    cce = import_peer(NAME, "cut_cross_entropy", _INSTALL)
+    peer_kernels.require_cuda(NAME, hidden)
+    peer_kernels.require_dtype(NAME, hidden, torch.float32, dtypes=_OPERANDS)
+    cce = peer_kernels.import_peer(NAME, "cut_cross_entropy", _INSTALL)
     nll = cce.linear_cross_entropy(
         hidden,
         weight,
@@ -89,18 +80,16 @@ def cce_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: 
         filter_eps=None,
         impl="cce",
     )
-    instead = f"use backend={INSTEAD!r} for a loss you differentiate twice"
-    return first_order_only(-nll, f"head backend {NAME!r}", instead)
+    return peer_kernels.kernel_output(NAME, -nll)
 
 
 def _valid_logprobs(head: HeadConfig, h: Tensor, y: Tensor) -> Tensor:
     """``[n]`` log-probabilities of the valid tokens ``h``, ``y``, in ``promote(h, accum_dtype)``."""
-    require_cuda(NAME, h)
-    refuse_bias(NAME, head.bias)
-    require_dtype(NAME, h, head.accum_dtype, dtypes=_OPERANDS)
-    out_dtype = torch.promote_types(h.dtype, head.accum_dtype)
+    out_dtype = peer_kernels.check_operands(
+        NAME, h, head.bias, accum_dtype=head.accum_dtype, dtypes=_OPERANDS
+    )
     if h.shape[0] == 0:
-        return empty_rows(h, head.weight, out_dtype)
+        return peer_kernels.empty_rows(h, head.weight, out_dtype)
     return cce_logprobs(h, head.weight, y, ignore_index=head.ignore_index).to(out_dtype)
 
 

@@ -33,6 +33,7 @@ inputs stay float64 (which is what `torch.autograd.gradcheck` needs).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -86,16 +87,44 @@ def default_chunk_size(
     return int(max(16, min(max(n_tokens, 1), rows)))
 
 
-class LogitScratch:
-    """``[chunk, V]`` work tensors of one pass over the chunks, allocated at the first (largest) chunk
-    and reused: a fresh allocation of that size costs page faults at every chunk (measured on CPU:
-    ~40 ms per 128 MiB chunk, 10-15 % of the per-token head)."""
+def token_chunks(n_tokens: int, chunk_size: int) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each chunk of ``chunk_size`` consecutive tokens out of ``n_tokens`` (the last one
+    shorter).
 
-    def __init__(self, vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.vocab_size = vocab_size
+    Example:
+        >>> list(token_chunks(5, 2))
+        [(0, 2), (2, 4), (4, 5)]
+    """
+    for start in range(0, n_tokens, chunk_size):
+        yield start, min(start + chunk_size, n_tokens)
+
+
+class WorkTensors:
+    """Named work tensors of one pass over a head's chunks or blocks, each allocated at its first (largest)
+    request and reused: a fresh allocation of a ``[chunk, V]`` tensor costs page faults at every chunk
+    (measured on CPU: ~40 ms per 128 MiB chunk, 10-15 % of the per-token head)."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
         self.dtype = dtype
         self.device = device
         self._tensors: dict[str, Tensor] = {}
+
+    def reused(self, name: str, shape: tuple[int, ...]) -> Tensor:
+        """Work tensor ``name``: the one allocated before when its first dimension holds ``shape[0]``,
+        else a new ``shape`` tensor (kept for the next requests)."""
+        t = self._tensors.get(name)
+        if t is None or t.shape[0] < shape[0]:
+            t = self._tensors[name] = torch.empty(shape, dtype=self.dtype, device=self.device)
+        return t
+
+
+class LogitScratch(WorkTensors):
+    """``[chunk, V]`` work tensors of one pass over the token chunks (`WorkTensors`), allocated at the first
+    (largest) chunk."""
+
+    def __init__(self, vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__(dtype, device)
+        self.vocab_size = vocab_size
 
     def take(self, name: str, rows: int) -> Tensor:
         """The first ``rows`` rows of work tensor ``name`` (contiguous).
@@ -106,12 +135,7 @@ class LogitScratch:
         the last chunk's height. With the spare row the compiled entropy kernels (`entropy_kernels`) are
         built once per process, from its first call's first chunk, and every later chunk reuses that build.
         """
-        t = self._tensors.get(name)
-        if t is None or t.shape[0] <= rows:
-            t = self._tensors[name] = torch.empty(
-                rows + 1, self.vocab_size, dtype=self.dtype, device=self.device
-            )
-        return t[:rows]
+        return self.reused(name, (rows + 1, self.vocab_size))[:rows]
 
     def logits(self, h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         """``h Wᵀ + b`` in the accumulation dtype, written into work tensor ``"logits"`` — or, for narrower
@@ -373,8 +397,7 @@ def differentiable_grads(
     parts: list[Tensor] = []
     grad_w = weight.new_zeros(weight.shape, dtype=acc) if needs[1] else None
     grad_b = weight.new_zeros(V, dtype=acc) if needs[2] and bias is not None else None
-    for s in range(0, n, chunk_size):
-        e = min(s + chunk_size, n)
+    for s, e in token_chunks(n, chunk_size):
         h = hidden[s:e].to(acc)
         log_p = torch.log_softmax(torch.nn.functional.linear(h, w, b), dim=1)
         p = log_p.exp()

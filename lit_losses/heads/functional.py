@@ -8,20 +8,23 @@ dispatcher) and running it in the head's compute dtype (`lit_losses.heads.precis
 - `linear_cross_entropy`: ``Σ_t w_t · (−log p_t[y_t])``, its gradients computed in forward;
 - `linear_pointwise_loss`: any sum of per-token functions of ``(logprobs, lse, entropy)``, same.
 
-`FusedLMHead` is the module over these functions: it holds the weight, the bias and the options, and its
-``__call__``, ``weighted_ce`` and ``pointwise_loss`` call them. The layers below are the backends
-(`HEAD_BACKENDS`; the ``chunked`` one: `lit_losses.heads.chunked`), their autograd Functions
-(`lit_losses.heads.functions`) and the per-chunk kernels with the maths (`lit_losses.heads.chunked_ops`).
+Each builds a `HeadSettings` (the weight, the bias and the options, checked) and calls its method of the
+same kind (`HeadSettings.logprobs`, `HeadSettings.cross_entropy`, `HeadSettings.pointwise_loss`): check
+the inputs, keep the valid tokens, route, compute. `FusedLMHead` is the module over them: it holds the
+weight, the bias and the options, and its ``__call__``, ``weighted_ce`` and ``pointwise_loss`` call these
+methods of its `FusedLMHead.settings`. The layers below are the backends (`HEAD_BACKENDS`; the ``chunked``
+one: `lit_losses.heads.chunked`), their autograd Functions (`lit_losses.heads.functions`) and the
+per-chunk kernels with the maths (`lit_losses.heads.chunked_ops`).
 
 The call path of `RegularizedLM`'s plain cross-entropy, four hops to the ``chunked`` backend:
 
-    RegularizedLM.compute_loss → Objective.__call__ → FusedLMHead.weighted_ce → linear_cross_entropy
+    RegularizedLM.compute_loss → Objective.__call__ → FusedLMHead.weighted_ce → HeadSettings.cross_entropy
     → chunked_weighted_ce (``ChunkedWeightedCE.apply``)
 
-and of its per-token outputs (``Objective``'s general path; ``pointwise_loss`` → `linear_pointwise_loss`
-→ ``chunked_pointwise`` for the fused one):
+and of its per-token outputs (``Objective``'s general path; ``pointwise_loss`` →
+`HeadSettings.pointwise_loss` → ``chunked_pointwise`` for the fused one):
 
-    RegularizedLM.compute_loss → Objective.__call__ → FusedLMHead.__call__ → linear_logprobs
+    RegularizedLM.compute_loss → Objective.__call__ → FusedLMHead.__call__ → HeadSettings.logprobs
     → chunked_per_token (``ChunkedLogProbs.apply``)
 """
 
@@ -31,7 +34,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -43,6 +46,7 @@ from lit_losses.heads.backend import (
     BackendOutputs,
     ChunkLoss,
     HeadBackend,
+    HeadConfig,
     select_backend,
     valid_tokens,
     weight_vector,
@@ -90,8 +94,11 @@ def check_head_options(
 
 @dataclass(frozen=True, eq=False)
 class HeadSettings:
-    """One functional call's weight, bias and options (what a backend reads: a
-    `lit_losses.heads.backend.HeadConfig`), checked when built.
+    """A head's weight, bias and options (what a backend reads: a `lit_losses.heads.backend.HeadConfig`),
+    checked when built, and the three calls over them: `logprobs`, `cross_entropy`, `pointwise_loss` (the
+    functional API and `FusedLMHead` call these). Each checks the inputs, keeps the valid tokens, routes
+    the call (`select_backend`) and computes it in the compute dtype (`computing`); a subclass changes
+    those steps (`lit_losses.heads.vocab_parallel.ShardedSettings`).
 
     Raises:
         ValueError: an unknown ``backend`` or ``matmul_precision``, ``chunk_size < 1``, or a temperature
@@ -116,10 +123,6 @@ class HeadSettings:
         """``V``, the number of rows of the weight."""
         return self.weight.shape[0]
 
-    def options(self) -> dict[str, Any]:
-        """The keyword options of a functional call (`HEAD_OPTIONS`: the fields but weight and bias)."""
-        return {name: getattr(self, name) for name in HEAD_OPTIONS}
-
     def narrow_weight(self, hidden: Tensor) -> bool:
         """Whether the weight is stored in a narrower dtype than the call's compute dtype (a bf16 weight,
         fp32 compute): ``auto`` then takes the ``blocked`` backend (`select_backend`)."""
@@ -138,7 +141,7 @@ class HeadSettings:
         return replace(self, bias=bias, temperature=1.0), h
 
     @contextmanager
-    def computing(self, hidden: Tensor, backend: HeadBackend) -> Iterator[tuple[HeadSettings, Tensor]]:
+    def computing(self, hidden: Tensor, backend: HeadBackend) -> Iterator[tuple[HeadConfig, Tensor]]:
         """``(settings, hidden)`` as ``backend`` takes them: `tempered`, then `in_compute_dtype` (the
         weight kept in its dtype for a backend that casts its blocks, `HeadBackend.casts_weight_blocks`)."""
         head, h = self.tempered(hidden)
@@ -155,6 +158,71 @@ class HeadSettings:
             ignore_index=self.ignore_index,
             check_finite=self.check_finite,
         )
+
+    def logprobs(self, hidden: Tensor, targets: Tensor, outputs: str | Sequence[str]) -> HeadOutput:
+        """`linear_logprobs` with these settings: check the inputs, route, compute in the compute dtype."""
+        outputs = normalize_outputs(outputs)
+        self.check_inputs(hidden, targets)
+        route = select_backend(
+            self.backend, "per_token", outputs=outputs, narrow_weight=self.narrow_weight(hidden)
+        )
+        with self.computing(hidden, route.backend) as (head, h):
+            return route.backend.per_token(head, h, targets, outputs)
+
+    def cross_entropy(
+        self, hidden: Tensor, targets: Tensor, token_weights: Tensor | float, reduction: Reduction
+    ) -> Tensor:
+        """`linear_cross_entropy` with these settings: check the inputs, keep the valid tokens, route, then
+        the backend's fused path or its per-token ``logprobs``."""
+        if reduction not in get_args(Reduction):
+            raise ValueError(f"reduction {reduction!r} is not one of {get_args(Reduction)}")
+        self.check_inputs(hidden, targets)
+        check_token_weights(token_weights, targets, check_finite=self.check_finite)
+        valid, h, y = valid_tokens(hidden, targets, self.ignore_index)
+        uniform = not isinstance(token_weights, Tensor)
+        w = token_weights if uniform else token_weights[valid]
+        if reduction == "mean":
+            w = w / max(int(h.shape[0]), 1)
+        # CUDA-only kernels (Liger) compute in fp32 at best: float64 stays on the exact chunked path
+        cuda_kernel = hidden.is_cuda and hidden.dtype != torch.float64
+        route = select_backend(
+            self.backend,
+            "weighted_ce",
+            uniform=uniform,
+            on_cuda=cuda_kernel,
+            narrow_weight=self.narrow_weight(h),
+        )
+        if route.fused:
+            with self.computing(h, route.backend) as (head, h):
+                return route.backend.fused_ce(head, h, y, w)
+        w = weight_vector(w, h.shape[0], h.device)
+        logprobs = self.logprobs(hidden, targets, ("logprobs",)).logprobs[valid]
+        return -(w.to(logprobs.dtype) * logprobs).sum()
+
+    def pointwise_loss(
+        self,
+        hidden: Tensor,
+        targets: Tensor,
+        chunk_loss: ChunkLoss,
+        with_entropy: bool,
+        needs: Sequence[str] | None,
+    ) -> Tensor:
+        """`linear_pointwise_loss` with these settings: check the inputs, keep the valid tokens, route, then
+        the backend's fused path or ``chunk_loss`` once on its per-token outputs."""
+        self.check_inputs(hidden, targets)
+        valid, h, y = valid_tokens(hidden, targets, self.ignore_index)
+        default = HEAD_OUTPUTS if with_entropy else ("logprobs", "lse")
+        outputs = ("logprobs", *(o for o in normalize_outputs(needs or default) if o != "logprobs"))
+        route = select_backend(
+            self.backend, "pointwise", outputs=outputs, narrow_weight=self.narrow_weight(h)
+        )
+        if route.fused:
+            with self.computing(h, route.backend) as (head, h):
+                return route.backend.fused_pointwise(head, h, y, chunk_loss, with_entropy)
+        out = self.logprobs(hidden, targets, outputs)
+        lse = None if out.lse is None else out.lse[valid]
+        entropy = out.entropy[valid] if with_entropy and out.entropy is not None else None
+        return chunk_loss(0, int(h.shape[0]), out.logprobs[valid], lse, entropy)
 
 
 #: The names of the keyword options of the functional calls, ``backend`` to ``temperature`` (the fields of
@@ -236,11 +304,7 @@ def linear_logprobs(
         matmul_precision=matmul_precision,
         temperature=temperature,
     )
-    outputs = normalize_outputs(outputs)
-    head.check_inputs(hidden, targets)
-    route = select_backend(backend, "per_token", outputs=outputs, narrow_weight=head.narrow_weight(hidden))
-    with head.computing(hidden, route.backend) as (cast, h):
-        return route.backend.per_token(cast, h, targets, outputs)
+    return head.logprobs(hidden, targets, outputs)
 
 
 def linear_cross_entropy(
@@ -305,8 +369,6 @@ def linear_cross_entropy(
         >>> bool(hidden.grad[2].eq(0).all())
         True
     """
-    if reduction not in get_args(Reduction):
-        raise ValueError(f"reduction {reduction!r} is not one of {get_args(Reduction)}")
     head = HeadSettings(
         weight=weight,
         bias=bias,
@@ -318,25 +380,7 @@ def linear_cross_entropy(
         matmul_precision=matmul_precision,
         temperature=temperature,
     )
-    head.check_inputs(hidden, targets)
-    check_token_weights(token_weights, targets, check_finite=check_finite)
-    valid, h, y = valid_tokens(hidden, targets, ignore_index)
-    uniform = not isinstance(token_weights, Tensor)
-    w = token_weights if uniform else token_weights[valid]
-    if reduction == "mean":
-        w = w / max(int(h.shape[0]), 1)
-    # CUDA-only kernels (Liger) compute in fp32 at best: float64 stays on the exact chunked path
-    cuda_kernel = hidden.is_cuda and hidden.dtype != torch.float64
-    route = select_backend(
-        backend, "weighted_ce", uniform=uniform, on_cuda=cuda_kernel, narrow_weight=head.narrow_weight(h)
-    )
-    if route.fused:
-        with head.computing(h, route.backend) as (cast, h):
-            return route.backend.fused_ce(cast, h, y, w)
-    w = weight_vector(w, h.shape[0], h.device)
-    out = linear_logprobs(hidden, weight, targets, bias=bias, **head.options())
-    logprobs = out.logprobs[valid]
-    return -(w.to(logprobs.dtype) * logprobs).sum()
+    return head.cross_entropy(hidden, targets, token_weights, reduction=reduction)
 
 
 def check_token_weights(token_weights: Tensor | float, targets: Tensor, check_finite: bool = True) -> None:
@@ -441,18 +485,7 @@ def linear_pointwise_loss(
         matmul_precision=matmul_precision,
         temperature=temperature,
     )
-    head.check_inputs(hidden, targets)
-    valid, h, y = valid_tokens(hidden, targets, ignore_index)
-    default = HEAD_OUTPUTS if with_entropy else ("logprobs", "lse")
-    outputs = ("logprobs", *(o for o in normalize_outputs(needs or default) if o != "logprobs"))
-    route = select_backend(backend, "pointwise", outputs=outputs, narrow_weight=head.narrow_weight(h))
-    if route.fused:
-        with head.computing(h, route.backend) as (cast, h):
-            return route.backend.fused_pointwise(cast, h, y, chunk_loss, with_entropy)
-    out = linear_logprobs(hidden, weight, targets, bias=bias, outputs=outputs, **head.options())
-    lse = None if out.lse is None else out.lse[valid]
-    entropy = out.entropy[valid] if with_entropy and out.entropy is not None else None
-    return chunk_loss(0, int(h.shape[0]), out.logprobs[valid], lse, entropy)
+    return head.pointwise_loss(hidden, targets, chunk_loss, with_entropy=with_entropy, needs=needs)
 
 
 __all__ = [

@@ -47,6 +47,7 @@ from lit_losses.heads.chunked_ops import (
     scaled_gradients,
     softmax_,
     target_log_probs_,
+    token_chunks,
 )
 from lit_losses.heads.higher_order import refuse_double_backward
 from lit_losses.heads.precision import autocast_off
@@ -55,7 +56,26 @@ if TYPE_CHECKING:
     from lit_losses.heads.backend import ChunkLoss
 
 
-class ChunkedLogProbs(torch.autograd.Function):
+class PerTokenFunction(torch.autograd.Function):
+    """The context of a per-token autograd Function ``apply(hidden, weight, bias, targets, with_entropy,
+    size, accum_dtype) → (logprobs, lse, entropy)`` (`ChunkedLogProbs`, and the ``blocked`` backend's
+    `lit_losses.heads.blocked.BlockedLogProbs`): it saves ``(hidden, weight, bias, targets, lse, entropy)``
+    (the first four are what `recomputed_grads` reads), keeps ``with_entropy``, ``size`` (tokens per chunk,
+    or vocabulary rows per block) and ``accum_dtype``, and marks an entropy not asked for
+    non-differentiable."""
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        hidden, weight, bias, targets, with_entropy, size, accum_dtype = inputs
+        ctx.save_for_backward(hidden, weight, bias, targets, output[1], output[2])
+        ctx.with_entropy = with_entropy
+        ctx.size = size
+        ctx.accum_dtype = accum_dtype
+        if not with_entropy:
+            ctx.mark_non_differentiable(output[2])
+
+
+class ChunkedLogProbs(PerTokenFunction):
     """``(hidden [n, D], weight [V, D], bias [V] | None, targets [n]) → (logprobs, lse, entropy) [n]``.
 
     Every target must be valid (the caller compacts away ignored positions). ``entropy`` is an empty
@@ -89,8 +109,7 @@ class ChunkedLogProbs(torch.autograd.Function):
         entropy = hidden.new_empty(n if with_entropy else 0, dtype=acc)
         scratch = LogitScratch(weight.shape[0], acc, hidden.device)
         compiled = with_entropy and entropy_kernels_for(hidden, weight, chunk_size)
-        for s in range(0, n, chunk_size):
-            e = min(s + chunk_size, n)
+        for s, e in token_chunks(n, chunk_size):
             z = scratch.logits(hidden[s:e], weight, bias)
             logprobs[s:e], lse[s:e], log_p = target_log_probs_(z, targets[s:e])
             if with_entropy:
@@ -98,22 +117,12 @@ class ChunkedLogProbs(torch.autograd.Function):
         return logprobs, lse, entropy
 
     @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        hidden, weight, bias, targets, with_entropy, chunk_size, accum_dtype = inputs
-        ctx.save_for_backward(hidden, weight, bias, targets, output[2])
-        ctx.with_entropy = with_entropy
-        ctx.chunk_size = chunk_size
-        ctx.accum_dtype = accum_dtype
-        if not with_entropy:
-            ctx.mark_non_differentiable(output[2])
-
-    @staticmethod
     def backward(ctx: Any, g_lp: Tensor | None, g_lse: Tensor | None, g_ent: Tensor | None):
-        hidden, weight, bias, targets, entropy = ctx.saved_tensors
+        hidden, weight, bias, targets, _, entropy = ctx.saved_tensors
         with autocast_off(hidden.device):
             if torch.is_grad_enabled():  # create_graph=True: a differentiable recompute (exact 2nd order)
                 g_ent = g_ent if ctx.with_entropy else None
-                grads = recomputed_grads(ctx, (g_lp, g_lse, g_ent), chunk_size=ctx.chunk_size)
+                grads = recomputed_grads(ctx, (g_lp, g_lse, g_ent), chunk_size=ctx.size)
             else:
                 grads = ChunkedLogProbs._backward(
                     ctx,
@@ -131,7 +140,7 @@ class ChunkedLogProbs(torch.autograd.Function):
     @staticmethod
     def _backward(ctx: Any, hidden, weight, bias, targets, entropy, g_lp, g_lse, g_ent):
         acc = accumulation_dtype(hidden, ctx.accum_dtype)
-        n, chunk = hidden.shape[0], ctx.chunk_size
+        n, chunk = hidden.shape[0], ctx.size
         zeros = hidden.new_zeros(n, dtype=acc)
         g_lp = zeros if g_lp is None else g_lp.to(acc)
         g_lse = zeros if g_lse is None else g_lse.to(acc)
@@ -139,8 +148,7 @@ class ChunkedLogProbs(torch.autograd.Function):
         grad_h, grad_w, grad_b = gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
         scratch = LogitScratch(weight.shape[0], acc, hidden.device)
         compiled = use_entropy and entropy_kernels_for(hidden, weight, chunk)
-        for s in range(0, n, chunk):
-            e = min(s + chunk, n)
+        for s, e in token_chunks(n, chunk):
             h, y, gh = hidden[s:e], targets[s:e], None if grad_h is None else grad_h[s:e]
             z = scratch.logits(h, weight, bias)
             coef = g_lse[s:e] - g_lp[s:e]
@@ -197,8 +205,7 @@ class ChunkedWeightedCE(torch.autograd.Function):
         logprobs = hidden.new_empty(n, dtype=acc)
         grad_h, grad_w, grad_b = gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
         scratch = LogitScratch(weight.shape[0], acc, hidden.device)
-        for s in range(0, n, chunk_size):
-            e = min(s + chunk_size, n)
+        for s, e in token_chunks(n, chunk_size):
             h, y, w_c = hidden[s:e], targets[s:e], w_tok[s:e]
             z = scratch.logits(h, weight, bias)
             logprobs[s:e], _, log_p = target_log_probs_(z, y)
@@ -260,8 +267,7 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
         total = hidden.new_zeros((), dtype=acc)
         scratch = LogitScratch(weight.shape[0], acc, hidden.device)
         compiled = with_entropy and entropy_kernels_for(hidden, weight, chunk_size)
-        for s in range(0, n, chunk_size):
-            e = min(s + chunk_size, n)
+        for s, e in token_chunks(n, chunk_size):
             h, y, gh = hidden[s:e], targets[s:e], None if grad_h is None else grad_h[s:e]
             z = scratch.logits(h, weight, bias)
             lp_c, lse_c, log_p = target_log_probs_(z, y)

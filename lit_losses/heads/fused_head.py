@@ -15,10 +15,8 @@ from lit_losses.heads.functional import (
     BACKENDS,
     HEAD_OPTIONS,
     Backend,
+    HeadSettings,
     check_head_options,
-    linear_cross_entropy,
-    linear_logprobs,
-    linear_pointwise_loss,
 )
 from lit_losses.heads.output import HeadOutput
 from lit_losses.heads.precision import MatmulPrecision, in_compute_dtype
@@ -37,8 +35,9 @@ class FusedLMHead:
     cross-entropy fast path ``Σ_t w_t · (−log p_t[y_t])`` whose gradients are computed in forward, and
     ``head.pointwise_loss`` the same for sums of per-token functions of ``(logprobs, lse, entropy)``.
     Which backend computes a call is decided by `select_backend` from the registered `HeadBackend` s. The
-    head holds the weight, the bias and the options; each method is one call of the functional API
-    (`linear_logprobs`, `linear_cross_entropy`, `linear_pointwise_loss`) with them.
+    head holds the weight, the bias and the options; each method is the call of the functional API
+    (`linear_logprobs`, `linear_cross_entropy` with ``reduction="sum"``, `linear_pointwise_loss`) with
+    them: a method of its `settings`.
 
     The head holds references: gradients accumulate into ``model.get_output_embeddings().weight`` (or tied).
 
@@ -128,6 +127,10 @@ class FusedLMHead:
         ``accum_dtype``, ``check_finite``, ``matmul_precision``, ``temperature``."""
         return {name: getattr(self, name) for name in HEAD_OPTIONS}
 
+    def settings(self) -> HeadSettings:
+        """The weight, the bias and the options as one call takes them (checked)."""
+        return HeadSettings(weight=self.weight, bias=self.bias, **self.options())
+
     def resolve_backend(self, outputs: Sequence[str]) -> str:
         """The name of the backend that computes the per-token ``outputs`` (for ``auto``: chunked); a
         `ValueError` naming those that can when it cannot give them."""
@@ -151,9 +154,7 @@ class FusedLMHead:
             ValueError: bad inputs (shapes, target range, non-finite hidden states), unknown outputs, or
                 outputs the backend cannot give.
         """
-        return linear_logprobs(
-            hidden, self.weight, targets, bias=self.bias, outputs=outputs, **self.options()
-        )
+        return self.settings().logprobs(hidden, targets, outputs)
 
     def weighted_ce(self, hidden: Tensor, targets: Tensor, token_weights: Tensor | float) -> Tensor:
         """Plain-CE fast path: ``Σ_t w_t · (−log p_t[y_t])`` over valid positions, gradients fused.
@@ -173,15 +174,7 @@ class FusedLMHead:
             ValueError: bad inputs, or per-token weights for a backend that takes one weight only
                 (``liger``).
         """
-        return linear_cross_entropy(
-            hidden,
-            self.weight,
-            targets,
-            bias=self.bias,
-            token_weights=token_weights,
-            reduction="sum",
-            **self.options(),
-        )
+        return self.settings().cross_entropy(hidden, targets, token_weights, reduction="sum")
 
     def pointwise_loss(
         self,
@@ -215,15 +208,8 @@ class FusedLMHead:
         Raises:
             ValueError: bad inputs, or a backend that cannot give the values.
         """
-        return linear_pointwise_loss(
-            hidden,
-            self.weight,
-            targets,
-            chunk_loss=chunk_loss,
-            bias=self.bias,
-            with_entropy=with_entropy,
-            needs=needs,
-            **self.options(),
+        return self.settings().pointwise_loss(
+            hidden, targets, chunk_loss, with_entropy=with_entropy, needs=needs
         )
 
     def forward_logits(self, hidden: Tensor) -> Tensor:

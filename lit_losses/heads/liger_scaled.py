@@ -49,22 +49,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_losses.heads import peer_kernels
 from lit_losses.heads.backend import HeadBackend, HeadConfig, register_backend, scatter_valid, valid_tokens
-from lit_losses.heads.higher_order import first_order_only
 from lit_losses.heads.output import HeadOutput
-from lit_losses.heads.peer_kernels import (
-    INSTEAD,
-    empty_rows,
-    import_peer,
-    module_importable,
-    refuse_bias,
-    require_cuda,
-    require_dtype,
-)
 
 NAME = "liger_scaled"
 _INSTALL = "lit_losses[liger]"
 _SM90 = (9, 0)
+_OPERANDS = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def liger_scaled_available() -> bool:
@@ -77,12 +69,12 @@ def liger_scaled_available() -> bool:
         from liger_kernel.ops import LigerFusedLinearScaledCrossEntropyFunction  # noqa: F401
     except ImportError:
         return False
-    return torch.cuda.get_device_capability() != _SM90 or module_importable("cutlass")
+    return torch.cuda.get_device_capability() != _SM90 or peer_kernels.module_importable("cutlass")
 
 
 def _scaled_function(hidden: Tensor) -> Any:
     """Liger's function, after the checks of the implementation it dispatches ``hidden`` to."""
-    ops = import_peer(NAME, "liger_kernel.ops", _INSTALL)
+    ops = peer_kernels.import_peer(NAME, "liger_kernel.ops", _INSTALL)
     if not hasattr(ops, "LigerFusedLinearScaledCrossEntropyFunction"):
         raise RuntimeError(
             f"head backend {NAME!r} needs liger-kernel>=0.8.5 (LigerFusedLinearScaledCrossEntropyFunction): "
@@ -92,10 +84,10 @@ def _scaled_function(hidden: Tensor) -> Any:
         if hidden.dtype != torch.bfloat16:
             raise ValueError(
                 f"head backend {NAME!r} on a compute-capability 9.0 GPU runs Liger's SM90 kernel, which "
-                f"takes bf16 operands only, got {hidden.dtype}; use backend={INSTEAD!r} (or bf16 operands: "
-                "matmul_precision='low' with a bf16 model)"
+                f"takes bf16 operands only, got {hidden.dtype}; use backend={peer_kernels.INSTEAD!r} (or "
+                "bf16 operands: matmul_precision='low' with a bf16 model)"
             )
-        import_peer(NAME, "cutlass", "liger-kernel[cutedsl]")
+        peer_kernels.import_peer(NAME, "cutlass", "liger-kernel[cutedsl]")
     return ops.LigerFusedLinearScaledCrossEntropyFunction
 
 
@@ -118,14 +110,13 @@ def liger_scaled_logprobs_entropy(
         RuntimeError: not on CUDA, or liger-kernel (on Hopper: its ``[cutedsl]`` extra) not installed.
         ValueError: a dtype Liger's kernel here does not take.
     """
-    require_cuda(NAME, hidden)
+    peer_kernels.require_cuda(NAME, hidden)
     fn = _scaled_function(hidden)
     out = fn.apply(hidden, weight, targets.long(), temperature=1.0, return_entropy=with_entropy)
     nll, entropy = out if with_entropy else (out, None)
-    instead = f"use backend={INSTEAD!r} for a loss you differentiate twice"
-    logprobs = first_order_only(-nll, f"head backend {NAME!r}", instead)
+    logprobs = peer_kernels.kernel_output(NAME, -nll)
     if entropy is not None:
-        entropy = first_order_only(entropy, f"head backend {NAME!r}", instead)
+        entropy = peer_kernels.kernel_output(NAME, entropy)
     return logprobs, entropy
 
 
@@ -134,13 +125,12 @@ def liger_scaled_per_token(
 ) -> HeadOutput:
     """`liger_scaled_logprobs_entropy` on the valid positions, in ``promote(hidden, accum_dtype)``,
     scattered back to the shape of ``targets`` (0 at ignored positions)."""
-    require_cuda(NAME, hidden)
-    refuse_bias(NAME, head.bias)
-    require_dtype(NAME, hidden, head.accum_dtype, dtypes=(torch.bfloat16, torch.float16, torch.float32))
-    out_dtype = torch.promote_types(hidden.dtype, head.accum_dtype)
+    out_dtype = peer_kernels.check_operands(
+        NAME, hidden, head.bias, accum_dtype=head.accum_dtype, dtypes=_OPERANDS
+    )
     valid, h, y = valid_tokens(hidden, targets, head.ignore_index)
     if h.shape[0] == 0:
-        zeros = empty_rows(h, head.weight, out_dtype)
+        zeros = peer_kernels.empty_rows(h, head.weight, out_dtype)
         return scatter_valid(dict.fromkeys(outputs, zeros), outputs, valid)
     logprobs, entropy = liger_scaled_logprobs_entropy(h, head.weight, y, with_entropy="entropy" in outputs)
     values = {"logprobs": logprobs.to(out_dtype)}

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from lit_losses.heads.higher_order import first_order_only
+
 #: The backend every refusal points to: all outputs, any device and dtype, bias, double backward.
 INSTEAD = "chunked"
 
@@ -83,6 +85,24 @@ def require_dtype(
             f"head backend {backend!r} accumulates in fp32 at most, but accum_dtype={accum_dtype}; "
             f"use backend={INSTEAD!r}"
         )
+
+
+def check_operands(
+    backend: str, hidden: Tensor, bias: Tensor | None, accum_dtype: torch.dtype, dtypes: Sequence[torch.dtype]
+) -> torch.dtype:
+    """Refuse a call the kernel cannot compute (`require_cuda`, `refuse_bias`, `require_dtype`) and return
+    the dtype of its outputs, ``promote(hidden, accum_dtype)``."""
+    require_cuda(backend, hidden)
+    refuse_bias(backend, bias)
+    require_dtype(backend, hidden, accum_dtype, dtypes=dtypes)
+    return torch.promote_types(hidden.dtype, accum_dtype)
+
+
+def kernel_output(backend: str, output: Tensor) -> Tensor:
+    """A kernel's ``output`` whose backward refuses double backward (`first_order_only`), pointing to
+    `INSTEAD`."""
+    instead = f"use backend={INSTEAD!r} for a loss you differentiate twice"
+    return first_order_only(output, f"head backend {backend!r}", instead)
 
 
 def empty_rows(hidden: Tensor, weight: Tensor, dtype: torch.dtype) -> Tensor:

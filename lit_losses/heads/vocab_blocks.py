@@ -31,26 +31,21 @@ import torch
 from torch import Tensor
 
 from lit_losses.heads import entropy_kernels
-from lit_losses.heads.chunked_ops import Grads, default_chunk_size, mm_in, row_dot
+from lit_losses.heads.chunked_ops import Grads, WorkTensors, default_chunk_size, mm_in, row_dot
 
 
-class BlockScratch:
-    """``[n, V_b]`` work tensors of one pass over the vocabulary blocks, allocated at the first (widest)
-    block and reused, each block a contiguous view of the first ``n · V_b`` elements."""
+class BlockScratch(WorkTensors):
+    """``[n, V_b]`` work tensors of one pass over the vocabulary blocks (`WorkTensors`), allocated at the
+    first (widest) block, each block a contiguous view of the first ``n · V_b`` elements."""
 
     def __init__(self, n_tokens: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__(dtype, device)
         self.n_tokens = n_tokens
-        self.dtype = dtype
-        self.device = device
-        self._flat: dict[str, Tensor] = {}
 
     def take(self, name: str, columns: int) -> Tensor:
         """Work tensor ``name`` as a contiguous ``[n, columns]`` tensor."""
         size = self.n_tokens * columns
-        flat = self._flat.get(name)
-        if flat is None or flat.numel() < size:
-            flat = self._flat[name] = torch.empty(size, dtype=self.dtype, device=self.device)
-        return flat[:size].view(self.n_tokens, columns)
+        return self.reused(name, (size,))[:size].view(self.n_tokens, columns)
 
 
 #: A block of at least this many vocabulary rows has a multiple of it. Its ``[n, V_b]`` logits are a matmul's

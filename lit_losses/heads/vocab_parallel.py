@@ -12,7 +12,8 @@ an unsharded weight it is a single shard that communicates nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,13 +26,13 @@ from lit_losses.heads.backend import (
     HeadBackend,
     register_backend,
     scatter_valid,
-    select_backend,
     valid_tokens,
     weight_vector,
 )
 from lit_losses.heads.chunked_ops import default_chunk_size
+from lit_losses.heads.functional import HeadSettings
 from lit_losses.heads.fused_head import FusedLMHead
-from lit_losses.heads.output import HEAD_OUTPUTS, HeadOutput, check_head_inputs, normalize_outputs
+from lit_losses.heads.output import HEAD_OUTPUTS, HeadOutput, check_head_inputs
 from lit_losses.heads.precision import autocast_off, compute_dtype
 from lit_losses.heads.vocab_parallel_functions import (
     VocabParallelLogProbs,
@@ -60,6 +61,60 @@ class ShardedHeadConfig:
     @property
     def vocab_size(self) -> int:
         return self.shard.vocab_size
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ShardedSettings(HeadSettings):
+    """`HeadSettings` of a `VocabParallelHead`: the calls' steps over this rank's rows of the vocabulary.
+
+    Its inputs are checked against the whole ``[V, D]`` weight (targets are global token ids), and a call
+    computes in the compute dtype of this rank's rows (``matmul_precision`` is not applied: the operands
+    stay in that dtype), autocast off, on the ``vocab_parallel`` backend its head is built with.
+    """
+
+    shard: VocabShard
+
+    @property
+    def vocab_size(self) -> int:
+        """``V``, the whole vocabulary (not this rank's rows)."""
+        return self.shard.vocab_size
+
+    def check_inputs(self, hidden: Tensor, targets: Tensor) -> None:
+        """`check_head_inputs` against the global ``[V, D]`` shape (meta tensors: no data)."""
+        shape = (self.shard.vocab_size, self.weight.shape[-1])
+        meta_w = torch.empty(shape, device="meta")
+        meta_b = None if self.bias is None else torch.empty(shape[:1], device="meta")
+        check_head_inputs(
+            hidden,
+            targets,
+            meta_w,
+            bias=meta_b,
+            ignore_index=self.ignore_index,
+            check_finite=self.check_finite,
+        )
+
+    def local_rows(self, hidden: Tensor) -> tuple[ShardedHeadConfig, Tensor]:
+        """This rank's rows and ``hidden`` in the compute dtype (casts are differentiable)."""
+        weight, bias = self.weight, self.bias
+        if is_vocab_sharded(weight):
+            weight, bias = weight.to_local(), None if bias is None else bias.to_local()
+        dtype = compute_dtype(hidden, weight, bias, accum_dtype=self.accum_dtype)
+        bias = None if bias is None else bias.to(dtype)
+        config = ShardedHeadConfig(
+            weight.to(dtype),
+            bias,
+            self.chunk_size,
+            ignore_index=self.ignore_index,
+            accum_dtype=self.accum_dtype,
+            shard=self.shard,
+        )
+        return config, hidden.to(dtype)
+
+    @contextmanager
+    def computing(self, hidden: Tensor, backend: HeadBackend) -> Iterator[tuple[ShardedHeadConfig, Tensor]]:
+        """`local_rows`, autocast off."""
+        with autocast_off(hidden.device):
+            yield self.local_rows(hidden)
 
 
 def _local_rows(head: Any) -> tuple[Tensor, Tensor | None, VocabShard]:
@@ -161,7 +216,8 @@ class VocabParallelHead(FusedLMHead):
     all-reduce of ``∂/∂hidden`` ``[tokens, D]`` (in forward for the fused paths, in backward for per-token
     outputs). Never ``[tokens, V]`` logits. Gradients reach this rank's rows only (and ``hidden``). Every
     rank of the group must make the same calls with the same ``hidden`` and ``targets``. No double backward
-    (`DoubleBackwardError`).
+    (`DoubleBackwardError`). The calls are `FusedLMHead`'s over `ShardedSettings`, which check the inputs
+    against the whole vocabulary and compute on this rank's rows with the ``vocab_parallel`` backend.
 
     Args:
         weight: this rank's rows ``[stop − start, D]``, or a DTensor ``[V, D]`` placed ``Shard(0)``.
@@ -237,71 +293,9 @@ class VocabParallelHead(FusedLMHead):
         """``V``, the whole vocabulary (not this rank's rows)."""
         return self.shard.vocab_size
 
-    def _checked(self, hidden: Tensor, targets: Tensor) -> None:
-        """`check_head_inputs` against the global ``[V, D]`` shape (meta tensors: no data)."""
-        shape = (self.shard.vocab_size, self.weight.shape[-1])
-        meta_w = torch.empty(shape, device="meta")
-        meta_b = None if self.bias is None else torch.empty(shape[:1], device="meta")
-        check_head_inputs(
-            hidden,
-            targets,
-            meta_w,
-            bias=meta_b,
-            ignore_index=self.ignore_index,
-            check_finite=self.check_finite,
-        )
-
-    def _config(self, hidden: Tensor) -> tuple[ShardedHeadConfig, Tensor]:
-        """This rank's rows and ``hidden`` in the compute dtype (casts are differentiable)."""
-        weight, bias = self.weight, self.bias
-        if is_vocab_sharded(weight):
-            weight, bias = weight.to_local(), None if bias is None else bias.to_local()
-        dtype = compute_dtype(hidden, weight, bias, accum_dtype=self.accum_dtype)
-        bias = None if bias is None else bias.to(dtype)
-        config = ShardedHeadConfig(
-            weight.to(dtype),
-            bias,
-            self.chunk_size,
-            ignore_index=self.ignore_index,
-            accum_dtype=self.accum_dtype,
-            shard=self.shard,
-        )
-        return config, hidden.to(dtype)
-
-    def __call__(
-        self, hidden: Tensor, targets: Tensor, outputs: str | Sequence[str] = ("logprobs",)
-    ) -> HeadOutput:
-        outputs = normalize_outputs(outputs)
-        self._checked(hidden, targets)
-        route = select_backend(BACKEND_NAME, "per_token", outputs=outputs)
-        with autocast_off(hidden.device):
-            head, h = self._config(hidden)
-            return route.backend.per_token(head, h, targets, outputs)
-
-    def weighted_ce(self, hidden: Tensor, targets: Tensor, token_weights: Tensor | float) -> Tensor:
-        self._checked(hidden, targets)
-        valid, h, y = valid_tokens(hidden, targets, self.ignore_index)
-        w = token_weights[valid] if isinstance(token_weights, Tensor) else token_weights
-        route = select_backend(BACKEND_NAME, "weighted_ce", uniform=not isinstance(w, Tensor))
-        with autocast_off(hidden.device):
-            head, h = self._config(h)
-            return route.backend.fused_ce(head, h, y, w)
-
-    def pointwise_loss(
-        self,
-        hidden: Tensor,
-        targets: Tensor,
-        chunk_loss: ChunkLoss,
-        with_entropy: bool = False,
-        needs: Sequence[str] | None = None,
-    ) -> Tensor:
-        """`FusedLMHead.pointwise_loss` over the vocabulary shards (always fused: ``needs`` is unused)."""
-        self._checked(hidden, targets)
-        _, h, y = valid_tokens(hidden, targets, self.ignore_index)
-        route = select_backend(BACKEND_NAME, "pointwise", outputs=("logprobs", "lse"))
-        with autocast_off(hidden.device):
-            head, h = self._config(h)
-            return route.backend.fused_pointwise(head, h, y, chunk_loss, with_entropy)
+    def settings(self) -> ShardedSettings:
+        """The weight, the bias, the options and the shard as one call takes them (`ShardedSettings`)."""
+        return ShardedSettings(weight=self.weight, bias=self.bias, shard=self.shard, **self.options())
 
     def forward_logits(self, hidden: Tensor) -> Tensor:
         """Full logits ``[..., V]`` on every rank (inference: all-gathers ``[tokens, V]``; no gradient).
@@ -314,7 +308,7 @@ class VocabParallelHead(FusedLMHead):
                 "VocabParallelHead.forward_logits gathers the logits for inference and has no gradient; "
                 "call it under torch.no_grad() (train through the per-token outputs or the fused losses)"
             )
-        head, h = self._config(hidden)
+        head, h = self.settings().local_rows(hidden)
         local = torch.nn.functional.linear(h, head.weight, head.bias)
         if self.shard.group is None:
             return local

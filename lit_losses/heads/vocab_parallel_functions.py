@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lit_losses.heads.chunked_ops import row_dot
+from lit_losses.heads.chunked_ops import row_dot, token_chunks
 from lit_losses.heads.higher_order import refuse_double_backward
 from lit_losses.heads.precision import autocast_off
 
@@ -136,11 +136,6 @@ def _logits(h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return torch.nn.functional.linear(h, weight, bias)
 
 
-def _chunks(n: int, chunk_size: int):
-    for s in range(0, n, chunk_size):
-        yield s, min(s + chunk_size, n)
-
-
 def _chunk_loss_grads(chunk_loss: ChunkLoss, s: int, e: int, values: Sequence[Tensor | None]):
     """``chunk_loss`` of one chunk's (detached) values and its gradient with respect to each (zeros where the
     loss does not depend on one; ``None`` for an absent value)."""
@@ -169,7 +164,7 @@ class VocabParallelLogProbs(torch.autograd.Function):
         n = hidden.shape[0]
         logprobs, lse = hidden.new_empty(n), hidden.new_empty(n)
         entropy = hidden.new_empty(n if with_entropy else 0)
-        for s, e in _chunks(n, chunk_size):
+        for s, e in token_chunks(n, chunk_size):
             stats = ChunkStatistics(
                 _logits(hidden[s:e], weight, bias), targets[s:e], shard, with_entropy=with_entropy
             )
@@ -195,7 +190,7 @@ class VocabParallelLogProbs(torch.autograd.Function):
         g_ent = g_ent if ctx.with_entropy and g_ent is not None else None
         grads = Gradients(hidden, weight, bias, needs=ctx.needs_input_grad[:3])
         with autocast_off(hidden.device):
-            for s, e in _chunks(n, ctx.chunk_size):
+            for s, e in token_chunks(n, ctx.chunk_size):
                 h, y = hidden[s:e], targets[s:e]
                 log_p = _logits(h, weight, bias).sub_(lse[s:e, None])
                 p = torch.exp(log_p)
@@ -229,7 +224,7 @@ class VocabParallelWeightedCE(torch.autograd.Function):
         w_tok = token_weights.to(hidden.dtype)
         grads = Gradients(hidden, weight, bias, needs=ctx.needs_input_grad[:3])
         total = hidden.new_zeros(())
-        for s, e in _chunks(hidden.shape[0], chunk_size):
+        for s, e in token_chunks(hidden.shape[0], chunk_size):
             h, y, w = hidden[s:e], targets[s:e], w_tok[s:e]
             stats = ChunkStatistics(_logits(h, weight, bias), y, shard, with_entropy=False)
             total -= torch.dot(w, stats.logprobs)
@@ -265,7 +260,7 @@ class VocabParallelPointwiseLoss(torch.autograd.Function):
     def forward(ctx: Any, hidden, weight, bias, targets, chunk_loss, with_entropy, shard, chunk_size: int):
         grads = Gradients(hidden, weight, bias, needs=ctx.needs_input_grad[:3])
         total = hidden.new_zeros(())
-        for s, e in _chunks(hidden.shape[0], chunk_size):
+        for s, e in token_chunks(hidden.shape[0], chunk_size):
             h, y = hidden[s:e], targets[s:e]
             stats = ChunkStatistics(_logits(h, weight, bias), y, shard, with_entropy=with_entropy)
             loss, (g_lp, g_lse, g_ent) = _chunk_loss_grads(

@@ -7,7 +7,14 @@ import sys
 import pytest
 import torch
 
-from lit_losses.heads import BACKEND_OUTPUTS, BACKENDS, HEAD_BACKENDS, FusedLMHead, select_backend
+from lit_losses.heads import (
+    BACKEND_OUTPUTS,
+    BACKENDS,
+    HEAD_BACKENDS,
+    FusedLMHead,
+    peer_kernels,
+    select_backend,
+)
 from lit_losses.heads import cce as cce_backend
 from lit_losses.heads import liger_scaled as liger_scaled_backend
 from lit_losses.heads.peer_kernels import empty_rows, refuse_bias, require_dtype
@@ -91,7 +98,7 @@ def test_outputs_they_cannot_give_are_refused(name):
 )
 def test_a_missing_package_is_a_runtime_error_saying_what_to_install(monkeypatch, module, package, call):
     monkeypatch.setitem(sys.modules, package, None)  # import fails as when not installed
-    monkeypatch.setattr(module, "require_cuda", lambda backend, hidden: None)  # reach the import on CPU
+    monkeypatch.setattr(peer_kernels, "require_cuda", lambda backend, hidden: None)  # reach the import on CPU
     hidden, weight, targets = cpu_problem()
     with pytest.raises(
         RuntimeError, match=rf"head backend {module.NAME!r} needs .*pip install 'lit_losses\["
