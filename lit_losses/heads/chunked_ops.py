@@ -139,8 +139,8 @@ class LogitScratch(WorkTensors):
 
     def logits(self, h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         """``h Wᵀ + b`` in the accumulation dtype, written into work tensor ``"logits"`` — or, for narrower
-        operands on CUDA (bf16), the matmul's own output (a copy into the work tensor would cost a pass and
-        a second chunk of memory; CUDA's caching allocator reuses the chunk's memory without page faults)."""
+        operands on CUDA (bf16), the matmul's own output (a copy into the work tensor would cost a pass;
+        CUDA's caching allocator reuses the chunk's memory without page faults)."""
         if h.dtype != self.dtype and h.is_cuda:
             z = mm_in(h, weight.t(), self.dtype)
             return z if bias is None else z.add_(bias)

@@ -23,9 +23,10 @@ few seconds, and again for inputs it has not seen the like of (another dtype, in
 disk graph cache is not used for them: a cached kernel keeps the tuning of the sizes it was first built
 for, and one built for a few rows runs on one thread (measured: 30 instead of 15 ms on a ``[1024,
 32768]`` chunk on 2 cores). If compiling fails (no C++ compiler, say), one warning is given and the eager
-passes are used from then on; if ``torch.compile``'s recompile limit is reached, the eager passes take
-the inputs it refused, and so do calls made under a ``TorchDispatchMode`` (e.g. a FLOP counter), where
-``torch.compile`` would compile nothing (and skip the kernel for the rest of the process).
+passes are used from then on, on that device type (CPU and CUDA apart; running out of memory is raised as
+it is, not taken for a failed compile); if ``torch.compile``'s recompile limit is reached, the eager passes
+take the inputs it refused, and so do calls made under a ``TorchDispatchMode`` (e.g. a FLOP counter),
+where ``torch.compile`` would compile nothing (and skip the kernel for the rest of the process).
 ``LIT_LOSSES_COMPILE_KERNELS=0`` (or ``false``/``no``/``off``) keeps the eager passes always.
 
 The ``blocked`` backend's passes over an ``[n, V_b]`` block of logits (`lit_losses.heads.vocab_blocks`)
@@ -62,7 +63,8 @@ _OFF = {"0", "false", "no", "off"}
 # torch.compile's own environment switch (TORCHDYNAMO_DISABLE in torch < 2.6); turning it off from code
 # (``torch.compiler.set_stance("force_eager")``) is not seen here: the kernels then run uncompiled
 _DYNAMO_OFF = ("TORCH_COMPILE_DISABLE", "TORCHDYNAMO_DISABLE")
-_failed: list[str] = []  # the error of a failed compile, if any: the eager passes are used from then on
+# the error of a failed compile by device type ("cpu": C++, "cuda": Triton): eager passes there from then on
+_failed: dict[str, str] = {}
 _warned: set[str] = set()
 
 
@@ -147,7 +149,7 @@ def use_compiled_entropy_kernels(device: torch.device, rows: int, vocab_size: in
         and rows * vocab_size >= COMPILE_MIN_LOGITS
         and os.environ.get(ENV_SWITCH, "1").strip().lower() not in _OFF
         and not any(os.environ.get(name) == "1" for name in _DYNAMO_OFF)
-        and not _failed
+        and device.type not in _failed
     )
 
 
@@ -168,12 +170,16 @@ def _run(kernel: Callable, *args: Tensor) -> Tensor | None:
     """``compiled(kernel)(*args)`` (an in-place kernel gives its first argument back), or ``None`` when
     the eager passes must do it: a chunk of one row (``torch.compile`` would specialize a second time on
     it), a call under a user's ``TorchDispatchMode``, a refusal at the recompile limit (for those inputs;
-    dynamo logs each refusal), or a failed compile (warned once, eager from then on)."""
-    if _failed or args[0].shape[0] < 2 or is_in_torch_dispatch_mode(include_infra_modes=False):
+    dynamo logs each refusal), or a failed compile (warned once, eager from then on on that device type).
+    Running out of memory is not a failed compile: it is raised as it is."""
+    device = args[0].device.type
+    if device in _failed or args[0].shape[0] < 2 or is_in_torch_dispatch_mode(include_infra_modes=False):
         return None  # under a user's dispatch mode dynamo would skip the kernel, for the whole process
     try:
         with torch.profiler.record_function(f"lit_losses::{kernel.__name__}"):
             out = _compiled(kernel)(*args)
+    except (torch.cuda.OutOfMemoryError, MemoryError):
+        raise  # the eager passes would need the same memory, or more
     except Exception as err:  # a failed compile: the eager passes compute the same maths
         error = f"{type(err).__name__}: {err}".splitlines()[0]
         if _at_recompile_limit(err):
@@ -182,10 +188,10 @@ def _run(kernel: Callable, *args: Tensor) -> Tensor | None:
                 "passes take the inputs it refuses (same maths, slower)."
             )
             return None
-        _failed.append(error)
+        _failed[device] = error
         _warn_once(
-            f"could not compile or run the entropy kernels ({error}); using the eager passes (same maths, "
-            f"slower). Set {ENV_SWITCH}=0 to skip the attempt."
+            f"could not compile or run the entropy kernels on {device} ({error}); using the eager passes "
+            f"there (same maths, slower). Set {ENV_SWITCH}=0 to skip the attempt."
         )
         return None
     return args[0] if out is None else out

@@ -4,8 +4,9 @@ log-probabilities and entropy (optional extra ``[liger]``; on Hopper also ``lige
 The name is Liger's (``LigerFusedLinearScaledCrossEntropyFunction``, "scaled" by a temperature), so a
 Liger user finds it; it gives ``logprobs`` (``−nll``) and ``entropy``, not ``lse``. The call is the
 public ``liger_kernel.ops.LigerFusedLinearScaledCrossEntropyFunction.apply(h, W, y, temperature=1.0,
-ignore_index=..., return_entropy=...)`` on the valid tokens only (ignored positions are removed before,
-and get 0 and no gradient, like every backend's). What Liger 0.8.5 does, and what follows here:
+return_entropy=...)`` on the valid tokens only (ignored positions are removed before, so Liger's own
+``ignore_index`` is left at its default, and they get 0 and no gradient, like every backend's). What
+Liger 0.8.5 does, and what follows here:
 
 * **Implementations.** On a compute-capability 9.0 GPU (H100, H200) Liger always runs its CuTe DSL SM90
   kernel, which takes bf16 hidden states and weight only and needs ``nvidia-cutlass-dsl``
@@ -81,14 +82,19 @@ def _scaled_function(hidden: Tensor) -> Any:
             f"pip install -U '{_INSTALL}'"
         )
     if torch.cuda.get_device_capability(hidden.device) == _SM90:
-        if hidden.dtype != torch.bfloat16:
-            raise ValueError(
-                f"head backend {NAME!r} on a compute-capability 9.0 GPU runs Liger's SM90 kernel, which "
-                f"takes bf16 operands only, got {hidden.dtype}; use backend={peer_kernels.INSTEAD!r} (or "
-                "bf16 operands: matmul_precision='low' with a bf16 model)"
-            )
+        _require_sm90_dtype(hidden)
         peer_kernels.import_peer(NAME, "cutlass", "liger-kernel[cutedsl]")
     return ops.LigerFusedLinearScaledCrossEntropyFunction
+
+
+def _require_sm90_dtype(hidden: Tensor) -> None:
+    """On a compute-capability 9.0 GPU Liger runs its SM90 kernel, which takes bf16 operands only."""
+    if torch.cuda.get_device_capability(hidden.device) == _SM90 and hidden.dtype != torch.bfloat16:
+        raise ValueError(
+            f"head backend {NAME!r} on a compute-capability 9.0 GPU runs Liger's SM90 kernel, which "
+            f"takes bf16 operands only, got {hidden.dtype}; use backend={peer_kernels.INSTEAD!r} (or "
+            "bf16 operands: matmul_precision='low' with a bf16 model)"
+        )
 
 
 def liger_scaled_logprobs_entropy(
@@ -128,6 +134,7 @@ def liger_scaled_per_token(
     out_dtype = peer_kernels.check_operands(
         NAME, hidden, head.bias, accum_dtype=head.accum_dtype, dtypes=_OPERANDS
     )
+    _require_sm90_dtype(hidden)  # also when no token is valid: the same call refused either way
     valid, h, y = valid_tokens(hidden, targets, head.ignore_index)
     if h.shape[0] == 0:
         zeros = peer_kernels.empty_rows(h, head.weight, out_dtype)

@@ -89,14 +89,18 @@ def block_logits(
     h: Tensor, weight: Tensor, bias: Tensor | None, span: tuple[int, int], scratch: BlockScratch
 ) -> tuple[Tensor, Tensor]:
     """``(z, W_b)``: the logits ``h W_bᵀ + b_b`` of vocabulary rows ``span`` in the scratch's dtype, and the
-    weight block in ``h``'s (operand) dtype. Operands in the scratch's dtype write the scratch; narrower ones
-    (bf16 on CUDA) give a new tensor, the matmul's own output, rather than a copy of it."""
+    weight block in ``h``'s (operand) dtype. On CUDA, narrower operands (bf16) give a new tensor, the matmul's
+    own output, rather than a copy of it into the scratch (CUDA's caching allocator reuses the memory);
+    otherwise the logits are written into the scratch (no page faults per block on CPU)."""
     v0, v1 = span
     w_blk = weight[v0:v1].to(h.dtype)
     if h.dtype == scratch.dtype:
         z = torch.mm(h, w_blk.t(), out=scratch.take("logits", v1 - v0))
-    else:
+    elif h.is_cuda:
         z = mm_in(h, w_blk.t(), scratch.dtype)
+    else:
+        z = scratch.take("logits", v1 - v0)
+        z.copy_(mm_in(h, w_blk.t(), scratch.dtype))
     if bias is not None:
         z.add_(bias[v0:v1].to(z.dtype))
     return z, w_blk
@@ -271,7 +275,7 @@ def _backprop_block(
     z, w_blk = block_logits(h, weight, bias, span=span, scratch=scratch)
     inside, cols = _targets_in(targets, span)
     g_target = torch.where(inside, g_lp, 0)
-    b_or_zeros = torch.zeros_like(a) if b is None else b
+    b_or_zeros = b if b is not None or kernel is None else torch.zeros_like(a)
     dz = None
     if kernel == "cast":
         dz = entropy_kernels.block_logit_grad_as(
@@ -282,7 +286,7 @@ def _backprop_block(
     if dz is None:
         dz = _eager_logit_grad_(z, lse, a, b=b, scratch=scratch)
         dz.scatter_add_(1, cols, g_target[:, None])
-    del z  # the bf16 gradient is a new tensor: the fp32 logits can go before the matmuls
+    del z  # on the "cast" path the gradient is a new bf16 tensor: the fp32 logits go before the matmuls
     project_block(dz, h, w_blk, span=span, grads=grads)
 
 

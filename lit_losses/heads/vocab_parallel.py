@@ -112,9 +112,11 @@ class ShardedSettings(HeadSettings):
 
     @contextmanager
     def computing(self, hidden: Tensor, backend: HeadBackend) -> Iterator[tuple[ShardedHeadConfig, Tensor]]:
-        """`local_rows`, autocast off."""
+        """`local_rows` of the `tempered` settings (``h / T`` and this rank's ``b / T``: the logits ``z / T``
+        of every shard), autocast off."""
+        head, h = self.tempered(hidden)
         with autocast_off(hidden.device):
-            yield self.local_rows(hidden)
+            yield head.local_rows(h)
 
 
 def _local_rows(head: Any) -> tuple[Tensor, Tensor | None, VocabShard]:
@@ -230,6 +232,7 @@ class VocabParallelHead(FusedLMHead):
         ignore_index: target value of positions without a label.
         accum_dtype: the least precise dtype logits and statistics are computed in (see `FusedLMHead`).
         check_finite: raise when hidden states contain NaN/Inf.
+        temperature: ``T``: every output is that of the logits ``z / T`` (see `FusedLMHead`).
 
     Raises:
         ValueError: a weight whose rows do not match the shard, a DTensor with another placement, shards
@@ -259,6 +262,7 @@ class VocabParallelHead(FusedLMHead):
         ignore_index: int = -100,
         accum_dtype: torch.dtype = torch.float32,
         check_finite: bool = True,
+        temperature: float = 1.0,
     ) -> None:
         super().__init__(
             weight,
@@ -268,6 +272,7 @@ class VocabParallelHead(FusedLMHead):
             ignore_index=ignore_index,
             accum_dtype=accum_dtype,
             check_finite=check_finite,
+            temperature=temperature,
         )
         if is_vocab_sharded(weight):
             if shard is not None:

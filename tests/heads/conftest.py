@@ -24,7 +24,7 @@ def compiled_kernels(monkeypatch, can_compile):
         pytest.skip(f"torch.compile cannot build CPU kernels here: {can_compile}")
     calls: list[str] = []
     monkeypatch.setenv(entropy_kernels.ENV_SWITCH, "1")
-    monkeypatch.setattr(entropy_kernels, "_failed", [])
+    monkeypatch.setattr(entropy_kernels, "_failed", {})
     monkeypatch.setattr(entropy_kernels, "_warned", set())
     run = entropy_kernels._run
 

@@ -310,7 +310,7 @@ def test_eager_entropy_paths_halve_the_tokens_per_chunk_on_cpu(monkeypatch):
     one work tensor and the full size. An explicit chunk size is kept."""
     head = FusedLMHead(torch.zeros(128256, 8))
     assert chunk_size_for(head, 4096) == default_chunk_size(4096, 128256) == 261
-    monkeypatch.setattr(entropy_kernels, "_failed", [])
+    monkeypatch.setattr(entropy_kernels, "_failed", {})
     monkeypatch.delenv("TORCH_COMPILE_DISABLE", raising=False)
     monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
     monkeypatch.setenv(entropy_kernels.ENV_SWITCH, "1")
@@ -448,7 +448,7 @@ def test_a_failed_compile_warns_once_and_the_eager_passes_take_over(
     head = FusedLMHead(weight, b, chunk_size=8)
     with pytest.warns(
         RuntimeWarning,
-        match=r"could not compile or run the entropy kernels \(RuntimeError: no C\+\+ "
+        match=r"could not compile or run the entropy kernels on cpu \(RuntimeError: no C\+\+ "
         r"compiler found\); using the eager passes",
     ) as record:
         for _ in range(2):
@@ -458,14 +458,34 @@ def test_a_failed_compile_warns_once_and_the_eager_passes_take_over(
                 torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-12)
     assert len([w for w in record if "could not compile or run" in str(w.message)]) == 1
     assert not entropy_kernels.use_compiled_entropy_kernels(torch.device("cpu"), 10**6, 10**6)
+    # a failed C++ build leaves CUDA's Triton kernels on (and the reverse)
+    assert entropy_kernels.use_compiled_entropy_kernels(torch.device("cuda"), 10**6, 10**6)
     entropy_kernels._failed.clear()  # the fixture's check is about unexpected failures
+
+
+def test_running_out_of_memory_in_a_kernel_is_raised_not_taken_for_a_failed_compile(
+    compiled_kernels, monkeypatch
+):
+    """An out-of-memory error inside a kernel reaches the caller, and the kernels stay on."""
+
+    def out_of_memory(kernel):
+        def run(*args):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+
+        return run
+
+    monkeypatch.setattr(entropy_kernels, "_compiled", out_of_memory)
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="out of memory"):
+        entropy_kernels.entropy(torch.zeros(4, 8))
+    assert not entropy_kernels._failed
+    assert entropy_kernels.use_compiled_entropy_kernels(torch.device("cpu"), 10**6, 10**6)
 
 
 @pytest.mark.parametrize("switch", [("LIT_LOSSES_COMPILE_KERNELS", "off"), ("TORCH_COMPILE_DISABLE", "1")])
 def test_switches_keep_the_eager_passes(switch, monkeypatch):
     monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
     monkeypatch.delenv("TORCH_COMPILE_DISABLE", raising=False)
-    monkeypatch.setattr(entropy_kernels, "_failed", [])
+    monkeypatch.setattr(entropy_kernels, "_failed", {})
     monkeypatch.setenv(entropy_kernels.ENV_SWITCH, "1")
     cpu = torch.device("cpu")
     assert entropy_kernels.use_compiled_entropy_kernels(cpu, 512, 32768)

@@ -134,3 +134,33 @@ def test_double_backward_is_refused():
 def test_head_for_keeps_the_plain_head_for_an_unsharded_weight():
     head = head_for(torch.zeros(8, 4), None, backend="naive", chunk_size=3)
     assert type(head) is FusedLMHead and head.backend == "naive" and head.chunk_size == 3
+
+
+def test_temperature_gives_the_outputs_and_gradients_of_the_scaled_logits():
+    """``temperature=T`` on the vocabulary-parallel head (one shard here; each shard divides its own bias
+    rows) equals `FusedLMHead`'s: every output, fused loss and gradient of the logits ``z / T``."""
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(3, 4, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(29, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(29, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 29, (3, 4), generator=g)
+    targets[0, 1] = -100
+    weights = torch.rand(3, 4, generator=g, dtype=torch.float64)
+
+    def results(head):
+        out = head(hidden, targets, ("logprobs", "lse", "entropy"))
+        per_token = (out.logprobs + 0.5 * out.lse - 2 * out.entropy).sum()
+        ce = head.weighted_ce(hidden, targets, weights)
+        pointwise = head.pointwise_loss(hidden, targets, lambda s, e, lp, lse, ent: (lp * ent).sum(), True)
+        return [
+            value
+            for loss in (per_token, ce, pointwise)
+            for value in (loss, *torch.autograd.grad(loss, (hidden, weight, bias)))
+        ]
+
+    got = results(VocabParallelHead(weight, bias, chunk_size=5, temperature=1.7))
+    want = results(FusedLMHead(weight, bias, chunk_size=5, temperature=1.7))
+    plain = results(FusedLMHead(weight, bias, chunk_size=5))
+    for g_, w_ in zip(got, want, strict=True):
+        torch.testing.assert_close(g_, w_, rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(got[0], plain[0])
