@@ -64,7 +64,7 @@ def test_bad_target_on_cuda_is_a_value_error_not_a_device_assert():
         FusedLMHead(weight, backend="chunked")(hidden, targets)
 
 
-@pytest.mark.skipif(not liger_available(), reason="needs the [liger] extra")
+@pytest.mark.skipif(not liger_available(), reason="needs a CUDA device and the [liger] extra")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_liger_plain_ce_matches_the_chunked_fast_path(dtype):
     hidden, weight, _, targets = problem(dtype=dtype)
@@ -78,7 +78,7 @@ def test_liger_plain_ce_matches_the_chunked_fast_path(dtype):
         torch.testing.assert_close(got.float(), ref.float(), **tol)
 
 
-@pytest.mark.skipif(not liger_available(), reason="needs the [liger] extra")
+@pytest.mark.skipif(not liger_available(), reason="needs a CUDA device and the [liger] extra")
 def test_auto_takes_liger_for_uniform_plain_ce_and_chunked_otherwise(monkeypatch):
     calls = []
 
@@ -97,7 +97,7 @@ def test_auto_takes_liger_for_uniform_plain_ce_and_chunked_otherwise(monkeypatch
 
 
 @pytest.mark.parametrize("backend", ["chunked", pytest.param("liger", marks=pytest.mark.skipif(
-    not liger_available(), reason="needs the [liger] extra"))])  # fmt: skip
+    not liger_available(), reason="needs a CUDA device and the [liger] extra"))])  # fmt: skip
 def test_bf16_mixed_on_cuda_multiplies_bf16_operands_with_fp32_products(backend):
     """``bf16-mixed`` (fp32 weight and hidden, autocast on): the default ``matmul_precision="auto"`` hands
     the matmuls bf16 operands (tensor cores); the chunked kernel keeps their products in fp32
