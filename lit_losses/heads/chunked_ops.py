@@ -33,7 +33,8 @@ inputs stay float64 (which is what `torch.autograd.gradcheck` needs).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -138,19 +139,25 @@ class LogitScratch(WorkTensors):
         return self.reused(name, (rows + 1, self.vocab_size))[:rows]
 
     def logits(self, h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        """``h Wᵀ + b`` in the accumulation dtype, written into work tensor ``"logits"`` — or, for narrower
-        operands on CUDA (bf16), the matmul's own output (a copy into the work tensor would cost a pass;
-        CUDA's caching allocator reuses the chunk's memory without page faults)."""
-        if h.dtype != self.dtype and h.is_cuda:
-            z = mm_in(h, weight.t(), self.dtype)
-            return z if bias is None else z.add_(bias)
-        out = self.take("logits", h.shape[0])
-        if h.dtype != out.dtype:
-            out.copy_(mm_in(h, weight.t(), out.dtype))
-            return out if bias is None else out.add_(bias)
-        if bias is None:
-            return torch.mm(h, weight.t(), out=out)
-        return torch.addmm(bias, h, weight.t(), out=out)
+        """``h Wᵀ + b`` in the accumulation dtype, in work tensor ``"logits"`` or not (`logits_product`); the
+        bias is added by the matmul itself when the operands are in that dtype."""
+        out = functools.partial(self.take, "logits", h.shape[0])
+        if bias is not None and h.dtype == self.dtype:
+            return torch.addmm(bias, h, weight.t(), out=out())
+        z = logits_product(h, weight.t(), self.dtype, out=out)
+        return z if bias is None else z.add_(bias)
+
+
+def logits_product(h: Tensor, weight_t: Tensor, dtype: torch.dtype, out: Callable[[], Tensor]) -> Tensor:
+    """``h @ weight_t`` in ``dtype`` (the logits of a chunk or a block), written into ``out()``, a reused
+    work tensor — by the matmul for operands in ``dtype``, as the cast of the product for narrower ones on
+    CPU — or, for narrower operands on CUDA (bf16), the matmul's own output: a copy into the work tensor
+    would cost a pass, and CUDA's caching allocator reuses the memory without page faults."""
+    if h.dtype == dtype:
+        return torch.mm(h, weight_t, out=out())
+    if h.is_cuda:
+        return mm_in(h, weight_t, dtype)
+    return out().copy_(mm_in(h, weight_t, dtype))
 
 
 def mm_in(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:

@@ -33,7 +33,7 @@ The ``blocked`` backend's passes over an ``[n, V_b]`` block of logits (`lit_loss
 are compiled the same way, under the same switches: `block_softmax_stats` reads the block once for its row
 maximum ``m`` and ``s = Σ e^{z − m}`` (and ``t = Σ e^{z − m} (z − m)`` for the entropy, both accumulated
 in float64), and `block_logit_grad_` writes ``e^{z − lse} ⊙ (a + b ⊙ (z − lse)) + g_ℓ e_y`` over it — or,
-for bf16/fp16 operands, `block_logit_grad_as` writes it once in the operand dtype, so that the cast for the
+for bf16 operands, `block_logit_grad_bf16` writes it once in the operand dtype, so that the cast for the
 gradient matmuls is no pass of its own. Every compiled call is recorded as ``lit_losses::<kernel>`` in
 `torch.profiler` traces (how the passes are counted).
 """
@@ -110,16 +110,6 @@ def _block_grad_bf16_kernel(
 ) -> Tensor:
     """`_block_grad_kernel_`'s gradient as a new bf16 tensor (the matmul operand), ``z`` untouched."""
     return _block_grad(z, lse, a, b=b, cols=cols, g_target=g_target).to(torch.bfloat16)
-
-
-def _block_grad_fp16_kernel(
-    z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor
-) -> Tensor:
-    """`_block_grad_kernel_`'s gradient as a new fp16 tensor (the matmul operand), ``z`` untouched."""
-    return _block_grad(z, lse, a, b=b, cols=cols, g_target=g_target).to(torch.float16)
-
-
-_BLOCK_GRAD_AS = {torch.bfloat16: _block_grad_bf16_kernel, torch.float16: _block_grad_fp16_kernel}
 
 
 @functools.cache
@@ -258,15 +248,15 @@ def block_logit_grad_(
     return _run(_block_grad_kernel_, z, lse, a, b, cols, g_target)
 
 
-def block_logit_grad_as(
-    z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor, dtype: torch.dtype
+def block_logit_grad_bf16(
+    z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor
 ) -> Tensor | None:
-    """`block_logit_grad_` written as a new ``dtype`` tensor (bf16 or fp16: the matmuls' operand dtype), in
-    one read of ``z`` and one narrower write: the cast to the operand dtype costs no pass of its own.
+    """`block_logit_grad_` written as a new bf16 tensor (the matmuls' operand dtype under bf16 operands), in
+    one read of ``z`` and one narrower write: the cast to the operand dtype costs no pass of its own. (fp16
+    operands take the eager passes: the head never multiplies in fp16, whose range the ~1/N-scaled
+    gradients underflow.)
 
     Returns:
-        The ``[n, V_b]`` gradient in ``dtype``, or ``None`` when the eager passes must compute it (another
-        ``dtype``, or `_run`'s cases).
+        The ``[n, V_b]`` gradient in bf16, or ``None`` when the eager passes must compute it (`_run`).
     """
-    kernel = _BLOCK_GRAD_AS.get(dtype)
-    return None if kernel is None else _run(kernel, z, lse, a, b, cols, g_target)
+    return _run(_block_grad_bf16_kernel, z, lse, a, b, cols, g_target)

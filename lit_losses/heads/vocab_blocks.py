@@ -25,13 +25,21 @@ either way.
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import torch
 from torch import Tensor
 
 from lit_losses.heads import entropy_kernels
-from lit_losses.heads.chunked_ops import Grads, WorkTensors, default_chunk_size, mm_in, row_dot
+from lit_losses.heads.chunked_ops import (
+    Grads,
+    WorkTensors,
+    default_chunk_size,
+    logits_product,
+    mm_in,
+    row_dot,
+)
 
 
 class BlockScratch(WorkTensors):
@@ -89,18 +97,10 @@ def block_logits(
     h: Tensor, weight: Tensor, bias: Tensor | None, span: tuple[int, int], scratch: BlockScratch
 ) -> tuple[Tensor, Tensor]:
     """``(z, W_b)``: the logits ``h W_bᵀ + b_b`` of vocabulary rows ``span`` in the scratch's dtype, and the
-    weight block in ``h``'s (operand) dtype. On CUDA, narrower operands (bf16) give a new tensor, the matmul's
-    own output, rather than a copy of it into the scratch (CUDA's caching allocator reuses the memory);
-    otherwise the logits are written into the scratch (no page faults per block on CPU)."""
+    weight block in ``h``'s (operand) dtype (where the logits are written: `logits_product`)."""
     v0, v1 = span
     w_blk = weight[v0:v1].to(h.dtype)
-    if h.dtype == scratch.dtype:
-        z = torch.mm(h, w_blk.t(), out=scratch.take("logits", v1 - v0))
-    elif h.is_cuda:
-        z = mm_in(h, w_blk.t(), scratch.dtype)
-    else:
-        z = scratch.take("logits", v1 - v0)
-        z.copy_(mm_in(h, w_blk.t(), scratch.dtype))
+    z = logits_product(h, w_blk.t(), scratch.dtype, out=functools.partial(scratch.take, "logits", v1 - v0))
     if bias is not None:
         z.add_(bias[v0:v1].to(z.dtype))
     return z, w_blk
@@ -239,8 +239,8 @@ def blocked_backward(
     b = None if g_ent is None else -g_ent
     scratch = BlockScratch(n, acc, h.device)
     compiled = entropy_kernels.use_compiled_entropy_kernels(h.device, n, min(block, vocab))
-    # a narrower operand dtype takes the gradient straight in it, unless the bias needs its fp32 column sums
-    cast_in_kernel = compiled and h.dtype != acc and grad_b is None
+    # bf16 operands take the gradient straight in bf16, unless the bias needs its fp32 column sums
+    cast_in_kernel = compiled and h.dtype == torch.bfloat16 and acc != torch.bfloat16 and grad_b is None
     for v0 in range(0, vocab, block):
         # one call per block: its logits and their gradient are freed before the next block's are made
         _backprop_block(
@@ -249,7 +249,7 @@ def blocked_backward(
             bias,
             targets=targets,
             span=(v0, min(v0 + block, vocab)),
-            coefficients=(lse, a, None if g_ent is None else b, g_lp),
+            coefficients=(lse, a, b, g_lp),
             kernel="cast" if cast_in_kernel else "in_place" if compiled else None,
             scratch=scratch,
             grads=(grad_h, grad_w, grad_b),
@@ -278,9 +278,7 @@ def _backprop_block(
     b_or_zeros = b if b is not None or kernel is None else torch.zeros_like(a)
     dz = None
     if kernel == "cast":
-        dz = entropy_kernels.block_logit_grad_as(
-            z, lse, a, b=b_or_zeros, cols=cols, g_target=g_target, dtype=h.dtype
-        )
+        dz = entropy_kernels.block_logit_grad_bf16(z, lse, a, b=b_or_zeros, cols=cols, g_target=g_target)
     elif kernel == "in_place":
         dz = entropy_kernels.block_logit_grad_(z, lse, a, b=b_or_zeros, cols=cols, g_target=g_target)
     if dz is None:
