@@ -33,6 +33,7 @@ import lit_losses
 from lit_losses.console import quiet_console, use_step_progress_bar
 from lit_losses.controller.operations import ControllerStop
 from lit_losses.data.text import TextDataModule
+from lit_losses.distributed import end_process_group
 from lit_losses.errors import ConfigError
 from lit_losses.import_hint import import_error_line
 from lit_losses.module import RegularizedLM
@@ -453,7 +454,12 @@ def main() -> None:
 
         report_main(sys.argv[2:])
         return
-    cli_main()
+    try:
+        cli_main()
+    except SystemExit:  # a controller's exit code, a preemption: the process group ends all the same
+        end_process_group()
+        raise
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""One all-reduce for the package's small bookkeeping tensors (token counts, logged metrics), whatever the
-process group's backend.
+"""The package's process-group helpers: one all-reduce for its small bookkeeping tensors (token counts,
+logged metrics), whatever the process group's backend, and the end of a run's process group
+(`end_process_group`, called by ``lit-losses`` before it exits).
 
 NCCL reduces CUDA tensors only, while counts and metrics are built on the CPU: without this helper each
 caller would move them to the GPU and back itself, and a caller that forgets fails under NCCL alone (gloo,
@@ -34,3 +35,13 @@ def all_reduce(
         tensor = tensor.cuda()
     dist.all_reduce(tensor, op=op, group=group)
     return tensor.to(device)
+
+
+def end_process_group() -> None:
+    """Destroy the default process group of a distributed run at the end of the process, as torch asks:
+    its background threads are then joined before the interpreter exits. Left to the interpreter's exit,
+    a rank can abort there (``terminate called without an active exception``, exit status -6, seen with
+    gloo) after a fit that went well. Not called when an error propagates (the other ranks may be
+    waiting in a collective)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

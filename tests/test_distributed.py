@@ -1,4 +1,4 @@
-"""`lit_losses.distributed.all_reduce` under NCCL (one CUDA process) takes the CPU tensors that counts and
+"""`lit_losses.distributed`: `all_reduce` under NCCL (one CUDA process) takes the CPU tensors that counts and
 metrics are built as, and gives them back on the CPU; gloo's path is tested through its callers on 2
 processes (tests/parallel/test_custom_call.py, tests/aggregation/test_ddp_equivalence.py)."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lit_losses.distributed import all_reduce
+from lit_losses.distributed import all_reduce, end_process_group
 
 
 @pytest.mark.cuda
@@ -26,3 +26,12 @@ def test_nccl_reduces_cpu_tensors_and_gives_them_back_on_the_cpu(tmp_path):
     assert summed.device.type == "cpu" and torch.equal(summed, counts)  # one rank: the sum is the tensor
     assert worst.device.type == "cpu" and torch.equal(worst, flags)
     assert on_gpu.device.type == "cuda" and torch.equal(on_gpu.cpu(), counts)
+
+
+def test_end_process_group_destroys_the_group_a_run_made_and_is_a_no_op_without_one(tmp_path):
+    """`lit-losses` ends the process group of a distributed run before the interpreter exits."""
+    end_process_group()  # nothing initialized: nothing to do
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    assert dist.is_initialized()
+    end_process_group()
+    assert not dist.is_initialized()
