@@ -78,7 +78,7 @@ def test_offline_ppo_recipe(tmp_path, monkeypatch):
     record = fit_recipe(tmp_path, "ppo_kl.yaml")
     assert record["reason"] == "max_steps" and record["step"] == 3
     (events,) = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}
-    from lit_losses.report_data import read_run
+    from lit_losses.cli.report_data import read_run
 
     tags = read_run(events).scalars
     assert {

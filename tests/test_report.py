@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from lit_losses.cli import main
-from lit_losses.report import panels
-from lit_losses.report_data import read_runs
+from lit_losses.cli.report import panels
+from lit_losses.cli.report_data import read_runs
 from tests.cli_runs import fit_short, read_scalars, run_folder
 
 ABLATION = "--model.init_args.regularizers=[{name: z_loss, weight: 1.0e-4}]"  # entropy off

@@ -1,6 +1,6 @@
 """One run, one folder: no two runs share a log folder, a checkpoint folder or a config file unless the
-user says so (`lit_losses.run_dir`), and Lightning's refusals of trainer options are one line before the
-run started, and left alone after (`lit_losses.trainer_errors`)."""
+user says so (`lit_losses.cli.run_dir`), and Lightning's refusals of trainer options are one line before the
+run started, and left alone after (`lit_losses.cli.trainer_errors`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.loops.fit_loop import _FitLoop
 
 from lit_losses.cli import cli_main
-from lit_losses.run_dir import claim_file, claim_folder
+from lit_losses.cli.run_dir import claim_file, claim_folder
 
 pytestmark = [pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter"), pytest.mark.timeout(120)]
 
@@ -194,7 +194,7 @@ def test_lightning_refusal_raised_from_your_own_error_keeps_its_traceback():
     bug, not an option: it is not turned into one line."""
     import lightning as L
 
-    from lit_losses.trainer_errors import lightning_config_error
+    from lit_losses.cli.trainer_errors import lightning_config_error
 
     try:
         L.Trainer(accelerator="cpu", devices=0)

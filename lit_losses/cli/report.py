@@ -30,7 +30,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from lit_losses.report_data import RunScalars, finite, read_runs
+from lit_losses.cli.report_data import RunScalars, finite, read_runs
 
 LOSS_TAGS = ("train/loss_total", "train/base_loss", "train/regularizer_total")
 MARKER_STYLES = {
@@ -194,7 +194,7 @@ def write_report(folders: list[str | Path], out: str | Path | None = None) -> Pa
     ``<first folder>/report.html``); returns its path.
 
     Raises:
-        NoEventsError: a folder holds no run (`lit_losses.report_data.NoEventsError`).
+        NoEventsError: a folder holds no run (`lit_losses.cli.report_data.NoEventsError`).
 
     Example:
         >>> import tempfile
