@@ -20,7 +20,7 @@ _INCLUDE = re.compile(r"<!-- include: (.*?) -->")
 
 def cli_help(args: str) -> str:
     """What ``lit-losses <args>`` prints (the help options exit with status 0)."""
-    from lit_losses.cli import cli_main
+    from lit_losses.cli.app import cli_main
     from lit_losses.cli.report import report_main
 
     words = args.split()

@@ -104,7 +104,12 @@ def one_line_error(message: str) -> str:
 
 
 class LitLossesParser(LightningArgumentParser):
-    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback)."""
+    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback), and
+    whose usage lines name ``lit-losses`` however it was started (``python -m lit_losses.cli``, the docs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("prog", "lit-losses")
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
