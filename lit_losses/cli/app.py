@@ -191,12 +191,20 @@ class LitLossesCLI(LightningCLI):
         ):
             self.trainer.callbacks.append(PreemptionCheckpoint())
         if self.subcommand == "fit":
+            log_every_step_of_a_short_run(self.trainer)
             add_run_callbacks(self.trainer)
             use_step_progress_bar(self.trainer, self.config["fit"]["trainer"].get("callbacks"))
         claim_run_dir(self)
 
 
 _SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+
+
+def log_every_step_of_a_short_run(trainer: Any) -> None:
+    """A fit of fewer optimizer steps (``max_steps``) than the logging interval logs every step, so that its
+    report and TensorBoard show a training loss (Lightning would log none before the interval)."""
+    if 0 < trainer.max_steps < trainer.log_every_n_steps:
+        trainer.log_every_n_steps = 1
 
 
 def check_config_files(args: Any) -> None:
