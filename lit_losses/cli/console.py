@@ -7,7 +7,8 @@ bar that counts optimizer steps.
 - `StepProgressBar`: Lightning's `TQDMProgressBar` whose bar counts optimizer steps against
   ``trainer.max_steps`` (or, without ``max_steps``, against the epoch's optimizer steps), not
   micro-batches: with ``accumulate_grad_batches=4`` and ``max_steps=20`` it reads ``20/20`` at the end,
-  where Lightning's reads ``80/20``.
+  where Lightning's reads ``80/20``. A later epoch starts the bar where the run stands and its rate
+  counts the steps taken since (not every step of the run over the epoch's first second).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class StepProgressBar(TQDMProgressBar):
         super().on_train_epoch_start(trainer, *args)
         bar = self.train_progress_bar
         bar.total = self.steps_total(trainer)
-        bar.n = self.steps_done(trainer, -1)
+        bar.n = bar.initial = self.steps_done(trainer, -1)  # the rate counts this epoch's steps only
         bar.unit = "step"
         bar.refresh()
 
