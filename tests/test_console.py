@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.cli_runs import MAIN_JOB, REPO, SHORT
 
 
@@ -77,3 +79,21 @@ def test_the_step_bar_of_a_later_epoch_rates_only_that_epochs_steps(tmp_path):
     )
     trainer.fit(Tiny(), DataLoader(torch.ones(4, 1), batch_size=1))
     assert seen == [(0, 0, 0, 6), (1, 4, 4, 6)]
+
+
+@pytest.mark.parametrize(
+    ("env", "kept"), [({}, True), ({"RANK": "0"}, True), ({"RANK": "1"}, False), ({"LOCAL_RANK": "1"}, False)]
+)
+def test_the_seed_line_prints_once_per_run_from_rank_zero(env, kept, monkeypatch):
+    import logging
+
+    from lit_losses.cli.console import PER_RANK_LOGGERS, quiet_console
+
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    quiet_console()
+    logger = logging.getLogger(PER_RANK_LOGGERS[0])
+    record = logger.makeRecord(logger.name, logging.INFO, "", 0, "[rank: 1] Seed set to 0", None, None)
+    assert logger.filter(record) is kept
