@@ -64,8 +64,8 @@ def test_mkdocs_build_strict(tmp_path):
         "--resume_changes",
     ):
         assert option in cli_page, option
-    api_page = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
-    assert "GlobalStatsLoader" in api_page and "forward_backward_custom" in api_page
+    api_pages = "".join(p.read_text() for p in (tmp_path / "site" / "reference" / "api").rglob("*.html"))
+    assert "GlobalStatsLoader" in api_pages and "forward_backward_custom" in api_pages
     check_built_pages(tmp_path / "site")
 
 
@@ -86,6 +86,33 @@ def check_built_pages(site: Path) -> None:
         assert "usage: __main__" not in text, page.relative_to(site)
     aggregation = (site / "concepts" / "aggregation" / "index.html").read_text(encoding="utf-8")
     assert aggregation.count("<math") >= 10
+    check_api_pages(site / "reference" / "api")
+
+
+SUBPACKAGES = ("aggregation", "autograd", "controller", "data", "heads", "loss", "models", "objectives")
+SUBPACKAGES += ("parallel", "regularizers", "checkpoint", "cli")
+
+
+def check_api_pages(api: Path) -> None:
+    """Every public name (``lit_losses.__all__`` and each subpackage's ``__all__``) has an entry on an API
+    page; a class's entry shows its constructor's signature."""
+    import importlib
+
+    import lit_losses
+
+    pages = {p: p.read_text(encoding="utf-8") for p in api.rglob("*.html")}
+    ids = {i for text in pages.values() for i in re.findall(r'id="(lit_losses\.[^"]*)"', text)}
+    missing = [
+        name
+        for name in lit_losses.__all__
+        if not any(i.endswith(f".{name}") or i.startswith(f"lit_losses.{name}.") for i in ids)
+    ]
+    for sub in SUBPACKAGES:
+        names = importlib.import_module(f"lit_losses.{sub}").__all__
+        missing += [f"lit_losses.{sub}.{n}" for n in names if f"lit_losses.{sub}.{n}" not in ids]
+    assert not missing, f"public names without an API entry: {missing}"
+    head = re.sub(r"<[^>]+>", "", pages[api / "head" / "index.html"])
+    assert re.search(r"FusedLMHead\s*\(\s*weight: Tensor,\s*bias: Tensor \| None = None", head)
 
 
 def test_the_benchmark_charts_are_drawn_from_the_results_data(tmp_path):
