@@ -87,6 +87,10 @@ def check_built_pages(site: Path) -> None:
     aggregation = (site / "concepts" / "aggregation" / "index.html").read_text(encoding="utf-8")
     assert aggregation.count("<math") >= 10
     check_api_pages(site / "reference" / "api")
+    tutorial = (site / "tutorials" / "fused-head" / "index.html").read_text(encoding="utf-8")
+    assert (
+        'href="../../reference/api/head/#lit_losses.heads.FusedLMHead"' in tutorial
+    )  # names link to the API
 
 
 SUBPACKAGES = ("aggregation", "autograd", "controller", "data", "heads", "loss", "models", "objectives")
