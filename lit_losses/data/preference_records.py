@@ -181,10 +181,10 @@ def check_records(records: list[Record]) -> None:
     first = records[0]
     for record in records[1:]:
         if type(record) is not type(first):
-            kinds = {PairRecord: "paired", UnpairedRecord: "unpaired (KTO)"}
+            kinds = {PairRecord: "a paired record", UnpairedRecord: "an unpaired (KTO) record"}
             raise ConfigError(
-                f"{record.where} is a {kinds[type(record)]} record but {first.where} is "
-                f"{kinds[type(first)]}; one kind of record per data set"
+                f"{record.where} is {kinds[type(record)]} but {first.where} is {kinds[type(first)]}; one "
+                "kind of record per data set"
             )
         if record.conversational != first.conversational:
             forms = {True: "conversational (message lists)", False: "standard (text)"}
