@@ -157,7 +157,16 @@ def parse_preference_record(record: Any, where: str) -> Record:
 
 
 def read_preference_jsonl(path: str) -> list[Record]:
-    """The records of a JSONL file (blank lines skipped), each naming its ``file:line``."""
+    """The records of a JSONL file (blank lines skipped), each naming its ``file:line``.
+
+    Example:
+        >>> import json, pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "prefs.jsonl"
+        >>> _ = path.write_text(json.dumps({"chosen": "Sky? Blue.", "rejected": "Sky? Red."}) + "\\n")
+        >>> (record,) = read_preference_jsonl(str(path))
+        >>> record.where.endswith("prefs.jsonl:1"), record.prompt, record.chosen
+        (True, 'Sky?', ' Blue.')
+    """
     records = []
     for lineno, line in enumerate(read_text_file(path).split("\n"), start=1):
         if not line.strip():
@@ -177,6 +186,15 @@ def check_records(records: list[Record]) -> None:
 
     Raises:
         ConfigError: naming the first record and the first one that differs.
+
+    Example:
+        >>> pair = {"prompt": "2 + 2 =", "chosen": " 4", "rejected": " 5"}
+        >>> records = [parse_preference_record(pair | {"ref_chosen_logps": -1.0}, "a:1"),
+        ...            parse_preference_record(pair, "a:2")]
+        >>> check_records(records)
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: a:2: missing field 'ref_chosen_logps', which a:1 has; give ...
     """
     first = records[0]
     for record in records[1:]:
@@ -218,5 +236,10 @@ def pair_kl_partners(records: Iterable[UnpairedRecord]) -> None:
 
 
 def same_completion(record: Record) -> bool:
-    """Whether a pair's chosen and rejected completions are the same (it trains with a zero margin)."""
+    """Whether a pair's chosen and rejected completions are the same (it trains with a zero margin).
+
+    Example:
+        >>> same_completion(PairRecord("a:1", "2 + 2 =", " 4", " 4", {}))
+        True
+    """
     return isinstance(record, PairRecord) and record.chosen == record.rejected

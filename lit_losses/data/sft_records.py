@@ -64,7 +64,12 @@ class SFTRecord:
 
 def is_sft_record(record: Any) -> bool:
     """Whether a decoded JSON line holds the fields of an SFT record (``prompt``, ``completion`` or
-    ``messages``)."""
+    ``messages``).
+
+    Example:
+        >>> is_sft_record({"prompt": "Hi", "completion": " there"}), is_sft_record({"text": "Hi there"})
+        (True, False)
+    """
     return isinstance(record, Mapping) and any(key in record for key in SFT_FIELDS)
 
 
@@ -104,6 +109,12 @@ def check_sft_records(
     Raises:
         ConfigError: naming the first record and the one that differs, or the option and the record
             it does not apply to.
+
+    Example:
+        >>> check_sft_records([SFTRecord("a:1", "2 + 2 =", " 4")], None, assistant_only_loss=True)
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: data.assistant_only_loss=true needs conversational records ...
     """
     first = records[0]
     for record in records[1:]:
@@ -126,7 +137,16 @@ def check_sft_records(
 
 
 def check_generation_markers(encoder: TokenEncoder, where: str) -> None:
-    """Refuse ``assistant_only_loss`` with a chat template that does not mark the assistant's tokens."""
+    """Refuse ``assistant_only_loss`` with a chat template that does not mark the assistant's tokens
+    (or no chat template: the error names ``where``, the first record).
+
+    Example:
+        >>> from lit_losses.data.tokenizer import train_tokenizer
+        >>> check_generation_markers(TokenEncoder(train_tokenizer(["hi"], 262), "bpe"), "chat.jsonl:1")
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: chat.jsonl:1: a conversational record (message lists) is rendered ...
+    """
     encoder.check_chat(where)
     if not encoder.has_generation_markers:
         raise ConfigError(
@@ -138,7 +158,13 @@ def check_generation_markers(encoder: TokenEncoder, where: str) -> None:
 
 def with_eos(completion: Text, encoder: TokenEncoder) -> Text:
     """A standard completion ending with the EOS token's text (TRL adds it when missing); a conversation
-    as it is (its template ends the turns)."""
+    as it is (its template ends the turns).
+
+    Example:
+        >>> from lit_losses.data.tokenizer import train_tokenizer
+        >>> with_eos(" 4", TokenEncoder(train_tokenizer(["2 + 2 = 4"], 262), "bpe"))
+        ' 4<|endoftext|>'
+    """
     if not isinstance(completion, str):
         return completion
     if encoder.eos_token is None:
