@@ -98,6 +98,8 @@ def test_pairs_are_chosen_rows_then_rejected_rows_with_the_prompt_masked(tok, pa
         rows = rows_of(batch)
         pairs = len(rows) // 2
         assert len(rows) == 2 * pairs and batch["input_ids"].numel() <= 1024
+        assert torch.equal(batch["chosen_mask"][:pairs], batch["labels"][:pairs] != -100)
+        assert not batch["chosen_mask"][pairs:].any() and not batch["chosen_sequence_mask"][pairs:].any()
         for (c_ids, c_targets), (r_ids, r_targets) in zip(rows[:pairs], rows[pairs:]):
             prompt = next(p for p in expected if c_ids[: len(p)] == list(p) and r_ids[: len(p)] == list(p))
             assert (c_ids, c_targets, r_ids, r_targets) == tuple(list(x) for x in expected[prompt])
@@ -111,11 +113,20 @@ def test_the_loader_counts_two_sequences_per_pair_and_their_completion_tokens(to
     data = data_module(PAIRS, tokens_per_batch=600)
     loader = data.train_dataloader()
     assert isinstance(loader, GlobalStatsLoader)
-    loader.configure(accumulate_grad_batches=2, mask_keys=["labels"], ignore_index=-100)
+    keys = ["labels", "chosen_mask", "chosen_sequence_mask"]
+    loader.configure(accumulate_grad_batches=2, mask_keys=keys, ignore_index=-100)
     batches = list(loader)
     stats = [b["global_stats"].get_local() for b in batches]
     assert [s.num_sequences for s in stats] == [b["input_ids"].shape[0] for b in batches]
     assert sum(s.num_sequences for s in stats) == 2 * len(records_of(PAIRS))
+    chosen = [reference_rows(tok, r, "chosen") for r in records_of(PAIRS)]
+    masks = [b["global_stats"].get_local("chosen_mask") for b in batches]
+    assert sum(m.num_tokens for m in masks) == sum(len(c) for _, c in chosen)  # the chosen completions
+    assert sum(m.num_sequences for m in masks) == len(chosen)
+    sequences = [b["global_stats"].get_local("chosen_sequence_mask") for b in batches]
+    assert sum(m.num_tokens for m in sequences) == sum(
+        len(p) + len(c) - 1 for p, c in chosen
+    )  # every next token
     completion_tokens = sum(
         len(reference_rows(tok, r, f)[1]) for r in records_of(PAIRS) for f in ("chosen", "rejected")
     )
