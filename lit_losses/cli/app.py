@@ -137,12 +137,23 @@ class LitLossesCLI(LightningCLI):
         try:
             super().__init__(*args, **kwargs)
         except Exception as err:
-            translated = None if self.run_started.started else lightning_config_error(err)
+            translated = (
+                None if self.run_started.started else lightning_config_error(err, self.trainer_options())
+            )
             refused = not self.run_started.started and (translated is not None or config_error_in(err))
             self.run_claim.release(written=bool(refused))
             if translated is not None:
                 raise translated from err
             raise
+
+    def trainer_options(self) -> dict[str, Any]:
+        """The parsed ``trainer`` options of the subcommand (empty before parsing)."""
+        config = getattr(self, "config", None)
+        if config is None:
+            return {}
+        sub = config.get("subcommand")
+        trainer = (config[sub] if sub else config).get("trainer")
+        return trainer.as_dict() if isinstance(trainer, Namespace) else {}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults(
@@ -193,6 +204,17 @@ class LitLossesCLI(LightningCLI):
 
 _SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
 
+TRAINER_BOUNDS: dict[str, tuple[int, str]] = {
+    "accumulate_grad_batches": (1, ""),
+    "check_val_every_n_epoch": (1, ""),
+    "gradient_clip_val": (0, " (0 or null: no clipping)"),
+    "min_steps": (0, ""),
+    "min_epochs": (0, ""),
+    "num_sanity_val_steps": (-1, " (-1: every validation batch)"),
+}
+"""The least value of the numeric trainer options that Lightning takes without a word below it (and
+then hangs, does nothing, or scales the gradients by a negative norm), with what the bound means."""
+
 
 def check_config_files(args: Any) -> None:
     """Refuse a ``--config`` file that is not valid YAML with one line naming the file and the line.
@@ -229,10 +251,10 @@ def check_trainer_options(cli: LitLossesCLI) -> None:
     sub = cli.config.get("subcommand")
     config = cli.config[sub] if sub else cli.config
     trainer = config.get("trainer") or {}
-    for option in ("accumulate_grad_batches", "check_val_every_n_epoch"):
+    for option, (least, meaning) in TRAINER_BOUNDS.items():
         value = trainer.get(option)
-        if isinstance(value, int) and value < 1:
-            raise ConfigError(f"trainer.{option}={value} must be >= 1")
+        if isinstance(value, int | float) and not isinstance(value, bool) and not value >= least:
+            raise ConfigError(f"trainer.{option}={value} must be >= {least}{meaning}")
     ckpt_path = config.get("ckpt_path")
     if ckpt_path and str(ckpt_path) not in _SPECIAL_CKPT_PATHS:
         read_checkpoint(ckpt_path)

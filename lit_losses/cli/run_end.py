@@ -72,11 +72,17 @@ class RunRecord(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         log_firings(trainer, self._sent)
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self.record, self._stopped = None, None
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         log_firings(trainer, self._sent)
         self._stopped = stop_reason(trainer)  # written at teardown, after the last checkpoints are saved
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and self._stopped is None and self.record is None:
+            self._stopped = stop_reason(trainer)  # a fit with nothing to train (max_steps=0): no on_train_end
         if self._stopped is not None:
             reason, detail, controller = self._stopped
             self._stopped = None
