@@ -14,6 +14,15 @@ from lit_losses.schedule import Schedule
 
 LRSchedule = Literal["cosine", "linear", "constant"]
 
+ADAMW_WORDS = {"beta": "betas", "epsilon": "eps", "weight_decay": "weight_decay", "learning rate": "lr"}
+"""The word of each ``torch.optim.AdamW`` refusal, and the option it is about."""
+ADAMW_BOUNDS = {
+    "betas": "two numbers, each in [0, 1)",
+    "eps": "a number >= 0",
+    "weight_decay": "a number >= 0",
+    "lr": "a number > 0",
+}
+
 
 @dataclass
 class OptimizerConfig:
@@ -58,6 +67,33 @@ class OptimizerConfig:
         if self.total_steps is not None and self.total_steps < 1:
             raise ConfigError(f"optimizer.total_steps must be >= 1, got {self.total_steps}")
         self.betas = tuple(self.betas)  # YAML gives lists
+        if len(self.betas) != 2:
+            raise ConfigError(f"optimizer.betas={self.betas!r} must be {ADAMW_BOUNDS['betas']}")
+        self.check_adamw()
+
+    def check_adamw(self) -> None:
+        """Let ``torch.optim.AdamW`` check the values it refuses (each beta in ``[0, 1)``, ``eps`` and
+        ``weight_decay`` ``>= 0``, no NaN) now, on a one-element parameter, instead of when training starts.
+
+        Raises:
+            ConfigError: naming ``optimizer.<field>``, its value and torch's reason.
+
+        Example:
+            >>> OptimizerConfig(betas=(0.9, 1.5))
+            Traceback (most recent call last):
+            ...
+            lit_losses.errors.ConfigError: optimizer.betas=(0.9, 1.5): torch.optim.AdamW refuses it ...
+        """
+        probe = torch.zeros(1, requires_grad=True)
+        try:
+            torch.optim.AdamW(
+                [probe], lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay
+            )
+        except (ValueError, TypeError) as err:
+            field = next((f for word, f in ADAMW_WORDS.items() if word in str(err)), None)
+            where = f"optimizer.{field}={getattr(self, field)!r}" if field else "optimizer"
+            allowed = f"; {field} must be {ADAMW_BOUNDS[field]}" if field else ""
+            raise ConfigError(f"{where}: torch.optim.AdamW refuses it ({err}){allowed}") from None
 
     @classmethod
     def coerce(cls, value: OptimizerConfig | dict | None) -> OptimizerConfig:
