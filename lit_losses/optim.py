@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -116,10 +117,52 @@ class OptimizerConfig:
         return self.lr_schedule(total_steps).factor(step)
 
 
+def check_trainable_dtypes(
+    named_parameters: Iterable[tuple[str, torch.Tensor]], config: OptimizerConfig, cause: str = ""
+) -> None:
+    """Refuse trainable parameters of a dtype in which AdamW's ``eps`` rounds to 0 (``1e-8`` in float16):
+    AdamW would divide ``0 / (√0 + 0)`` wherever a gradient is 0 (an unused embedding row), and the
+    weights would turn NaN at the first step.
+
+    Args:
+        named_parameters: ``(name, parameter)`` pairs (``module.named_parameters()``).
+        config: the optimizer's settings.
+        cause: the option that gave the parameters their dtype, named first in the message
+            (``model.init_args.dtype=float16``).
+
+    Raises:
+        ConfigError: naming ``optimizer.eps``, the dtype, a parameter and the ways out.
+
+    Example:
+        >>> weight = torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))
+        >>> check_trainable_dtypes([("w", weight)], OptimizerConfig(eps=1e-4))  # 1e-4 is not 0 in float16
+        >>> check_trainable_dtypes([("w", weight)], OptimizerConfig())
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: optimizer.eps=1e-08 rounds to 0 in torch.float16, the dtype of ...
+    """
+    underflow = [
+        (name, p.dtype)
+        for name, p in named_parameters
+        if p.requires_grad and p.is_floating_point() and float(torch.tensor(config.eps, dtype=p.dtype)) == 0
+    ]
+    if not underflow:
+        return
+    name, dtype = underflow[0]
+    fix = f"{cause.partition('=')[0]}: float32, " if cause else ""
+    raise ConfigError(
+        f"{cause + ': ' if cause else ''}optimizer.eps={config.eps!r} rounds to 0 in {dtype}, the dtype of "
+        f"{len(underflow)} trainable parameter(s) (e.g. {name!r}): AdamW would divide by 0 where a gradient "
+        f"is 0 (NaN weights at the first step); train float32 weights under mixed precision ({fix}"
+        "trainer.precision: bf16-mixed or 16-mixed, not 16-true) or raise optimizer.eps (e.g. 1e-4)"
+    )
+
+
 def build_optimizer(
     module: nn.Module, config: OptimizerConfig, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over ``module``'s trainable parameters (decay on ≥2-D ones) and its per-step scheduler."""
+    check_trainable_dtypes(module.named_parameters(), config)
     params = [p for p in module.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
