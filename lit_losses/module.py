@@ -20,7 +20,7 @@ from lit_losses.aggregation import (
 from lit_losses.checkpoint.resume import restore_checkpoint_state
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
-from lit_losses.heads import Backend, FusedLMHead, head_for
+from lit_losses.heads import Backend, FusedLMHead, check_backend_runs, head_for
 from lit_losses.hparams import plain_data
 from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.custom import CustomLossMixin
@@ -214,12 +214,16 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         )
 
     def setup(self, stage: str) -> None:
-        """Before training: refuse a base loss that reads a batch key the data module never provides
+        """Before training: refuse a head backend that cannot run on the trainer's device
+        (`check_backend_runs`), a base loss that reads a batch key the data module never provides
         (`check_provided`; data modules that tell their keys with ``batch_keys()``, as `TextDataModule`),
         and an ``ignore_index`` other than the one the data module labels positions without a target with.
         Read whether a callback skips non-finite steps (once per trainer call, `_checks_hidden_states`).
         """
         self._non_finite_handled = non_finite_steps_handled(self._trainer)
+        check_backend_runs(
+            self.head_backend, self._trainer.strategy.root_device, where="model.init_args.head_backend"
+        )
         data = getattr(self._trainer, "datamodule", None) if stage == "fit" else None
         data_ignore = getattr(data, "ignore_index", self.ignore_index)
         if isinstance(data_ignore, int) and data_ignore != self.ignore_index:
