@@ -46,6 +46,7 @@ from lit_losses.cli.run_dir import (
 )
 from lit_losses.cli.run_end import add_run_callbacks
 from lit_losses.cli.trainer_errors import RunStarted, lightning_config_error
+from lit_losses.cli.trainer_options import check_parallel_sizes, check_trainer_numbers
 from lit_losses.controller.operations import ControllerStop
 from lit_losses.data.text import TextDataModule
 from lit_losses.distributed import end_process_group
@@ -204,17 +205,6 @@ class LitLossesCLI(LightningCLI):
 
 _SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
 
-TRAINER_BOUNDS: dict[str, tuple[int, str]] = {
-    "accumulate_grad_batches": (1, ""),
-    "check_val_every_n_epoch": (1, ""),
-    "gradient_clip_val": (0, " (0 or null: no clipping)"),
-    "min_steps": (0, ""),
-    "min_epochs": (0, ""),
-    "num_sanity_val_steps": (-1, " (-1: every validation batch)"),
-}
-"""The least value of the numeric trainer options that Lightning takes without a word below it (and
-then hangs, does nothing, or scales the gradients by a negative norm), with what the bound means."""
-
 
 def check_config_files(args: Any) -> None:
     """Refuse a ``--config`` file that is not valid YAML with one line naming the file and the line.
@@ -242,8 +232,10 @@ def check_config_files(args: Any) -> None:
 
 
 def check_trainer_options(cli: LitLossesCLI) -> None:
-    """Refuse trainer options that would hang or do nothing, and a ``--ckpt_path`` that is no readable
-    checkpoint (checked right after parsing, before LightningCLI reads the checkpoint's hyper-parameters).
+    """Refuse trainer options that would hang or do nothing (`check_trainer_numbers`), a model-parallel
+    mesh other than the processes started (`check_parallel_sizes`), and a ``--ckpt_path`` that is no
+    readable checkpoint (checked right after parsing, before LightningCLI reads the checkpoint's
+    hyper-parameters).
 
     Raises:
         ConfigError: one line naming the option and its value.
@@ -251,10 +243,9 @@ def check_trainer_options(cli: LitLossesCLI) -> None:
     sub = cli.config.get("subcommand")
     config = cli.config[sub] if sub else cli.config
     trainer = config.get("trainer") or {}
-    for option, (least, meaning) in TRAINER_BOUNDS.items():
-        value = trainer.get(option)
-        if isinstance(value, int | float) and not isinstance(value, bool) and not value >= least:
-            raise ConfigError(f"trainer.{option}={value} must be >= {least}{meaning}")
+    options = trainer.as_dict() if isinstance(trainer, Namespace) else trainer
+    check_trainer_numbers(options)
+    check_parallel_sizes(options)
     ckpt_path = config.get("ckpt_path")
     if ckpt_path and str(ckpt_path) not in _SPECIAL_CKPT_PATHS:
         read_checkpoint(ckpt_path)
