@@ -181,6 +181,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             return attached
         if stage == "train" and accumulation_factor(self._trainer) > 1:
             _WARNINGS.warn(LOCAL_NORMALIZATION_WARNING)
+        self.regularizer_set.check_mask_keys(tuple(batch))
         return GlobalStats.local_only(batch, self.mask_keys(), self.ignore_index)
 
     def mask_keys(self) -> tuple[str, ...]:
@@ -215,8 +216,9 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Before training: refuse a head backend that cannot run on the trainer's device
-        (`check_backend_runs`), a base loss that reads a batch key the data module never provides
-        (`check_provided`; data modules that tell their keys with ``batch_keys()``, as `TextDataModule`),
+        (`check_backend_runs`), a base loss or a regularizer's ``mask_key`` that reads a batch key the data
+        module never provides (`check_provided`, `RegularizerSet.check_mask_keys`; data modules that tell
+        their keys with ``batch_keys()``, as `TextDataModule`),
         and an ``ignore_index`` other than the one the data module labels positions without a target with.
         Read whether a callback skips non-finite steps (once per trainer call, `_checks_hidden_states`).
         """
@@ -233,6 +235,8 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
                 f"or set it to {data_ignore}"
             )
         provided = data.batch_keys() if callable(getattr(data, "batch_keys", None)) else ()
+        if provided:
+            self.regularizer_set.check_mask_keys(provided, provider=type(data).__name__)
         if provided and self.objective.base_loss_weight > 0:
             reader = f"model.base_loss={self.objective.base_loss.name!r}"
             check_provided(
