@@ -20,7 +20,8 @@ from lit_losses import TextDataModule, TinyLM
 from lit_losses.aggregation import GlobalStatsLoader, MaskStats, aggregate, count_masks
 from lit_losses.checkpoint.resume import read_checkpoint
 from lit_losses.choices import check_choice
-from lit_losses.cli import cli_main, one_line
+from lit_losses.cli import cli_main
+from lit_losses.cli.app import one_line
 from lit_losses.controller import parse_config
 from lit_losses.controller.reach import VALIDATION_EVENTS, unreachable
 from lit_losses.data.rl import RLDataModule, rl_dataset
