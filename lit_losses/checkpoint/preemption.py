@@ -120,8 +120,7 @@ class PreemptionCheckpoint(Checkpoint):
         self.exit_code = preemption_exit_code(signum)
         rank_zero_info(
             f"lit-losses: preempted by {signal.Signals(signum).name} after step {trainer.global_step}; "
-            f"checkpoint {self.checkpoint_path}; resume with --ckpt_path {self.checkpoint_path}; exit code "
-            f"{self.exit_code}"
+            f"checkpoint {self.checkpoint_path}; exit code {self.exit_code}"
         )
 
     def on_train_batch_start(
