@@ -20,7 +20,7 @@ from lit_losses.aggregation import (
 from lit_losses.checkpoint.resume import restore_checkpoint_state
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
-from lit_losses.heads import Backend, FusedLMHead, head_for
+from lit_losses.heads import Backend, FusedLMHead, check_backend_runs, head_for
 from lit_losses.hparams import plain_data
 from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.custom import CustomLossMixin
@@ -181,6 +181,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             return attached
         if stage == "train" and accumulation_factor(self._trainer) > 1:
             _WARNINGS.warn(LOCAL_NORMALIZATION_WARNING)
+        self.regularizer_set.check_mask_keys(tuple(batch))
         return GlobalStats.local_only(batch, self.mask_keys(), self.ignore_index)
 
     def mask_keys(self) -> tuple[str, ...]:
@@ -214,12 +215,17 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         )
 
     def setup(self, stage: str) -> None:
-        """Before training: refuse a base loss that reads a batch key the data module never provides
-        (`check_provided`; data modules that tell their keys with ``batch_keys()``, as `TextDataModule`),
+        """Before training: refuse a head backend that cannot run on the trainer's device
+        (`check_backend_runs`), a base loss or a regularizer's ``mask_key`` that reads a batch key the data
+        module never provides (`check_provided`, `RegularizerSet.check_mask_keys`; data modules that tell
+        their keys with ``batch_keys()``, as `TextDataModule`),
         and an ``ignore_index`` other than the one the data module labels positions without a target with.
         Read whether a callback skips non-finite steps (once per trainer call, `_checks_hidden_states`).
         """
         self._non_finite_handled = non_finite_steps_handled(self._trainer)
+        check_backend_runs(
+            self.head_backend, self._trainer.strategy.root_device, where="model.init_args.head_backend"
+        )
         data = getattr(self._trainer, "datamodule", None) if stage == "fit" else None
         data_ignore = getattr(data, "ignore_index", self.ignore_index)
         if isinstance(data_ignore, int) and data_ignore != self.ignore_index:
@@ -229,6 +235,8 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
                 f"or set it to {data_ignore}"
             )
         provided = data.batch_keys() if callable(getattr(data, "batch_keys", None)) else ()
+        if provided:
+            self.regularizer_set.check_mask_keys(provided, provider=type(data).__name__)
         if provided and self.objective.base_loss_weight > 0:
             reader = f"model.base_loss={self.objective.base_loss.name!r}"
             check_provided(

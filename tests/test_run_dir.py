@@ -171,7 +171,7 @@ class LightningRefusalInSetup(Callback):
 
 def test_lightning_refusal_before_the_run_started_is_one_line_naming_the_option(tmp_path, capsys):
     line = one_line_error(fit_args(tmp_path, f"{T}accelerator=cpu", f"{T}devices=0"), capsys)
-    assert line.startswith("lit-losses: error: trainer.devices: `Trainer(devices=")
+    assert line.startswith("lit-losses: error: trainer.devices=0: `Trainer(devices=")
 
 
 def test_lightning_refusal_raised_through_your_own_code_keeps_its_traceback(tmp_path):

@@ -115,7 +115,20 @@ class GlobalStatsLoader(DataLoader):
         max_batches: int | float | None = None,
         label_format: LabelFormat = "next_token",
     ) -> None:
-        """Take the trainer's and the module's settings (called by `RegularizedLM.on_train_start`)."""
+        """Take the trainer's and the module's settings (called by `RegularizedLM.on_train_start`),
+        checked as the constructor's (`check_loader_options`; ``max_batches >= 0``)."""
+        check_loader_options(
+            accumulate_grad_batches=accumulate_grad_batches,
+            mask_keys=mask_keys,
+            ignore_index=ignore_index,
+            label_format=label_format,
+        )
+        if max_batches is not None and not max_batches >= 0:
+            raise ConfigError(f"GlobalStatsLoader: max_batches must be >= 0 (or None), got {max_batches!r}")
+        if accumulate_grad_batches is None:
+            raise ConfigError(
+                "GlobalStatsLoader.configure: accumulate_grad_batches must be an integer >= 1, got None"
+            )
         if self.accumulate_grad_batches not in (None, accumulate_grad_batches):
             raise ConfigError(
                 f"GlobalStatsLoader(accumulate_grad_batches={self.accumulate_grad_batches}) disagrees with "

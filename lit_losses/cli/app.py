@@ -46,6 +46,7 @@ from lit_losses.cli.run_dir import (
 )
 from lit_losses.cli.run_end import add_run_callbacks
 from lit_losses.cli.trainer_errors import RunStarted, lightning_config_error
+from lit_losses.cli.trainer_options import check_parallel_sizes, check_trainer_numbers
 from lit_losses.controller.operations import ControllerStop
 from lit_losses.data.text import TextDataModule
 from lit_losses.distributed import end_process_group
@@ -142,12 +143,23 @@ class LitLossesCLI(LightningCLI):
         try:
             super().__init__(*args, **kwargs)
         except Exception as err:
-            translated = None if self.run_started.started else lightning_config_error(err)
+            translated = (
+                None if self.run_started.started else lightning_config_error(err, self.trainer_options())
+            )
             refused = not self.run_started.started and (translated is not None or config_error_in(err))
             self.run_claim.release(written=bool(refused))
             if translated is not None:
                 raise translated from err
             raise
+
+    def trainer_options(self) -> dict[str, Any]:
+        """The parsed ``trainer`` options of the subcommand (empty before parsing)."""
+        config = getattr(self, "config", None)
+        if config is None:
+            return {}
+        sub = config.get("subcommand")
+        trainer = (config[sub] if sub else config).get("trainer")
+        return trainer.as_dict() if isinstance(trainer, Namespace) else {}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults(
@@ -233,8 +245,10 @@ def check_config_files(args: Any) -> None:
 
 
 def check_trainer_options(cli: LitLossesCLI) -> None:
-    """Refuse trainer options that would hang or do nothing, and a ``--ckpt_path`` that is no readable
-    checkpoint (checked right after parsing, before LightningCLI reads the checkpoint's hyper-parameters).
+    """Refuse trainer options that would hang or do nothing (`check_trainer_numbers`), a model-parallel
+    mesh other than the processes started (`check_parallel_sizes`), and a ``--ckpt_path`` that is no
+    readable checkpoint (checked right after parsing, before LightningCLI reads the checkpoint's
+    hyper-parameters).
 
     Raises:
         ConfigError: one line naming the option and its value.
@@ -242,10 +256,9 @@ def check_trainer_options(cli: LitLossesCLI) -> None:
     sub = cli.config.get("subcommand")
     config = cli.config[sub] if sub else cli.config
     trainer = config.get("trainer") or {}
-    for option in ("accumulate_grad_batches", "check_val_every_n_epoch"):
-        value = trainer.get(option)
-        if isinstance(value, int) and value < 1:
-            raise ConfigError(f"trainer.{option}={value} must be >= 1")
+    options = trainer.as_dict() if isinstance(trainer, Namespace) else trainer
+    check_trainer_numbers(options)
+    check_parallel_sizes(options)
     ckpt_path = config.get("ckpt_path")
     if ckpt_path and str(ckpt_path) not in _SPECIAL_CKPT_PATHS:
         read_checkpoint(ckpt_path)

@@ -32,6 +32,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from lit_losses.cli.report_data import RunScalars, config_differences, final_values, finite, read_runs
+from lit_losses.errors import ConfigError
 
 LOSS_TAGS = ("train/loss_total", "train/base_loss")
 VAL_TAGS = ("val/loss", "val/loss_total")
@@ -346,6 +347,8 @@ def write_report(folders: list[str | Path], out: str | Path | None = None) -> Pa
 
     Raises:
         NoEventsError: a folder holds no run (`lit_losses.cli.report_data.NoEventsError`).
+        ConfigError: ``out`` is a folder, in a folder that does not exist, or cannot be written (naming
+            ``--out``).
 
     Example:
         >>> import tempfile
@@ -358,9 +361,17 @@ def write_report(folders: list[str | Path], out: str | Path | None = None) -> Pa
         >>> [p["title"] for p in json.loads(page.split('id="plotted-data">')[1].split("</script>")[0])]
         ['Training loss', 'Regularizer contributions (stacked): ...']
     """
-    runs = read_runs(folders)
     path = Path(out) if out else Path(folders[0]) / "report.html"
-    path.write_text(render_html(runs, panels(runs)), encoding="utf-8")
+    where = f"--out {out}" if out else f"the report file {path} (choose another with --out)"
+    if path.is_dir():
+        raise ConfigError(f"{where} is a folder; give a file name, e.g. --out {path / 'report.html'}")
+    if out and not path.parent.is_dir():
+        raise ConfigError(f"{where}: its folder {path.parent} does not exist")
+    runs = read_runs(folders)
+    try:
+        path.write_text(render_html(runs, panels(runs)), encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{where} cannot be written ({err.strerror or err})") from None
     return path
 
 

@@ -31,6 +31,7 @@ from lit_losses.data.tokenizer import (
     load_or_train_tokenizer,
 )
 from lit_losses.errors import ConfigError
+from lit_losses.validation import check_names
 
 #: Folders of the standard library left out of the default corpus (tests and generated tables).
 _STDLIB_EXCLUDED = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo"}
@@ -81,6 +82,35 @@ def jsonl_text(line: str, text_field: str, where: str) -> str | SFTRecord:
         kind = type(record[text_field]).__name__
         raise ConfigError(f"data.paths: {where} field {text_field!r} is a {kind}, not a string")
     return record[text_field]
+
+
+def matching_files(pattern: str) -> list[str]:
+    """The files that the glob ``pattern`` of ``data.paths`` matches (``~`` expanded, ``**`` recursive).
+
+    Raises:
+        ConfigError: it matches no file, naming the folder it matches instead and globs for its files.
+
+    Example:
+        >>> import tempfile
+        >>> matching_files(tempfile.mkdtemp())  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: data.paths entry '/...' is a folder; name its files with a glob: ...
+    """
+    matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+    files = [p for p in matches if os.path.isfile(p)]
+    if files:
+        return files
+    folders = [p.rstrip(os.sep) for p in matches if os.path.isdir(p)]
+    if not folders:
+        raise ConfigError(f"data.paths entry {pattern!r} matches no file")
+    globs = f"'{folders[0]}/*.txt' or '{folders[0]}/**/*.jsonl'"
+    if len(matches) == 1 and not glob.has_magic(pattern):
+        raise ConfigError(f"data.paths entry {pattern!r} is a folder; name its files with a glob: {globs}")
+    raise ConfigError(
+        f"data.paths entry {pattern!r} matches only folders ({', '.join(folders[:3])}), no file; name their "
+        f"files with a glob: {globs}"
+    )
 
 
 class TextDataModule(L.LightningDataModule):
@@ -190,13 +220,8 @@ class TextDataModule(L.LightningDataModule):
         if not self.paths:
             return stdlib_sources()
         sources: list[str] = []
-        for pattern in self.paths:
-            matches = sorted(
-                p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p)
-            )
-            if not matches:
-                raise ConfigError(f"data.paths entry {pattern!r} matches no file")
-            sources.extend(matches)
+        for pattern in check_names(self.paths, "data.paths", "file globs"):
+            sources.extend(matching_files(pattern))
         return sources
 
     def _read_documents(self) -> list[str | SFTRecord]:
@@ -211,7 +236,10 @@ class TextDataModule(L.LightningDataModule):
                 documents.append(text)
         documents = [d for d in documents if not isinstance(d, str) or d.strip()]
         if not documents:
-            raise ConfigError(f"the corpus is empty: no non-blank document in {len(self.sources)} source(s)")
+            named = ", ".join(self.sources[:3]) + (
+                f" and {len(self.sources) - 3} more" if len(self.sources) > 3 else ""
+            )
+            raise ConfigError(f"data.paths: the corpus is empty: no non-blank document in {named}")
         self._check_records(documents)
         random.Random(self.seed).shuffle(documents)
         return documents[: self.max_documents] if self.max_documents else documents

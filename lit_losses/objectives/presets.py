@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from lit_losses.aggregation.modes import AggMode
@@ -59,6 +59,19 @@ CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 """The loss types whose per-token loss is PPO's clipped objective (TRL's ``coef_1``/``coef_2`` branch)."""
 
 WHERE = "model.grpo"
+CLIP_FIELDS = ("epsilon", "epsilon_high", "delta", "importance_sampling_level")
+READS: dict[str, tuple[str, ...]] = {
+    "grpo": CLIP_FIELDS,
+    "bnpo": CLIP_FIELDS,
+    "dr_grpo": (*CLIP_FIELDS, "max_completion_length"),
+    "dapo": CLIP_FIELDS,
+    "luspo": CLIP_FIELDS,
+    "cispo": ("epsilon", "epsilon_high", "importance_sampling_level"),
+    "sapo": ("importance_sampling_level", "sapo_temperature_pos", "sapo_temperature_neg"),
+    "vespo": ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
+}
+"""The fields of `GRPOPreset` that each loss type reads, beside ``loss_type``, ``beta`` and
+``use_bias_correction_kl`` (every type's; the bias-corrected KL also reads ``importance_sampling_level``)."""
 POSITIVE = ("delta", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg")
 NON_NEGATIVE = ("epsilon_high", "beta", "vespo_k_pos", "vespo_k_neg")
 
@@ -133,15 +146,51 @@ class GRPOPreset:
             )
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ConfigError(f"{WHERE}.max_completion_length must be >= 1, got {self.max_completion_length}")
-        if self.delta is not None and self.loss_type not in CLIPPED:
-            raise ConfigError(
-                f"{WHERE}.delta={self.delta!r}: loss_type {self.loss_type!r} has no two-sided clipping (TRL "
-                f"ignores delta there); it applies to {CLIPPED}"
-            )
         self.check_numbers()
+        self.check_ignored()
         if self.use_bias_correction_kl and self.beta == 0:
             raise ConfigError(
                 f"{WHERE}.use_bias_correction_kl=True corrects the KL term, which beta=0 disables"
+            )
+
+    def fields_read(self) -> tuple[str, ...]:
+        """The fields this loss type reads (`READS`): ``cispo`` reads ``epsilon`` only as the default of
+        ``epsilon_high``, and the bias-corrected KL reads ``importance_sampling_level`` for every type.
+
+        Example:
+            >>> GRPOPreset("cispo", epsilon_high=5.0).fields_read()
+            ('beta', 'epsilon_high', 'importance_sampling_level', 'loss_type', 'use_bias_correction_kl')
+        """
+        read = {"loss_type", "beta", "use_bias_correction_kl", *READS[self.loss_type]}
+        if self.use_bias_correction_kl:
+            read.add("importance_sampling_level")
+        if self.loss_type == "cispo" and self.epsilon_high is not None:
+            read.discard("epsilon")
+        return tuple(sorted(read))
+
+    def check_ignored(self) -> None:
+        """Refuse a field set (other than its default) that this loss type ignores (TRL ignores it too).
+
+        Raises:
+            ConfigError: ``model.grpo.<field>=<value>: loss_type '<t>' ignores it; …`` with the loss types
+                that read it.
+        """
+        read = self.fields_read()
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if field.name in read or value == field.default:
+                continue
+            readers = tuple(t for t, names in READS.items() if field.name in names)
+            why = (
+                f"it applies to loss_type {readers[0]!r}" if len(readers) == 1 else f"it applies to {readers}"
+            )
+            if field.name == "epsilon" and self.loss_type == "cispo":
+                why = f"its ratio cap is epsilon_high={self.epsilon_high!r}"
+            elif field.name == "importance_sampling_level":
+                why += ", and to use_bias_correction_kl"
+            raise ConfigError(
+                f"{WHERE}.{field.name}={value!r}: loss_type {self.loss_type!r} ignores it ({why}); remove it "
+                "or choose a loss_type that reads it"
             )
 
     def check_numbers(self) -> None:
