@@ -167,13 +167,15 @@ class Objective:
         ``batch`` itself without a rejection, or when it was applied already)."""
         return self.base_loss.reject(batch, ignore_index)
 
-    def path(self, stage: Stage, needed: tuple[str, ...]) -> LossPath:
-        """Which computation `__call__` takes (see the class docstring)."""
+    def path(self, stage: Stage, needed: tuple[str, ...], batch: Mapping[str, Any] | None = None) -> LossPath:
+        """Which computation `__call__` takes (see the class docstring); ``batch``: the micro-batch, when
+        known (a sequence-level rollout correction is pointwise on a batch with ``old_logprobs``)."""
         if stage != "train":
             return "general"
         if not needed:
             return "plain_ce"
-        if not torch.is_grad_enabled() or not self.base_loss.pointwise:
+        pointwise = self.base_loss.pointwise if batch is None else self.base_loss.pointwise_for(batch)
+        if not torch.is_grad_enabled() or not pointwise:
             return "general"
         if self.regularizers.active():
             return "fused" if self.regularizers.fusable() else "general"
@@ -214,7 +216,7 @@ class Objective:
                 "its loss is 0 with zero gradients"
             )
         num_tokens = stats.get_local(LABELS_KEY).num_tokens
-        path = self.path(stage, needed)
+        path = self.path(stage, needed, batch)
         base_batch = None if self.base_loss.plain_ce else self.base_loss.for_batch(batch, mask, accum_dtype)
         if path == "fused":  # the base loss and the terms chunk by chunk inside the head
             fused = FusedTerms(

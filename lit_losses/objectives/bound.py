@@ -102,6 +102,15 @@ class BoundBaseLoss:
         own = self.entry.is_pointwise(self.params)
         return own and (self.correction is None or self.correction.pointwise)
 
+    def pointwise_for(self, batch: Mapping[str, Any]) -> bool:
+        """`pointwise` on ``batch``: with its ``old_logprobs`` a rollout correction's weights are known
+        before the loss runs (computed once per micro-batch), so a sequence-level weight keeps the loss
+        pointwise; the off-policy mask always needs the current policy's whole sequences."""
+        correction = self.correction
+        if correction is None or correction.pointwise or OLD_LOGPROBS not in batch:
+            return self.pointwise
+        return self.entry.is_pointwise(self.params) and correction.off_policy_mask_threshold is None
+
     @property
     def metric_names(self) -> tuple[str, ...]:
         """The telemetry keys of this base loss (its own metrics, then `TELEMETRY`'s for its reads, then
@@ -126,7 +135,7 @@ class BoundBaseLoss:
         inputs = {key: valid_values(batch, key, mask, reader=where, dtype=dtype) for key in self.entry.reads}
         if OLD_LOGPROBS in batch and SAMPLING_LOGPROBS in self.entry.reads:
             inputs[OLD_LOGPROBS] = valid_values(batch, OLD_LOGPROBS, mask, reader=where, dtype=dtype)
-        if not self.pointwise:
+        if not self.pointwise_for(batch):
             inputs[SEQUENCE_INDEX] = dense_sequence_index(batch, mask)
         correction = None
         if self.correction is not None:

@@ -204,6 +204,11 @@ class GRPOPreset(RolloutCorrectionOptions):
             given["vllm_importance_sampling_clip_max"] = given.pop("vllm_importance_sampling_cap")
         return given
 
+    def uses_old(self) -> bool:
+        """The rollout correction reads π_old (`RolloutCorrection.uses_old`)."""
+        correction = RolloutCorrectionOptions.from_mapping(self.correction_args()).resolve(WHERE)
+        return correction is not None and correction.uses_old
+
     def loss_args(self) -> tuple[str, dict[str, Any]]:
         """``(base_loss, base_loss_args)`` of the loss type, without a rollout correction."""
         level = self.importance_sampling_level
@@ -239,6 +244,8 @@ class GRPOPreset(RolloutCorrectionOptions):
                 "estimator": "k3",
                 "bias_correction": self.use_bias_correction_kl,
                 "importance_sampling_level": level,
+                # TRL's ratio: π_old, the current policy detached when a correction has no old_logprobs
+                "old_detached": self.use_bias_correction_kl and self.uses_old(),
             },
         }
 
