@@ -158,9 +158,10 @@ def split_correction_args(
     names = RolloutCorrectionOptions.names()
     own = {k: v for k, v in args.items() if k in entry.parameters or k not in names}
     for key in own:
-        if key not in entry.parameters and not closest(key, list(entry.parameters)) and closest(key, names):
+        hint = closest(key, [*entry.parameters, *names])
+        if key not in entry.parameters and any(hint == f"; did you mean {n!r}?" for n in names):
             raise ConfigError(
-                f"{where}.{key}: base loss {entry.name!r} has no parameter {key!r}{closest(key, names)} (a "
+                f"{where}.{key}: base loss {entry.name!r} has no parameter {key!r}{hint} (a "
                 "rollout-correction option)"
             )
     return own, {k: v for k, v in args.items() if k not in own}

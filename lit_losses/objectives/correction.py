@@ -332,6 +332,11 @@ class RolloutCorrectionOptions:
         cap = self.vllm_importance_sampling_cap
         if cap is None:
             return self
+        if not (math.isfinite(cap) and cap > 0):
+            raise ConfigError(
+                f"{where}.vllm_importance_sampling_cap={cap!r} must be a finite number > 0 (an upper bound "
+                "of the ratio π_old/π_rollout; TRL's current name: vllm_importance_sampling_clip_max)"
+            )
         if self.vllm_importance_sampling_clip_max != TRL_DEFAULT_CLIP_MAX:
             raise ConfigError(
                 f"{where}.vllm_importance_sampling_cap={cap!r} and vllm_importance_sampling_clip_max="

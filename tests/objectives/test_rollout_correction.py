@@ -236,10 +236,12 @@ def test_grpo_with_a_correction_is_trl_s_loss_and_gradient(name, old):
     reference = ref.trl_corrected_loss(lp, trl_old, case["sampling"], case["ref"], case["adv"], mask, trl_cfg)
     assert_loss_and_grads(loss, reference, leaves, ref_leaves)
     # the correction is not vacuous on this data: the uncorrected loss differs
-    uncorrected = ref.trl_corrected_loss(lp, trl_old, case["sampling"], case["ref"], case["adv"], mask, {
-        k: v for k, v in trl_cfg.items() if not k.startswith(("vllm_", "off_policy"))
-    })  # fmt: skip
-    assert abs(float(uncorrected - reference)) > 1e-6 * abs(float(reference)) + 1e-9
+    plain = {k: v for k, v in trl_cfg.items() if not k.startswith(("vllm_", "off_policy"))}
+    with torch.no_grad():
+        uncorrected = ref.trl_corrected_loss(
+            lp, trl_old, case["sampling"], case["ref"], case["adv"], mask, plain
+        )
+    assert abs(float(uncorrected - reference.detach())) > 1e-6 * abs(float(reference.detach())) + 1e-9
 
 
 def test_a_sequence_masked_whole_keeps_its_tokens_in_trl_s_counts():
@@ -285,7 +287,9 @@ def test_rollout_is_and_rs_are_verl_s_loss_and_gradient(name):
     resolved = {**options, **ref.preset_fields(options)}
     cfg = {**resolved, "clip_ratio": 0.2, "clip_ratio_c": 3.0, "loss_agg_mode": agg}
     # without the 1e-8 verl adds to a sequence's token count (here the count itself: 1e-9 relative)
-    reference = ref.verl_corrected_loss(lp, case["old"], case["sampling"], case["adv"], case["mask"], cfg, eps=0)
+    reference = ref.verl_corrected_loss(
+        lp, case["old"], case["sampling"], case["adv"], case["mask"], cfg, eps=0
+    )
     assert_loss_and_grads(out.total, reference, leaves, ref_leaves)
     if "rollout_rs" in resolved:
         log_ratio = case["old"] - case["sampling"]
