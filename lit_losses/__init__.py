@@ -9,8 +9,7 @@ The public API, by concept (everything else is importable from its subpackage):
 - global-denominator aggregation: `GlobalStatsLoader`, `GlobalStats`, `AggMode`, `aggregate`
 - regularizers: `RegularizerSpec`, `RegularizerSet`, `RegularizerError`, `register_regularizer`
 - base losses by name (cross-entropy, Tinker's RL losses, SAPO, VESPO): `register_base_loss`;
-  TRL's GRPO losses as one option: `GRPOPreset`; the rollout–training mismatch corrections of TRL and
-  verl: `RolloutCorrectionOptions`
+  TRL's GRPO losses as one option: `GRPOPreset`
 - data: `TextDataModule`, `RLDataModule` (offline RL records)
 - training controller: `TrainingController`, `register_metric_handlers`, `register_operation_handlers`
 - preemption: `PreemptionCheckpoint` (``SIGTERM``: finish the step, checkpoint, exit ``128 + signal``)
@@ -41,7 +40,7 @@ if TYPE_CHECKING:
     from lit_losses.loss.objective import Objective
     from lit_losses.models import HFCausalLM, TinyLM
     from lit_losses.module import RegularizedLM
-    from lit_losses.objectives import GRPOPreset, RolloutCorrectionOptions, register_base_loss
+    from lit_losses.objectives import GRPOPreset, register_base_loss
     from lit_losses.optim import OptimizerConfig
     from lit_losses.preemption import PreemptionCheckpoint
     from lit_losses.registry import Registry
@@ -75,7 +74,6 @@ __all__ = [
     "RegularizerError",
     "RegularizerSet",
     "RegularizerSpec",
-    "RolloutCorrectionOptions",
     "Schedule",
     "TextDataModule",
     "TinyLM",
@@ -113,7 +111,6 @@ _EXPORTS = {
     "TinyLM": "lit_losses.models",
     "RegularizedLM": "lit_losses.module",
     "GRPOPreset": "lit_losses.objectives",
-    "RolloutCorrectionOptions": "lit_losses.objectives",
     "register_base_loss": "lit_losses.objectives",
     "PreemptionCheckpoint": "lit_losses.preemption",
     "OptimizerConfig": "lit_losses.optim",

@@ -78,7 +78,7 @@ class BoundBaseLoss:
         if correction_args:
             options = RolloutCorrectionOptions.from_mapping(correction_args)
             correction = options.resolve(f"{where}_args")
-            check_correction(entry, correction, correction_args, f"{where}_args")
+            check_correction(entry, correction, args=correction_args, where=f"{where}_args")
         return cls(entry, entry.bind(own, f"{where}_args"), correction)
 
     @property
@@ -140,7 +140,7 @@ class BoundBaseLoss:
         correction = None
         if self.correction is not None:
             correction = CorrectionBatch(
-                self.correction, batch, mask, dtype, weight_inside=self.weight_inside, reader=where
+                self.correction, batch, mask=mask, dtype=dtype, weight_inside=self.weight_inside, reader=where
             )
         return BaseLossBatch(self, inputs, dtype, device=mask.device, correction=correction)
 

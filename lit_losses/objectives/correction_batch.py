@@ -73,7 +73,7 @@ class CorrectionBatch:
         >>> batch = {"sampling_logprobs": torch.tensor([[-1.0, -2.0]]),
         ...          "old_logprobs": torch.tensor([[-1.0, -1.0]])}
         >>> correction = RolloutCorrection(rollout_is="token")
-        >>> on_batch = CorrectionBatch(correction, batch, torch.tensor([[True, True]]), torch.float64,
+        >>> on_batch = CorrectionBatch(correction, batch, mask=torch.tensor([[True, True]]), dtype=torch.float64,
         ...                            weight_inside=False, reader="ppo")
         >>> on_batch(0, 2, torch.zeros(2, dtype=torch.float64), {})[0]  # exp(0), min(e, 2)
         tensor([1., 2.], dtype=torch.float64)
@@ -106,7 +106,7 @@ class CorrectionBatch:
                 "Objective.reject (RegularizedLM and its GlobalStatsLoader do) before counting and the loss"
             )
         if self.precomputed:
-            self._precompute(batch, mask, dtype, reader)
+            self._precompute(batch, mask, dtype=dtype, reader=reader)
 
     def _precompute(self, batch: Mapping[str, Any], mask: Tensor, dtype: torch.dtype, reader: str) -> None:
         original = completion_mask(batch, mask)
