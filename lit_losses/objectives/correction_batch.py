@@ -73,8 +73,9 @@ class CorrectionBatch:
         >>> batch = {"sampling_logprobs": torch.tensor([[-1.0, -2.0]]),
         ...          "old_logprobs": torch.tensor([[-1.0, -1.0]])}
         >>> correction = RolloutCorrection(rollout_is="token")
-        >>> on_batch = CorrectionBatch(correction, batch, mask=torch.tensor([[True, True]]), dtype=torch.float64,
-        ...                            weight_inside=False, reader="ppo")
+        >>> mask = torch.tensor([[True, True]])
+        >>> on_batch = CorrectionBatch(correction, batch, mask=mask, dtype=torch.float64, weight_inside=False,
+        ...                            reader="ppo")
         >>> on_batch(0, 2, torch.zeros(2, dtype=torch.float64), {})[0]  # exp(0), min(e, 2)
         tensor([1., 2.], dtype=torch.float64)
     """
