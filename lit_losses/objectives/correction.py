@@ -493,4 +493,9 @@ def _criterion(option: str, part: str, where: str) -> RejectionCriterion:
     for value in (upper, lower):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise ConfigError(f"{where}: {part!r} for {option!r} must be positive and finite")
+    if k1 and lower is not None and lower >= upper:
+        raise ConfigError(
+            f"{where}: {part!r} for {option!r} gives the ratio band [{lower:g}, {upper:g}], which keeps no "
+            "token (YAML reads an unquoted 0.5_2 as the number 0.52: quote 'lower_upper')"
+        )
     return RejectionCriterion(option, upper=upper, lower=lower if k1 else None)

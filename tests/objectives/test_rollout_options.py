@@ -96,6 +96,10 @@ BAD_ARGS = [
         f"{A}rollout_rs_threshold: '-0.5_2' for 'token_k1' must be positive",
     ),
     (
+        {"rollout_rs": "token_k1", "rollout_rs_threshold": 0.52},  # YAML's reading of an unquoted 0.5_2
+        f"{A}rollout_rs_threshold: '0.52' for 'token_k1' gives the ratio band [1.92308, 0.52], which keeps",
+    ),
+    (
         {"rollout_rs": "token_k3", "rollout_rs_threshold": "high"},
         f"{A}rollout_rs_threshold: 'high' for 'token_k3' is not a number",
     ),
