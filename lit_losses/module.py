@@ -28,7 +28,7 @@ from lit_losses.loss.objective import Objective, batch_tensor
 from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
 from lit_losses.non_finite import check_hidden_states, check_optimizer_step, non_finite_steps_handled
 from lit_losses.objectives import BaseLossName, GRPOPreset
-from lit_losses.objectives.inputs import check_provided
+from lit_losses.objectives.inputs import OLD_LOGPROBS, check_provided
 from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.parallel import ModelParallelMixin
 from lit_losses.regularizers import RegularizerSpec, TermResult
@@ -199,6 +199,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     def compute_loss(self, batch: dict[str, Any], stage: Stage = "train") -> LossOutput:
         """Loss of one micro-batch, normalized by the global counts (before ``loss_scale``)."""
         batch_tensor(batch, "labels")
+        batch = self.objective.reject(batch, self.ignore_index)  # before the counts (rollout_rs)
         hidden = self.hidden_states(batch)
         if self._checks_hidden_states():
             check_hidden_states(hidden, where=f"{stage} batch at step {int(self.global_step)}")
@@ -245,14 +246,30 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
                 reader=reader,
                 source=type(data).__name__,
             )
+        if self.objective.rejects:
+            self._check_rejection(provided, source=type(data).__name__)
+
+    def _check_rejection(self, provided: tuple[str, ...], source: str) -> None:
+        """A rollout rejection (``rollout_rs``) needs next-token labels (it changes them before they are
+        counted) and the data's ``old_logprobs``."""
+        where = f"model.base_loss_args.rollout_rs (base loss {self.objective.base_loss.name!r})"
+        if self.label_format != "next_token":
+            raise ConfigError(
+                f"{where} rejects tokens before the step is counted, which needs next-token labels; "
+                f"label_format={self.label_format!r} labels are shifted later (use label_format: next_token)"
+            )
+        if provided:
+            check_provided(reads=[OLD_LOGPROBS], provided=provided, reader=where, source=source)
 
     def on_train_start(self) -> None:
-        """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs."""
+        """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs (a
+        rollout rejection is applied by the loader, before it counts the step)."""
         configure_train_loaders(
             self.trainer,
             mask_keys=self.mask_keys(),
             ignore_index=self.ignore_index,
             label_format=self.label_format,
+            transform=self.objective.reject if self.objective.rejects else None,
         )
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:

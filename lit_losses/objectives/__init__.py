@@ -3,10 +3,13 @@
 `registry` (`register_base_loss`, `BASE_LOSSES`, `BaseLoss`: a function ``fn(logprobs, inputs,
 **params)`` and the batch keys it reads) → `ratios` (token or sequence-level importance ratios, GSPO) →
 `builtins` (Tinker's ``cross_entropy``, ``importance_sampling``, ``ppo``, ``cispo``, ``dro``) → `soft`
-(``sapo``, ``vespo``) → `bound` (`BoundBaseLoss`: a base loss with checked parameters, the
-``model.base_loss`` / ``model.base_loss_args`` options; `BaseLossBatch`: bound to one micro-batch, with
-its RL telemetry); `inputs` names and checks the batch keys of RL micro-batches; `presets`
-(`GRPOPreset`, ``model.grpo``) maps TRL's GRPO ``loss_type`` and arguments to these options.
+(``sapo``, ``vespo``) → `correction` (`RolloutCorrectionOptions`: TRL's and verl's rollout–training
+mismatch corrections, among an RL base loss's arguments) → `mismatch` (their weights and masks) →
+`correction_batch` (a correction bound to one micro-batch) and `rejection` (verl's rejection sampling,
+applied to the labels before a step is counted) → `bound` (`BoundBaseLoss`: a base loss with checked
+parameters, the ``model.base_loss`` / ``model.base_loss_args`` options; `BaseLossBatch`: bound to one
+micro-batch, with its RL telemetry); `inputs` names and checks the batch keys of RL micro-batches;
+`presets` (`GRPOPreset`, ``model.grpo``) maps TRL's GRPO ``loss_type`` and arguments to these options.
 
 The preference losses are per-pair (or per-sequence) functions of sequence log-probabilities:
 `preference_sequences` (sums, means, LD-DPO, WPO weights, NLL shares) → `preference_dpo` (`dpo_loss`,
@@ -22,9 +25,18 @@ from typing import get_args
 from lit_losses.objectives import builtins, soft
 from lit_losses.objectives.bound import TELEMETRY, BaseLossBatch, BoundBaseLoss
 from lit_losses.objectives.builtins import BaseLossName
+from lit_losses.objectives.correction import (
+    RolloutCorrection,
+    RolloutCorrectionOptions,
+    RolloutCorrectionPreset,
+    RolloutISLevel,
+    RolloutRSOption,
+    VLLMImportanceSamplingMode,
+)
 from lit_losses.objectives.inputs import (
     ADVANTAGES,
     LOSS_WEIGHTS,
+    OLD_LOGPROBS,
     REF_LOGPROBS,
     RL_KEYS,
     SAMPLE_WEIGHTS,
@@ -62,6 +74,7 @@ __all__ = [
     "ADVANTAGES",
     "BASE_LOSSES",
     "LOSS_WEIGHTS",
+    "OLD_LOGPROBS",
     "PREFERENCE_PRESETS",
     "REF_LOGPROBS",
     "RL_KEYS",
@@ -89,7 +102,13 @@ __all__ = [
     "ORPOPreset",
     "PreferencePreset",
     "PreferenceTrainer",
+    "RolloutCorrection",
+    "RolloutCorrectionOptions",
+    "RolloutCorrectionPreset",
+    "RolloutISLevel",
+    "RolloutRSOption",
     "TRLLossType",
+    "VLLMImportanceSamplingMode",
     "builtins",
     "cpo_loss",
     "dpo_loss",

@@ -37,6 +37,7 @@ from typing import Any, Literal
 from lit_losses.aggregation.modes import AggMode
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
+from lit_losses.objectives.correction import RolloutCorrectionOptions
 from lit_losses.objectives.ratios import ImportanceSamplingLevel
 from lit_losses.registry import closest
 
@@ -77,8 +78,11 @@ NON_NEGATIVE = ("epsilon_high", "beta", "vespo_k_pos", "vespo_k_neg")
 
 
 @dataclass(frozen=True)
-class GRPOPreset:
+class GRPOPreset(RolloutCorrectionOptions):
     """TRL's GRPO loss by its ``GRPOConfig`` fields; `options` are the lit_losses options it sets.
+
+    The rollout-correction fields (`RolloutCorrectionOptions`: TRL's ``vllm_importance_sampling_*`` and
+    ``off_policy_mask_threshold``, verl's ``rollout_is``/``rollout_rs``) pass on to ``base_loss_args``.
 
     Attributes:
         loss_type: TRL's ``loss_type`` (default ``dapo``, as TRL's).
@@ -100,7 +104,8 @@ class GRPOPreset:
 
     Raises:
         ConfigError: naming ``model.grpo.<field>``: an unknown choice, ``luspo`` without sequence
-            ratios, ``dr_grpo`` without ``max_completion_length``, an option the loss type ignores.
+            ratios, ``dr_grpo`` without ``max_completion_length``, an option the loss type ignores, a bad
+            rollout correction (`RolloutCorrectionOptions.resolve`).
 
     Example:
         >>> options = GRPOPreset("dr_grpo", epsilon_high=0.28, beta=0.04, max_completion_length=256).options()
@@ -151,6 +156,13 @@ class GRPOPreset:
         if self.use_bias_correction_kl and self.beta == 0:
             raise ConfigError(
                 f"{WHERE}.use_bias_correction_kl=True corrects the KL term, which beta=0 disables"
+            )
+        correction = self.resolve(WHERE)
+        if self.loss_type == "vespo" and correction is not None and correction.level == "sequence":
+            field_name = "vllm_importance_sampling_mode" if correction.vllm_mode else "rollout_is"
+            raise ConfigError(
+                f"{WHERE}.{field_name}={getattr(self, field_name)!r}: loss_type 'vespo' takes the importance "
+                "weight into its sequence ratio token by token (TRL requires token_truncate or token_mask)"
             )
 
     def fields_read(self) -> tuple[str, ...]:
@@ -229,7 +241,25 @@ class GRPOPreset:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
     def base_loss(self) -> tuple[str, dict[str, Any]]:
-        """``(base_loss, base_loss_args)`` of the loss type."""
+        """``(base_loss, base_loss_args)`` of the loss type (with the rollout-correction fields given)."""
+        name, args = self.loss_args()
+        return name, {**args, **self.correction_args()}
+
+    def correction_args(self) -> dict[str, Any]:
+        """The rollout-correction fields that differ from their defaults (the deprecated cap as
+        ``vllm_importance_sampling_clip_max``, its current name)."""
+        given = RolloutCorrectionOptions.given(self)
+        if "vllm_importance_sampling_cap" in given:
+            given["vllm_importance_sampling_clip_max"] = given.pop("vllm_importance_sampling_cap")
+        return given
+
+    def uses_old(self) -> bool:
+        """The rollout correction reads π_old (`RolloutCorrection.uses_old`)."""
+        correction = RolloutCorrectionOptions.from_mapping(self.correction_args()).resolve(WHERE)
+        return correction is not None and correction.uses_old
+
+    def loss_args(self) -> tuple[str, dict[str, Any]]:
+        """``(base_loss, base_loss_args)`` of the loss type, without a rollout correction."""
         level = self.importance_sampling_level
         if self.loss_type in CLIPPED:
             args = {"epsilon_low": self.epsilon, "epsilon_high": self.upper_epsilon, "delta": self.delta}
@@ -263,6 +293,8 @@ class GRPOPreset:
                 "estimator": "k3",
                 "bias_correction": self.use_bias_correction_kl,
                 "importance_sampling_level": level,
+                # TRL's ratio: π_old, the current policy detached when a correction has no old_logprobs
+                "old_detached": self.use_bias_correction_kl and self.uses_old(),
             },
         }
 
