@@ -297,7 +297,7 @@ def main() -> None:
         return
     import torch
 
-    argv = [a for a in sys.argv[1:]]
+    argv = sys.argv[1:]
     results = [run_variant(v, argv) for v in args.variants]
     config = llama_config(args)
     params = next((r["params"] for r in results if "params" in r), 0)
