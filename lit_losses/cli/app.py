@@ -492,11 +492,17 @@ def stop_exit_code(cli: LitLossesCLI) -> int:
 
 def main() -> None:
     """Console-script entry point ``lit-losses`` (exit status: `cli_main`); ``lit-losses report …`` is
-    `lit_losses.cli.report.report_main`, every other subcommand LightningCLI's."""
+    `lit_losses.cli.report.report_main`, ``lit-losses checkpoint …``
+    `lit_losses.cli.checkpoint.checkpoint_main`, every other subcommand LightningCLI's."""
     if sys.argv[1:2] == ["report"]:
         from lit_losses.cli.report import report_main  # matplotlib only when a report is asked for
 
         report_main(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["checkpoint"]:
+        from lit_losses.cli.checkpoint import checkpoint_main
+
+        checkpoint_main(sys.argv[2:])
         return
     try:
         cli_main()
