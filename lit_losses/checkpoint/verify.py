@@ -27,6 +27,8 @@ from lit_losses.checkpoint.manifest import (
 from lit_losses.errors import ConfigError
 
 CheckpointState = Literal["verified", "unverifiable"]
+SHARDED_METADATA = "meta.pt"
+"""The non-tensor part of Lightning's sharded checkpoint folder."""
 DCP_METADATA = ".metadata"
 """The index of a ``torch.distributed.checkpoint`` folder: which file holds which tensor."""
 
@@ -47,7 +49,7 @@ class Verification:
 
 
 def verify_checkpoint(
-    path: str | Path, where: str = "--ckpt_path", hash_content: bool = True
+    path: str | Path, where: str = "--ckpt_path", hash_content: bool = True, warn: bool = True
 ) -> Verification:
     """Check checkpoint ``path`` (a file or a folder) against its manifest before it is restored.
 
@@ -56,9 +58,11 @@ def verify_checkpoint(
         where: what named it, for messages (``--ckpt_path``).
         hash_content: also compare every file's SHA-256 (else sizes and presence only: what a process
             that is not global rank 0 checks while rank 0 hashes).
+        warn: warn about an ``unverifiable`` checkpoint (else the caller does, with
+            `warn_unverifiable`, e.g. once it has read it).
 
     Returns:
-        `Verification`; an ``unverifiable`` checkpoint (no manifest) is warned about.
+        `Verification`.
 
     Raises:
         ConfigError: one line naming the checkpoint and what is wrong (a file whose size or content
@@ -88,12 +92,18 @@ def verify_checkpoint(
         if real.is_dir()
         else _verify_file(real, label, hash_content)
     )
+    if warn:
+        warn_unverifiable(verification, where)
+    return verification
+
+
+def warn_unverifiable(verification: Verification, where: str = "--ckpt_path") -> None:
+    """Warn that a checkpoint without a manifest cannot be verified (nothing for a verified one)."""
     if verification.state == "unverifiable":
         rank_zero_warn(
-            f"{label} has no manifest (written by plain Lightning or an older lit-losses): it cannot be "
-            "verified before it is restored"
+            f"{where} {verification.path} has no manifest (written by plain Lightning or an older "
+            "lit-losses): it cannot be verified before it is restored"
         )
-    return verification
 
 
 def commit_record(path: str | Path) -> Manifest | None:
@@ -127,14 +137,15 @@ def _verify_file(path: Path, label: str, hash_content: bool) -> Verification:
     if len(manifest.files) != 1:
         raise ConfigError(f"{label}: its manifest {sidecar.name} lists {len(manifest.files)} files, not one")
     (entry,) = manifest.files.values()
-    _check_files(path.parent, {path.name: entry}, label, hash_content, own=True)
+    _check_files(path.parent, {path.name: entry}, label, hash_content=hash_content, own=True)
     return Verification(path, "verified", manifest)
 
 
 def _verify_folder(folder: Path, label: str, hash_content: bool) -> Verification:
     manifest_path, marker = folder / MANIFEST_NAME, folder / MARKER_NAME
     if not manifest_path.exists() and not marker.exists():
-        check_plain_folder(folder, label)
+        if (folder / SHARDED_METADATA).is_file():  # else no checkpoint at all: `read_checkpoint` says so
+            check_plain_folder(folder, label)
         return Verification(folder, "unverifiable")
     if not marker.is_file():
         raise ConfigError(
@@ -146,7 +157,7 @@ def _verify_folder(folder: Path, label: str, hash_content: bool) -> Verification
     if marker.read_text(encoding="utf-8", errors="replace").strip() != sha256_of(manifest_path):
         raise ConfigError(f"{label}: {MANIFEST_NAME} does not match its commit marker {MARKER_NAME}")
     manifest = _read_manifest(manifest_path, label)
-    _check_files(folder, manifest.files, label, hash_content, own=False)
+    _check_files(folder, manifest.files, label, hash_content=hash_content, own=False)
     return Verification(folder, "verified", manifest)
 
 

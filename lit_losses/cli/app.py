@@ -36,7 +36,7 @@ from lit_losses.checkpoint.latest import checkpoint_folders, latest_checkpoint
 from lit_losses.checkpoint.preemption import PreemptionCheckpoint
 from lit_losses.checkpoint.resume import check_changes, option_changes, read_checkpoint
 from lit_losses.checkpoint.verified import VerifiedCheckpoints
-from lit_losses.checkpoint.verify import verify_checkpoint
+from lit_losses.checkpoint.verify import verify_checkpoint, warn_unverifiable
 from lit_losses.cli.console import quiet_console, use_step_progress_bar
 from lit_losses.cli.import_hint import import_error_line
 from lit_losses.cli.run_dir import (
@@ -253,10 +253,10 @@ def check_trainer_options(cli: LitLossesCLI) -> None:
             raise ConfigError(f"trainer.{option}={value} must be >= 1")
     ckpt_path = config.get("ckpt_path")
     if ckpt_path and str(ckpt_path) not in _SPECIAL_CKPT_PATHS:
-        verify_checkpoint(
-            ckpt_path, hash_content=is_global_zero()
-        )  # global rank 0 hashes, others check sizes
+        # global rank 0 hashes the files, the other ranks check their sizes
+        verified = verify_checkpoint(ckpt_path, hash_content=is_global_zero(), warn=False)
         read_checkpoint(ckpt_path)
+        warn_unverifiable(verified)
     check_run_dir(sub, config, trainer)
 
 
