@@ -96,14 +96,14 @@ class KillInsideSave(L.Callback):
 
 
 def fit_args(root: Path, topology: str, *extra: str, steps: int = STEPS) -> list[str]:
-    return ["fit", *ARGS, *TOPOLOGIES[topology], f"--trainer.max_steps={steps}",
-            f"--trainer.default_root_dir={root}", *extra]  # fmt: skip
+    trainer = [f"--trainer.max_steps={steps}", f"--trainer.default_root_dir={root}"]
+    return ["fit", *ARGS, *TOPOLOGIES[topology], *trainer, *extra]
 
 
 def fit_here(root: Path, *extra: str, steps: int = STEPS) -> dict[int, float]:
     """A 1-process ``lit-losses fit`` in this process; the logged losses by step."""
-    cli = cli_main(fit_args(root, "single", "--trainer.callbacks+=tests.checkpoint.runs.RecordLosses", *extra,
-                            steps=steps))  # fmt: skip
+    record = "--trainer.callbacks+=tests.checkpoint.runs.RecordLosses"
+    cli = cli_main(fit_args(root, "single", record, *extra, steps=steps))
     (recorder,) = [c for c in cli.trainer.callbacks if isinstance(c, RecordLosses)]
     return recorder.losses
 

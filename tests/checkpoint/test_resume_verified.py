@@ -95,7 +95,9 @@ def test_a_damaged_sharded_checkpoint_is_refused_in_one_line(damage, sharded, tm
     ckpt = copy_checkpoint(sharded, tmp_path / "ckpts")
     apply, message = SHARDED_DAMAGE[damage]
     apply(ckpt)
-    assert refused(tmp_path / "run", ckpt, capsys).startswith(f"lit-losses: error: --ckpt_path {ckpt}: {message}")
+    assert refused(tmp_path / "run", ckpt, capsys).startswith(
+        f"lit-losses: error: --ckpt_path {ckpt}: {message}"
+    )
 
 
 def test_a_checkpoint_without_manifest_loads_with_a_warning_and_resumes_exactly(full, tmp_path):
@@ -117,7 +119,9 @@ def test_a_sharded_folder_resumes_under_one_process_and_converts_back(full, shar
     assert all(torch.equal(v, converted["state_dict"][k]) for k, v in original["state_dict"].items())
     assert original["optimizer_states"][0]["param_groups"] == converted["optimizer_states"][0]["param_groups"]
     for index, state in original["optimizer_states"][0]["state"].items():
-        assert all(torch.equal(v, converted["optimizer_states"][0]["state"][index][k]) for k, v in state.items())
+        assert all(
+            torch.equal(v, converted["optimizer_states"][0]["state"][index][k]) for k, v in state.items()
+        )
     with pytest.raises(SystemExit) as exit_info:
         checkpoint_main(["convert", str(sharded), str(back)])
     assert exit_info.value.code == 2
