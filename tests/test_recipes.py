@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_losses.cli import cli_main
+from lit_losses.cli.app import cli_main
 from lit_losses.data import stdlib_sources
 from tests.docs_blocks import DOCS, blocks, run_python_blocks, write_titled_blocks
 

@@ -108,7 +108,12 @@ def one_line_error(message: str) -> str:
 
 
 class LitLossesParser(LightningArgumentParser):
-    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback)."""
+    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback), and
+    whose usage lines name ``lit-losses`` however it was started (``python -m lit_losses.cli``, the docs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("prog", "lit-losses")
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
@@ -192,6 +197,7 @@ class LitLossesCLI(LightningCLI):
         ):
             self.trainer.callbacks.append(PreemptionCheckpoint())
         if self.subcommand == "fit":
+            log_every_step_of_a_short_run(self.trainer)
             add_run_callbacks(self.trainer)
             use_step_progress_bar(self.trainer, self.config["fit"]["trainer"].get("callbacks"))
         claim_run_dir(self)
@@ -210,6 +216,13 @@ class LitLossesCLI(LightningCLI):
 
 
 _SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+
+
+def log_every_step_of_a_short_run(trainer: Any) -> None:
+    """A fit of fewer optimizer steps (``max_steps``) than the logging interval logs every step, so that its
+    report and TensorBoard show a training loss (Lightning would log none before the interval)."""
+    if 0 < trainer.max_steps < trainer.log_every_n_steps:
+        trainer.log_every_n_steps = 1
 
 
 def check_config_files(args: Any) -> None:

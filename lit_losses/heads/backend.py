@@ -151,6 +151,7 @@ def _identity(backend: HeadBackend) -> str:
 
 #: Every backend a head can use, by name (``auto`` is a choice among them, not an entry).
 HEAD_BACKENDS: Registry[HeadBackend] = Registry("head backend", adapt=_adapt, identity=_identity)
+"""The head backends by name (`register_backend` adds one; `select_backend` chooses among them)."""
 
 
 def register_backend(backend: HeadBackend) -> HeadBackend:

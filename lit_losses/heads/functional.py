@@ -56,9 +56,11 @@ from lit_losses.heads.precision import MatmulPrecision, compute_dtype, in_comput
 
 #: The head backends a configuration can name (``auto`` picks among the registered ones).
 Backend = Literal["auto", "chunked", "blocked", "naive", "torch", "liger", "liger_scaled", "cce"]
+"""A head backend by name (``auto``: `select_backend` chooses)."""
 BACKENDS: tuple[str, ...] = get_args(Backend)
-#: Per-token outputs each registered backend can give (a live view of `HEAD_BACKENDS`).
+"""The names of `Backend`, in order."""
 BACKEND_OUTPUTS = BackendOutputs()
+"""Per-token outputs each registered backend can give (a live view of `HEAD_BACKENDS`)."""
 #: How `linear_cross_entropy` reduces the weighted per-token losses.
 Reduction = Literal["mean", "sum"]
 

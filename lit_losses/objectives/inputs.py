@@ -26,10 +26,15 @@ from torch import Tensor
 from lit_losses.errors import BatchKeyError
 
 SAMPLING_LOGPROBS = "sampling_logprobs"
+"""Batch key: the sampler's log-probability of each token ``[B, T]``."""
 ADVANTAGES = "advantages"
+"""Batch key: the advantage of each token ``[B, T]``."""
 LOSS_WEIGHTS = "loss_weights"
+"""Batch key: a weight per token ``[B, T]`` multiplying the base loss."""
 SAMPLE_WEIGHTS = "sample_weights"
+"""Batch key: a weight per token ``[B, T]`` (one per sequence, repeated), multiplying the base loss."""
 REF_LOGPROBS = "ref_logprobs"
+"""Batch key: the reference policy's log-probability of each token ``[B, T]`` (the KL term's)."""
 RL_KEYS = (SAMPLING_LOGPROBS, ADVANTAGES, LOSS_WEIGHTS, SAMPLE_WEIGHTS, REF_LOGPROBS)
 """The per-token float keys of an RL micro-batch (padded with 0.0, packed like ``labels``)."""
 SEQUENCE_INDEX = "sequence_index"

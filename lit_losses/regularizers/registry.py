@@ -11,6 +11,7 @@ from lit_losses.errors import ConfigError
 from lit_losses.registry import Registry
 
 Need = Literal["logprobs", "lse", "entropy", "hidden"]
+"""What a term may consume (`NEEDS`)."""
 NEEDS: tuple[str, ...] = get_args(Need)
 """What a term may consume: head outputs (``logprobs``, ``lse``, ``entropy``) and ``hidden`` states."""
 
