@@ -120,14 +120,26 @@ class Manifest:
 
 
 def write_durably(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file that is flushed to disk and renamed: a kill
-    leaves the old file or the new one, never a part."""
+    """Write ``text`` to ``path`` through a temporary file that is flushed to disk and renamed (the folder
+    flushed too): a kill or a power loss leaves the old file or the new one, never a part."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    sync_folder(path.parent)
+
+
+def sync_folder(folder: Path) -> None:
+    """Flush a folder's entries (a rename into it) to disk, where the platform allows it."""
+    if os.name != "posix":
+        return
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def sidecar_of(path: str | Path) -> Path:

@@ -54,7 +54,6 @@ def optimizer_param_names(module: nn.Module, optimizer: torch.optim.Optimizer) -
 
 
 def _params(optimizer: torch.optim.Optimizer) -> list[Any]:
-    optimizer = getattr(optimizer, "_optimizer", optimizer)  # LightningOptimizer
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
@@ -110,9 +109,12 @@ def read_distributed_checkpoint(folder: str | Path) -> dict[str, Any]:
     """The whole tensors and objects of a ``torch.distributed.checkpoint`` folder, nested as they were
     saved (``{"state_dict": {...}, "optimizer_0": {...}}``), read in this process alone (no collective).
     Costs the checkpoint's size in memory (what ``dcp_to_torch_save`` holds before it writes)."""
-    from torch.distributed.checkpoint import FileSystemReader, load
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from torch.distributed.checkpoint import (
+        DefaultLoadPlanner,
+        FileSystemReader,
+        TensorStorageMetadata,
+        load,
+    )
 
     reader = FileSystemReader(str(folder))
     metadata = reader.read_metadata()
@@ -155,7 +157,8 @@ def read_sharded(folder: str | Path, weights_only: bool | None = None) -> dict[s
     tensors = read_distributed_checkpoint(folder)
     checkpoint = torch.load(folder / SHARDED_METADATA, map_location="cpu", weights_only=weights_only)
     checkpoint["state_dict"] = tensors.pop("state_dict", {})
-    optimizers = [tensors[f"optimizer_{i}"] for i in range(len(tensors)) if f"optimizer_{i}" in tensors]
+    keys = sorted((k for k in tensors if k.startswith("optimizer_")), key=lambda k: int(k.rpartition("_")[2]))
+    optimizers = [tensors[key] for key in keys]  # Lightning's optimizer_0, optimizer_1, …
     checkpoint["optimizer_states"] = [index_keyed(state) for state in optimizers]
     checkpoint[PARAM_NAMES_KEY] = [[n for g in s["param_groups"] for n in g["params"]] for s in optimizers]
     return checkpoint
@@ -194,7 +197,6 @@ def load_into_sharded(
     states = checkpoint.get("optimizer_states") or []
     recorded = checkpoint.get(PARAM_NAMES_KEY) or []
     for i, (optimizer, state) in enumerate(zip(optimizers, states, strict=False)):
-        optimizer = getattr(optimizer, "_optimizer", optimizer)
         names = recorded[i] if i < len(recorded) else optimizer_param_names(module, optimizer)
         set_optimizer_state_dict(
             module,

@@ -36,6 +36,7 @@ from lit_losses.checkpoint.manifest import (
     data_files,
     describe_files,
     sidecar_of,
+    sync_folder,
     write_file_manifest,
     write_folder_manifest,
 )
@@ -147,9 +148,12 @@ def swap_into_place(aside: Path, final: Path) -> None:
     sidecar_of(final).unlink(missing_ok=True)  # the old file's manifest never describes the new file
     replaced = aside_path(final, REPLACED_SUFFIX)
     remove_path(replaced)
-    if final.exists() and not final.is_symlink() and (final.is_dir() or aside.is_dir()):
+    if final.is_symlink() and aside.is_dir():
+        final.unlink()  # a link (``save_last="link"``): its target stays
+    elif final.exists() and (final.is_dir() or aside.is_dir()):
         os.rename(final, replaced)  # a folder cannot be replaced in one rename
     os.replace(aside, final)
+    sync_folder(final.parent)
     remove_path(replaced)
 
 

@@ -84,3 +84,16 @@ def test_a_folder_is_replaced_by_renames_and_a_stop_between_them_loses_nothing(t
         swap_into_place(new, final)
     assert sorted(os.listdir(tmp_path)) == [".last.ckpt.partial", ".last.ckpt.replaced"]
     assert latest_checkpoint([tmp_path]) == new  # complete, committed last: the newest checkpoint
+
+
+def test_a_link_under_the_name_is_replaced_and_its_target_kept(tmp_path):
+    """``save_last="link"`` leaves ``last.ckpt`` a link to a periodic checkpoint: a new ``last.ckpt``
+    replaces the link, never the checkpoint it points to."""
+    target = committed_folder(tmp_path / "step=2.ckpt", b"step 2", step=2)
+    (tmp_path / "last.ckpt").symlink_to(target)
+    swap_into_place(
+        committed_folder(aside_path(tmp_path / "last.ckpt"), b"step 3", step=3), tmp_path / "last.ckpt"
+    )
+    assert not (tmp_path / "last.ckpt").is_symlink()
+    assert verify_checkpoint(tmp_path / "last.ckpt").manifest.global_step == 3
+    assert verify_checkpoint(target).manifest.global_step == 2
