@@ -1,8 +1,9 @@
 """Resuming on another topology through ``lit-losses fit``, and ``--ckpt_path last`` after a ``SIGKILL``
-while FSDP2 rewrites ``last.ckpt``.
+while ``last.ckpt`` is rewritten (one process, FSDP2).
 
 Every run trains the same global batch (4 micro-batches per optimizer step: 1 process × 4, or 2 × 2) and
-checkpoints after every step. A run resumed from another topology's step-2 checkpoint (2-process FSDP2's
+checkpoints after every step, in processes of its own (the same threads everywhere: bit-for-bit
+comparisons within a topology). A run resumed from another topology's step-2 checkpoint (2-process FSDP2's
 sharded folder under 1 process and under 2-process DDP; 1 process's file under 2-process FSDP2) logs the
 uninterrupted run of its own topology at steps 2 and 3 (the tolerance of the multi-process tests: the
 topologies themselves agree to it). The data position is recounted per rank (`follow_topology`).
@@ -16,7 +17,7 @@ import pytest
 
 from lit_losses.checkpoint import verify_checkpoint
 from lit_losses.checkpoint.topology import TOPOLOGY_KEY, Topology, follow_topology
-from tests.checkpoint.runs import STEPS, fit_here, fit_process
+from tests.checkpoint.runs import STEPS, fit_process
 
 CKPT_STEP = 2
 
@@ -29,18 +30,12 @@ def uninterrupted(tmp_path_factory):
     def get(topology: str):
         if topology not in runs:
             root = tmp_path_factory.mktemp(topology) / "run"
-            losses = fit_here(root) if topology == "single" else fit_process(root, topology)[1]
+            losses = fit_process(root, topology)[1]
             assert sorted(losses) == list(range(STEPS)), losses
             runs[topology] = root / "checkpoints", losses
         return runs[topology]
 
     return get
-
-
-def resume(topology: str, root, ckpt) -> dict[int, float]:
-    if topology == "single":
-        return fit_here(root, f"--ckpt_path={ckpt}")
-    return fit_process(root, topology, f"--ckpt_path={ckpt}")[1]
 
 
 @pytest.mark.slow
@@ -55,7 +50,7 @@ def test_a_checkpoint_resumes_on_another_topology_as_that_topology_runs(
         assert value == pytest.approx(expected[step], rel=1e-6, abs=1e-6), (step, source_losses, expected)
     ckpt = source_dir / f"step={CKPT_STEP}.ckpt"
     assert ckpt.is_dir() == (source == "fsdp2")
-    resumed = resume(target, tmp_path / "run", ckpt)
+    resumed = fit_process(tmp_path / "run", target, f"--ckpt_path={ckpt}")[1]
     assert sorted(resumed) == list(range(CKPT_STEP, STEPS))
     for step, value in resumed.items():
         assert value == pytest.approx(expected[step], rel=1e-6, abs=1e-6), (step, resumed, expected)
@@ -63,24 +58,29 @@ def test_a_checkpoint_resumes_on_another_topology_as_that_topology_runs(
 
 @pytest.mark.slow
 @pytest.mark.ddp
-def test_sigkill_while_fsdp2_rewrites_last_then_last_resumes_from_the_newest_complete_one(
-    uninterrupted, tmp_path
+@pytest.mark.parametrize("topology", ["single", "fsdp2"])
+def test_sigkill_while_last_is_rewritten_then_last_resumes_from_the_newest_complete_one(
+    topology, uninterrupted, tmp_path
 ):
-    """Both ranks are killed once ``torch.distributed.checkpoint`` wrote step 2's shards and ``.metadata``
-    of ``last.ckpt`` (before ``meta.pt``, the manifest and the rename): ``last.ckpt`` is still step 1's,
-    whole; ``--ckpt_path last`` takes ``step=2.ckpt``, the newest complete checkpoint."""
-    _, expected = uninterrupted("fsdp2")
+    """Every process is killed inside the write of step 2's ``last.ckpt``: once its file is written, or
+    under FSDP2 once ``torch.distributed.checkpoint`` wrote its shards and ``.metadata`` (before
+    ``meta.pt``), in both cases before the manifest and the rename. ``last.ckpt`` is still step 1's, whole;
+    ``--ckpt_path last`` takes ``step=2.ckpt``, the newest complete checkpoint."""
+    _, expected = uninterrupted(topology)
     root = tmp_path / "run"
     kill = [
         "--trainer.callbacks+=tests.checkpoint.runs.KillInsideSave",
         f"--trainer.callbacks.step={CKPT_STEP}",
     ]
-    fit_process(root, "fsdp2", *kill, expect=-9)
+    fit_process(root, topology, *kill, expect=-9)
     folder = root / "checkpoints"
     assert verify_checkpoint(folder / "last.ckpt").manifest.global_step == 1
     partial = folder / ".last.ckpt.partial"
-    assert (partial / ".metadata").is_file() and not (partial / "COMMITTED").exists()
-    proc, resumed = fit_process(root, "fsdp2", "--ckpt_path=last")
+    if topology == "fsdp2":
+        assert (partial / ".metadata").is_file() and not (partial / "COMMITTED").exists()
+    else:
+        assert partial.is_file() and not (folder / ".last.ckpt.partial.manifest.json").exists()
+    proc, resumed = fit_process(root, topology, "--ckpt_path=last")
     assert f"--ckpt_path last: {folder / 'step=2.ckpt'}" in proc.stdout + proc.stderr
     assert resumed == {s: v for s, v in expected.items() if s >= CKPT_STEP}  # bit for bit
 
