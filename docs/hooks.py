@@ -38,12 +38,14 @@ _MATH = re.compile(
 def cli_help(args: str) -> str:
     """What ``lit-losses <args>`` prints (the help options exit with status 0)."""
     from lit_losses.cli.app import cli_main
+    from lit_losses.cli.checkpoint import checkpoint_main
     from lit_losses.cli.report import report_main
 
     words = args.split()
+    own = {"report": report_main, "checkpoint": checkpoint_main}
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        report_main(words[1:]) if words[0] == "report" else cli_main(words)
+        own[words[0]](words[1:]) if words[0] in own else cli_main(words)
     return f"```text\n$ lit-losses {args}\n{out.getvalue().rstrip()}\n```"
 
 

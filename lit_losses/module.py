@@ -17,7 +17,9 @@ from lit_losses.aggregation import (
     check_window,
     configure_train_loaders,
 )
+from lit_losses.checkpoint.reshard import record_param_names
 from lit_losses.checkpoint.resume import restore_checkpoint_state
+from lit_losses.checkpoint.topology import record_topology
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
 from lit_losses.heads import Backend, FusedLMHead, check_backend_runs, head_for
@@ -295,10 +297,14 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         return optimizer_and_schedule(self, self.optimizer_config, self._trainer)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Save the regularizers' run-time weights and flags, hyper-parameters as plain data."""
+        """Save the regularizers' run-time weights and flags, hyper-parameters as plain data, the run's layout
+        (`lit_losses.checkpoint.topology`) and the names of the optimizer states' parameters
+        (`lit_losses.checkpoint.reshard`): what resuming on another layout needs."""
         checkpoint["lit_losses_regularizers"] = self.regularizer_set.state_dict()
         if "hyper_parameters" in checkpoint:
             checkpoint["hyper_parameters"] = plain_data(checkpoint["hyper_parameters"])
+        record_topology(checkpoint, self.trainer)
+        record_param_names(checkpoint, module=self, optimizers=self.trainer.optimizers)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Check this run's options against the checkpoint's; restore its run-time state (`resume`)."""
