@@ -73,6 +73,8 @@ READS: dict[str, tuple[str, ...]] = {
 }
 """The fields of `GRPOPreset` that each loss type reads, beside ``loss_type``, ``beta`` and
 ``use_bias_correction_kl`` (every type's; the bias-corrected KL also reads ``importance_sampling_level``)."""
+CORRECTION_FIELDS = tuple(f.name for f in fields(RolloutCorrectionOptions))
+"""The rollout-correction fields (`RolloutCorrectionOptions`), which every loss type reads."""
 POSITIVE = ("delta", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg")
 NON_NEGATIVE = ("epsilon_high", "beta", "vespo_k_pos", "vespo_k_neg")
 
@@ -166,14 +168,15 @@ class GRPOPreset(RolloutCorrectionOptions):
             )
 
     def fields_read(self) -> tuple[str, ...]:
-        """The fields this loss type reads (`READS`): ``cispo`` reads ``epsilon`` only as the default of
-        ``epsilon_high``, and the bias-corrected KL reads ``importance_sampling_level`` for every type.
+        """The fields this loss type reads (`READS`, and every type the rollout-correction fields):
+        ``cispo`` reads ``epsilon`` only as the default of ``epsilon_high``, and the bias-corrected KL reads
+        ``importance_sampling_level`` for every type.
 
         Example:
-            >>> GRPOPreset("cispo", epsilon_high=5.0).fields_read()
-            ('beta', 'epsilon_high', 'importance_sampling_level', 'loss_type', 'use_bias_correction_kl')
+            >>> [f for f in GRPOPreset("cispo", epsilon_high=5.0).fields_read() if f not in CORRECTION_FIELDS]
+            ['beta', 'epsilon_high', 'importance_sampling_level', 'loss_type', 'use_bias_correction_kl']
         """
-        read = {"loss_type", "beta", "use_bias_correction_kl", *READS[self.loss_type]}
+        read = {"loss_type", "beta", "use_bias_correction_kl", *READS[self.loss_type], *CORRECTION_FIELDS}
         if self.use_bias_correction_kl:
             read.add("importance_sampling_level")
         if self.loss_type == "cispo" and self.epsilon_high is not None:
