@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities.rank_zero import WarningCache
-from torch import Tensor
+from torch import Tensor, nn
 
 from lit_losses.aggregation import (
     GLOBAL_STATS_KEY,
@@ -25,6 +27,13 @@ from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.custom import CustomLossMixin
 from lit_losses.loss.objective import Objective, batch_tensor
 from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
+from lit_losses.models.frozen import (
+    DISABLED_ADAPTERS,
+    FrozenModel,
+    FrozenSource,
+    check_frozen_source,
+    load_frozen,
+)
 from lit_losses.non_finite import check_hidden_states, check_optimizer_step, non_finite_steps_handled
 from lit_losses.objectives import BaseLossName, GRPOPreset
 from lit_losses.objectives.inputs import check_provided
@@ -107,6 +116,8 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         grpo: GRPOPreset | None = None,
     ) -> None:
         super().__init__()
+        self.frozen_sources: dict[str, tuple[FrozenSource, str]] = {}
+        self.frozen_models: dict[str, FrozenModel] = {}
         self.head_backend = check_choice(head_backend, Backend, "model.head_backend")
         self.save_hyperparameters()
         self.head_chunk_size = chunk_size_option(head_chunk_size)
@@ -169,6 +180,47 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             handled = non_finite_steps_handled(self._trainer)
         return self.check_finite and not handled
 
+    def add_frozen_model(self, name: str, source: FrozenSource, *, where: str) -> None:
+        """Name a frozen auxiliary model (a reference policy, a teacher; `lit_losses.models.frozen`): its
+        ``source`` is checked now (a `ConfigError` naming ``where``), the model loaded when a trainer sets
+        this module up for ``fit`` or ``validate`` (`setup`), or at the first `frozen_model` call. It is no
+        submodule: no optimizer state, nothing in the checkpoint but the option that names its source."""
+        self.frozen_sources[name] = (check_frozen_source(source, where), where)
+
+    def frozen_model(self, name: str) -> FrozenModel:
+        """The frozen model ``name`` (`add_frozen_model`), loaded if needed, on the device and in the dtype
+        of this module's output projection."""
+        if name not in self.frozen_models:
+            if name not in self.frozen_sources:
+                raise KeyError(f"no frozen model {name!r}; named ones: {sorted(self.frozen_sources)}")
+            source, where = self.frozen_sources[name]
+            self.frozen_models[name] = load_frozen(source, where=where, policy=self)
+        frozen = self.frozen_models[name]
+        frozen.follow(self.output_projection()[0])
+        return frozen
+
+    def initial_copy(self) -> nn.Module:
+        """A copy of this model with its current weights, for a frozen ``initial_policy``: rebuilt from the
+        hyper-parameters, then given this model's state. Override it for a model whose hyper-parameters do
+        not rebuild it (`HFCausalLM` copies its Hugging Face model)."""
+        hparams = {k: v for k, v in self.hparams.items() if not k.startswith("_")}
+        copy = type(self)(**hparams)
+        wanted = copy.state_dict()
+        copy.load_state_dict({k: v for k, v in self.state_dict().items() if k in wanted})
+        return copy
+
+    def adapters_disabled(self, where: str) -> Callable[[], AbstractContextManager[Any]]:
+        """A context-manager factory in which this model computes without its PEFT adapters (a frozen
+        ``disabled_adapters`` source); `HFCausalLM` with ``lora`` has one.
+
+        Raises:
+            ConfigError: naming ``where``: this model has no adapters.
+        """
+        raise ConfigError(
+            f"{where}={DISABLED_ADAPTERS!r}: {type(self).__name__} has no PEFT adapters to disable; use "
+            "'initial_policy', a checkpoint or a Hugging Face checkpoint directory"
+        )
+
     def forward_logits(self, batch: dict[str, Tensor]) -> Tensor:
         """Full logits ``[B, T, V]`` (inference)."""
         return self.output_head().forward_logits(self.hidden_states(batch))
@@ -218,8 +270,14 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         (`check_provided`; data modules that tell their keys with ``batch_keys()``, as `TextDataModule`),
         and an ``ignore_index`` other than the one the data module labels positions without a target with.
         Read whether a callback skips non-finite steps (once per trainer call, `_checks_hidden_states`).
+        Load the frozen models (`add_frozen_model`) for ``fit`` and ``validate``: before any weights are
+        restored from a checkpoint, so that an ``initial_policy`` copy is the weights the module was built
+        with.
         """
         self._non_finite_handled = non_finite_steps_handled(self._trainer)
+        if stage in ("fit", "validate"):
+            for name in self.frozen_sources:
+                self.frozen_model(name)
         data = getattr(self._trainer, "datamodule", None) if stage == "fit" else None
         data_ignore = getattr(data, "ignore_index", self.ignore_index)
         if isinstance(data_ignore, int) and data_ignore != self.ignore_index:
