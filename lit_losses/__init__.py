@@ -10,6 +10,8 @@ The public API, by concept (everything else is importable from its subpackage):
 - regularizers: `RegularizerSpec`, `RegularizerSet`, `RegularizerError`, `register_regularizer`
 - base losses by name (cross-entropy, Tinker's RL losses, SAPO, VESPO): `register_base_loss`;
   TRL's GRPO losses as one option: `GRPOPreset`
+- preference losses (TRL's DPO family, KTO, CPO/SimPO, ORPO): `dpo_loss`, `kto_loss`, `cpo_loss`,
+  `simpo_loss`, `orpo_loss`, and their options `DPOPreset`, `KTOPreset`, `CPOPreset`, `ORPOPreset`
 - data: `TextDataModule`, `RLDataModule` (offline RL records)
 - training controller: `TrainingController`, `register_metric_handlers`, `register_operation_handlers`
 - preemption: `PreemptionCheckpoint` (``SIGTERM``: finish the step, checkpoint, exit ``128 + signal``)
@@ -42,7 +44,19 @@ if TYPE_CHECKING:
     from lit_losses.models.hf import HFCausalLM
     from lit_losses.models.tiny_lm import TinyLM
     from lit_losses.module import RegularizedLM
-    from lit_losses.objectives import GRPOPreset, register_base_loss
+    from lit_losses.objectives import (
+        CPOPreset,
+        DPOPreset,
+        GRPOPreset,
+        KTOPreset,
+        ORPOPreset,
+        cpo_loss,
+        dpo_loss,
+        kto_loss,
+        orpo_loss,
+        register_base_loss,
+        simpo_loss,
+    )
     from lit_losses.optim import OptimizerConfig
     from lit_losses.preemption import PreemptionCheckpoint
     from lit_losses.registry import Registry
@@ -58,7 +72,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AggMode",
+    "CPOPreset",
     "ConfigError",
+    "DPOPreset",
     "FrozenModel",
     "FusedLMHead",
     "GRPOPreset",
@@ -66,8 +82,10 @@ __all__ = [
     "GlobalStatsLoader",
     "HFCausalLM",
     "HeadOutput",
+    "KTOPreset",
     "LossContext",
     "LossOutput",
+    "ORPOPreset",
     "Objective",
     "OptimizerConfig",
     "PreemptionCheckpoint",
@@ -83,12 +101,17 @@ __all__ = [
     "TrainingController",
     "aggregate",
     "autograd",
+    "cpo_loss",
+    "dpo_loss",
+    "kto_loss",
     "linear_cross_entropy",
     "linear_logprobs",
+    "orpo_loss",
     "register_base_loss",
     "register_metric_handlers",
     "register_operation_handlers",
     "register_regularizer",
+    "simpo_loss",
 ]
 
 #: The module each public name is imported from, on first access.
@@ -115,6 +138,15 @@ _EXPORTS = {
     "TinyLM": "lit_losses.models.tiny_lm",
     "RegularizedLM": "lit_losses.module",
     "GRPOPreset": "lit_losses.objectives",
+    "DPOPreset": "lit_losses.objectives",
+    "KTOPreset": "lit_losses.objectives",
+    "CPOPreset": "lit_losses.objectives",
+    "ORPOPreset": "lit_losses.objectives",
+    "dpo_loss": "lit_losses.objectives",
+    "kto_loss": "lit_losses.objectives",
+    "cpo_loss": "lit_losses.objectives",
+    "simpo_loss": "lit_losses.objectives",
+    "orpo_loss": "lit_losses.objectives",
     "register_base_loss": "lit_losses.objectives",
     "PreemptionCheckpoint": "lit_losses.preemption",
     "OptimizerConfig": "lit_losses.optim",
