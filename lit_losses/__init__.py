@@ -12,7 +12,8 @@ The public API, by concept (everything else is importable from its subpackage):
   TRL's GRPO losses as one option: `GRPOPreset`
 - preference losses (TRL's DPO family, KTO, CPO/SimPO, ORPO): `dpo_loss`, `kto_loss`, `cpo_loss`,
   `simpo_loss`, `orpo_loss`, and their options `DPOPreset`, `KTOPreset`, `CPOPreset`, `ORPOPreset`
-- data: `TextDataModule`, `RLDataModule` (offline RL records)
+- data: `TextDataModule` (text, prompt-completion SFT), `PreferenceDataModule` (TRL's preference
+  formats), `RLDataModule` (offline RL records)
 - training controller: `TrainingController`, `register_metric_handlers`, `register_operation_handlers`
 - preemption: `PreemptionCheckpoint` (``SIGTERM``: finish the step, checkpoint, exit ``128 + signal``)
 - extension points: `Registry`, `ConfigError`; custom gradients: the `autograd` subpackage
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
         register_metric_handlers,
         register_operation_handlers,
     )
-    from lit_losses.data import RLDataModule, TextDataModule
+    from lit_losses.data import PreferenceDataModule, RLDataModule, TextDataModule
     from lit_losses.errors import ConfigError
     from lit_losses.heads import FusedLMHead, HeadOutput, linear_cross_entropy, linear_logprobs
     from lit_losses.loss import LossContext, LossOutput
@@ -89,6 +90,7 @@ __all__ = [
     "Objective",
     "OptimizerConfig",
     "PreemptionCheckpoint",
+    "PreferenceDataModule",
     "RLDataModule",
     "Registry",
     "RegularizedLM",
@@ -123,6 +125,7 @@ _EXPORTS = {
     "TrainingController": "lit_losses.controller",
     "register_metric_handlers": "lit_losses.controller",
     "register_operation_handlers": "lit_losses.controller",
+    "PreferenceDataModule": "lit_losses.data",
     "RLDataModule": "lit_losses.data",
     "TextDataModule": "lit_losses.data",
     "ConfigError": "lit_losses.errors",
