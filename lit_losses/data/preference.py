@@ -92,7 +92,7 @@ class PreferenceDataModule(TextDataModule):
         >>> data.setup("fit")
         >>> batch = data.train_set[0]
         >>> sorted(batch), batch["input_ids"].shape[0] % 2
-        (['attention_mask', 'input_ids', 'labels'], 0)
+        (['attention_mask', 'chosen_mask', 'chosen_sequence_mask', 'input_ids', 'labels'], 0)
     """
 
     def __init__(

@@ -6,7 +6,12 @@
     attention_mask   [2P, T] long    1 on the sequence's tokens, 0 on padding (right-padded)
     labels           [2P, T] long    next-token labels: labels[:, t] = input_ids[:, t + 1] where that token
                                      is a completion token; -100 on prompt positions, padding, the last one
+    chosen_mask      [2P, T] bool    the chosen rows' labelled positions (their completion tokens)
+    chosen_sequence_mask  [2P, T] bool    the chosen rows' every next-token position (prompt and completion)
     ref_chosen_logps, ref_rejected_logps   [P] float64, when the records carry them
+
+The two masks are counted by the training loader (`GlobalStatsLoader`): the global token means of the
+chosen completions' NLL (DPO's ``sft``, CPO's ``cpo_alpha``) and of the chosen sequences' NLL (ORPO).
 
 **Unpaired records** (KTO, B records per micro-batch): ``input_ids``, ``attention_mask``, ``labels``
 ``[B, T]`` as above; ``kto_label`` ``[B]`` bool (TRL's ``label``: desirable); ``kl_input_ids``,
@@ -160,6 +165,23 @@ def pad_rows(rows: Sequence[Row], pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
     return input_ids, attention_mask, labels
 
 
+def chosen_masks(labels: Tensor, attention_mask: Tensor, pairs: int) -> dict[str, Tensor]:
+    """``chosen_mask`` (the chosen rows' labelled positions) and ``chosen_sequence_mask`` (the chosen rows'
+    positions whose next token is a token of the sequence) of paired rows ``[2P, T]``.
+
+    Example:
+        >>> labels = torch.tensor([[-100, 7, -100], [-100, 8, 9]])  # 1 pair: chosen, rejected
+        >>> masks = chosen_masks(labels, torch.tensor([[1, 1, 1], [1, 1, 1]]), pairs=1)
+        >>> masks["chosen_mask"].tolist(), masks["chosen_sequence_mask"].tolist()
+        ([[False, True, False], [False, False, False]], [[True, True, False], [False, False, False]])
+    """
+    chosen = torch.zeros_like(labels, dtype=torch.bool)
+    chosen[:pairs] = labels[:pairs] != IGNORE_INDEX
+    sequence = torch.zeros_like(chosen)
+    sequence[:pairs, :-1] = attention_mask[:pairs, 1:].bool()
+    return {"chosen_mask": chosen, "chosen_sequence_mask": sequence}
+
+
 def collate_records(items: Sequence[RecordRows], pad_id: int) -> dict[str, Tensor]:
     """The micro-batch of ``items`` (all pairs or all unpaired records) in the layout of the module
     docstring.
@@ -167,8 +189,10 @@ def collate_records(items: Sequence[RecordRows], pad_id: int) -> dict[str, Tenso
     Example:
         >>> pair = RecordRows("a:1", ([1, 2], [2, -100]), ([1, 3, 4], [-100, 4, -100]), {})
         >>> batch = collate_records([pair], pad_id=0)
-        >>> sorted(batch), batch["input_ids"].tolist()
-        (['attention_mask', 'input_ids', 'labels'], [[1, 2, 0], [1, 3, 4]])
+        >>> sorted(batch)
+        ['attention_mask', 'chosen_mask', 'chosen_sequence_mask', 'input_ids', 'labels']
+        >>> batch["input_ids"].tolist(), batch["chosen_sequence_mask"].tolist()
+        ([[1, 2, 0], [1, 3, 4]], [[True, False, False], [False, False, False]])
     """
     n = len(items)
     input_ids, attention_mask, labels = pad_rows(
@@ -176,6 +200,7 @@ def collate_records(items: Sequence[RecordRows], pad_id: int) -> dict[str, Tenso
     )
     if items[0].label is None:  # pairs: chosen rows, then rejected rows
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        batch |= chosen_masks(labels, attention_mask, pairs=n)
     else:  # unpaired: the completion rows, and their KL rows under kl_*
         batch = {"input_ids": input_ids[:n], "attention_mask": attention_mask[:n], "labels": labels[:n]}
         batch |= {"kl_input_ids": input_ids[n:], "kl_attention_mask": attention_mask[n:]}

@@ -328,6 +328,10 @@ class HFCausalLM(RegularizedLM):
         (`CausalLMRunner`), for a frozen ``initial_policy``."""
         return CausalLMRunner(copy.deepcopy(self.model), where="initial_policy")
 
+    def has_adapters(self) -> bool:
+        """Whether the wrapped model has PEFT adapters (``lora``)."""
+        return hasattr(self.model, "disable_adapter")
+
     def adapters_disabled(self, where: str) -> Callable[[], AbstractContextManager[Any]]:
         """``peft_model.disable_adapter``: the base model without a second copy in memory (a frozen
         ``disabled_adapters`` source; TRL's reference for a PEFT policy).
@@ -335,7 +339,7 @@ class HFCausalLM(RegularizedLM):
         Raises:
             ConfigError: naming ``where``: the model has no adapters (no ``lora``).
         """
-        if not hasattr(self.model, "disable_adapter"):
+        if not self.has_adapters():
             raise ConfigError(
                 f"{where}={DISABLED_ADAPTERS!r}: the model has no PEFT adapters (set model.init_args.lora, "
                 "or use 'initial_policy', a checkpoint or a Hugging Face checkpoint directory)"
