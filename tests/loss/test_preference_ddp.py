@@ -39,3 +39,13 @@ def test_split_step_equals_the_whole_batch_step(name, split, tmp_path):
     logged = reference["logged"]
     assert {"train/loss_total", "train/rewards/accuracies", "train/logps/chosen"} <= set(logged)
     assert got["logged"] == pytest.approx(logged, rel=1e-9, abs=1e-12)
+
+
+def test_trls_per_micro_batch_normalization_differs_on_this_split():
+    """TRL's value on the same split (each micro-batch's mean over its own pairs and NLL tokens, averaged
+    over the A × D micro-batches) is not the whole batch's: the comparison above can fail."""
+    model = worker.model_of("dpo").double()
+    whole = model.compute_loss(worker.whole_batch(), "val").total  # "val": each batch's own counts
+    batches = worker.micro_batches()
+    per_micro_batch = sum(model.compute_loss(b, "val").total for b in batches) / len(batches)
+    assert abs(float(per_micro_batch - whole)) > 1e-3 * abs(float(whole))
