@@ -11,7 +11,9 @@ Panels, each drawn when its tags were logged (several runs overlay, e.g. an abla
 - **learning rate** (Lightning's `LearningRateMonitor`: ``lr-<optimizer>[/pg<i>]``);
 - **validation loss** (``val/loss``);
 - **gradient norms** (tags containing ``grad_norm``);
-- **RL telemetry** (``train/base_loss/<metric>``: clip fraction, ratio mean, approximate KL, ...).
+- **RL telemetry** (``train/base_loss/<metric>``: clip fraction, ratio mean, approximate KL, ...);
+- **preference rewards** (``train/rewards/…``: TRL's chosen, rejected, accuracies,
+  margins) and **sequence log-probabilities** (``train/logps/…``), with a preference loss.
 
 Works on a run still going (what the logger flushed so far). A folder with no event file and no
 ``metrics.csv`` is one error line and exit code 2. The telemetry schema: ``docs/concepts/telemetry.md``.
@@ -112,6 +114,8 @@ def panels(runs: list[RunScalars]) -> list[Panel]:
             runs, "Gradient norms", "norm", tags_of=lambda r: [t for t in r.tags() if "grad_norm" in t]
         ),
         tag_panel(runs, "RL telemetry", "value", tags_of=lambda r: r.tags("train/base_loss/")),
+        tag_panel(runs, "Preference rewards", "reward", tags_of=lambda r: r.tags("train/rewards/")),
+        tag_panel(runs, "Sequence log-probabilities", "log p", tags_of=lambda r: r.tags("train/logps/")),
     ]
     return [p for p in drawn if p.lines]
 
