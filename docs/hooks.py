@@ -4,24 +4,33 @@
   help: every option with its type, default and choices), e.g. ``fit --help`` or ``fit --model.help TinyLM``.
 - ``<!-- include: PATH -->`` is replaced by the text of ``PATH`` (relative to the repository), e.g. the
   benchmark results.
+- Maths (``$…$``, ``$$…$$``, which ``pymdownx.arithmatex`` marks) is rendered to MathML when the site is
+  built (``latex2mathml``): browsers draw it natively, with no script and nothing fetched from outside
+  the site.
 """
 
 from __future__ import annotations
 
 import contextlib
+import html
 import io
 import re
 from pathlib import Path
 
+from latex2mathml.converter import convert
+
 REPO = Path(__file__).resolve().parents[1]
 _CLI = re.compile(r"<!-- cli-options: (.*?) -->")
 _INCLUDE = re.compile(r"<!-- include: (.*?) -->")
+_MATH = re.compile(
+    r'<(?P<tag>div|span) class="arithmatex">\\(?P<open>[\[(])(?P<tex>.*?)\\[\])]</(?P=tag)>', re.S
+)
 
 
 def cli_help(args: str) -> str:
     """What ``lit-losses <args>`` prints (the help options exit with status 0)."""
-    from lit_losses.cli import cli_main
-    from lit_losses.report import report_main
+    from lit_losses.cli.app import cli_main
+    from lit_losses.cli.report import report_main
 
     words = args.split()
     out = io.StringIO()
@@ -33,3 +42,13 @@ def cli_help(args: str) -> str:
 def on_page_markdown(markdown: str, **kwargs) -> str:
     markdown = _CLI.sub(lambda m: cli_help(m.group(1)), markdown)
     return _INCLUDE.sub(lambda m: (REPO / m.group(1)).read_text(encoding="utf-8"), markdown)
+
+
+def mathml(match: re.Match[str]) -> str:
+    """One arithmatex element (``\\(…\\)`` inline, ``\\[…\\]`` display) as MathML."""
+    display = "block" if match["open"] == "[" else "inline"
+    return convert(html.unescape(match["tex"]).strip(), display=display)
+
+
+def on_page_content(content: str, **kwargs) -> str:
+    return _MATH.sub(mathml, content)

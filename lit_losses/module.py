@@ -19,6 +19,7 @@ from lit_losses.aggregation import (
     check_window,
     configure_train_loaders,
 )
+from lit_losses.checkpoint.resume import restore_checkpoint_state
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
 from lit_losses.heads import Backend, FusedLMHead, head_for
@@ -50,7 +51,6 @@ from lit_losses.objectives.inputs import check_provided
 from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.parallel import ModelParallelMixin
 from lit_losses.regularizers import RegularizerSpec, TermResult
-from lit_losses.resume import restore_checkpoint_state
 from lit_losses.validation import checked_hidden, checked_projection, chunk_size_option
 
 LOCAL_NORMALIZATION_WARNING = (
@@ -115,7 +115,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     #: How the batches' ``labels`` are laid out (`LabelFormat`): what `GlobalStatsLoader` counts.
     label_format: LabelFormat = "next_token"
     #: A subclass's own arguments that are not its architecture: a run resumed from a checkpoint may
-    #: change them, like `RegularizedLM`'s own (a warning lists each; `lit_losses.resume`).
+    #: change them, like `RegularizedLM`'s own (a warning lists each; `lit_losses.checkpoint.resume`).
     resume_changeable_options: tuple[str, ...] = ()
     #: A subclass's arguments that are not saved with its checkpoint (a built object): never compared.
     resume_unsaved_options: tuple[str, ...] = ()

@@ -18,8 +18,9 @@ import torch
 
 from lit_losses import TextDataModule, TinyLM
 from lit_losses.aggregation import GlobalStatsLoader, MaskStats, aggregate, count_masks
+from lit_losses.checkpoint.resume import read_checkpoint
 from lit_losses.choices import check_choice
-from lit_losses.cli import cli_main, one_line
+from lit_losses.cli.app import cli_main, one_line
 from lit_losses.controller import parse_config
 from lit_losses.controller.reach import VALIDATION_EVENTS, unreachable
 from lit_losses.data.rl import RLDataModule, rl_dataset
@@ -28,7 +29,6 @@ from lit_losses.heads import FusedLMHead
 from lit_losses.optim import OptimizerConfig
 from lit_losses.parallel import PipelineLoss
 from lit_losses.regularizers import RegularizerSpec
-from lit_losses.resume import read_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
 

@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from lit_losses.checkpoint.stopped_epoch import reopen_stopped_epoch
 from lit_losses.errors import ConfigError
 from lit_losses.hparams import plain_data
 from lit_losses.optim import OptimizerConfig
 from lit_losses.regularizers import RegularizerSpec
-from lit_losses.stopped_epoch import reopen_stopped_epoch
 
 RUN_OPTIONS = (
     "head_backend",

@@ -26,8 +26,8 @@ from typing import Any, Literal
 import lightning as L
 from lightning.pytorch.callbacks import LearningRateMonitor
 
+from lit_losses.checkpoint.preemption import Preempted, PreemptionCheckpoint
 from lit_losses.controller import TrainingController
-from lit_losses.preemption import Preempted, PreemptionCheckpoint
 
 EndReason = Literal["max_steps", "max_epochs", "controller", "stopped", "preempted", "interrupted", "error"]
 """Why a fit ended."""
