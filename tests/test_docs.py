@@ -86,3 +86,16 @@ def check_built_pages(site: Path) -> None:
         assert "usage: __main__" not in text, page.relative_to(site)
     aggregation = (site / "concepts" / "aggregation" / "index.html").read_text(encoding="utf-8")
     assert aggregation.count("<math") >= 10
+
+
+def test_the_benchmark_charts_are_drawn_from_the_results_data(tmp_path):
+    """``benchmarks/charts.py`` redraws a chart per figure of ``current.yaml``; the docs hold each one."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / "charts.py"), "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    figures = yaml.safe_load((REPO / "benchmarks" / "current.yaml").read_text())["figures"]
+    for figure in figures:
+        drawn = tmp_path / f"{figure['id']}.png"
+        assert drawn.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", drawn
+        assert (DOCS / "assets" / "benchmarks" / drawn.name).is_file(), (
+            f"run benchmarks/charts.py ({drawn.name})"
+        )
