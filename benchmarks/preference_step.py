@@ -186,7 +186,7 @@ def main() -> None:
         f"{args.pairs} pairs × 2 rows × {args.width} tokens ({tokens} completion tokens) · V {VOCAB} · "
         f"repeats {args.repeats}"
     )
-    print("| variant | loss | median step (ms) | / naive | fastest step (ms) | peak above inputs (MiB) | / naive |")
+    print("| variant | loss | median step (ms) | / naive | fastest (ms) | peak memory (MiB) | / naive |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     base_time, base_mem = statistics.median(times["naive"]), memory["naive"]["peak_mib"]
     for variant in VARIANTS:
