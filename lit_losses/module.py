@@ -7,6 +7,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities.rank_zero import WarningCache
 from torch import Tensor, nn
 
@@ -27,7 +28,6 @@ from lit_losses.hparams import plain_data
 from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.custom import CustomLossMixin
 from lit_losses.loss.objective import Objective, batch_tensor
-from lit_losses.loss.preference import check_preference_data
 from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
 from lit_losses.models.frozen import (
     DISABLED_ADAPTERS,
@@ -94,7 +94,8 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         dpo: TRL's DPO loss by ``DPOConfig``'s fields (`DPOPreset`): the base loss becomes the mean over the
             step's pairs of each pair's loss (`lit_losses.loss.preference`; paired data,
             `lit_losses.PreferenceDataModule`).
-        kto: TRL's KTO loss by ``KTOConfig``'s fields (`KTOPreset`; unpaired data).
+        kto: TRL's KTO loss by ``KTOConfig``'s fields (`KTOPreset`): the mean over the step's sequences of
+            each one's loss (`lit_losses.loss.preference_unpaired`; unpaired data).
         cpo: TRL's CPO loss by ``CPOConfig``'s fields (`CPOPreset`; SimPO, AlphaPO).
         orpo: TRL's ORPO loss by ``ORPOConfig``'s fields (`ORPOPreset`).
         ref_model: the frozen reference policy of ``dpo``/``kto`` when its log-probabilities do not come
@@ -165,10 +166,11 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         self.loss_agg = self.objective.loss_agg
         self.base_loss_weight = self.objective.base_loss_weight
         self._reference_option(ref_model)
+        preference = self.objective.preference
         self.val_telemetry = ValidationTelemetry(
             self.loss_agg,
             metric_names=self.objective.metric_names(),
-            per_pair=self.objective.preference is not None,
+            units=None if preference is None else preference.units,
         )
         self.step_telemetry = StepTelemetry()
         self._non_finite_handled: bool | None = None  # read at each trainer call's setup (`setup`)
@@ -290,6 +292,11 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             ignore_index=self.ignore_index,
         )
 
+    def policy_logprobs(self, batch: dict[str, Any], labels: Tensor) -> Tensor:
+        """``log p(labels)`` ``[B, T]`` of this model, without gradient (KTO's KL rows)."""
+        with torch.no_grad():
+            return self.output_head()(self.hidden_states(batch), labels, ("logprobs",)).logprobs
+
     def forward_logits(self, batch: dict[str, Tensor]) -> Tensor:
         """Full logits ``[B, T, V]`` (inference)."""
         return self.output_head().forward_logits(self.hidden_states(batch))
@@ -335,6 +342,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             needed=self.head_outputs_needed(),
             regularize=self.regularize,
             reference=self.reference_logprobs if uses_reference else None,
+            policy=self.policy_logprobs,
         )
 
     def setup(self, stage: str) -> None:
@@ -363,7 +371,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             )
         provided = data.batch_keys() if callable(getattr(data, "batch_keys", None)) else ()
         if provided and self.objective.preference is not None:
-            check_preference_data(self.objective.preference, provided, source=type(data).__name__)
+            self.objective.preference.check_data(provided, source=type(data).__name__)
         elif provided and self.objective.base_loss_weight > 0:
             reader = f"model.base_loss={self.objective.base_loss.name!r}"
             check_provided(

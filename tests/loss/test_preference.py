@@ -36,13 +36,13 @@ def naive_sequence_logps(model, batch) -> torch.Tensor:
     return torch.where(labels != -100, picked, 0.0).sum(-1)
 
 
-def perturb(*models) -> None:
+def perturb(*models, seed: int = 1, scale: float = 0.3) -> None:
     """The same random change of every model's weights (the policy after some training)."""
     for model in models:
-        g = torch.Generator().manual_seed(1)
+        g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for p in model.parameters():
-                p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+                p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
 def loss_and_grads(model, batch) -> tuple[torch.Tensor, dict]:
@@ -210,7 +210,7 @@ def test_one_dpo_step_with_a_32k_vocabulary_never_materializes_the_logits():
         ({"ref_model": "initial_policy"}, "model.ref_model='initial_policy' is set but no preference loss"),
         ({"dpo": {}, "ref_model": "no/such/dir"}, "model.ref_model='no/such/dir': no such file or directory"),
         ({"dpo": {"use_weighting": True}}, "model.dpo.use_weighting=True: WPO's weights need log"),
-        ({"kto": {}}, "model.kto: unpaired preference data (KTO) has no loss path"),
+        ({"kto": {"precompute_ref_log_probs": True}, "ref_model": "initial_policy"}, "model.kto reads no"),
         ({"dpo": {}, "cpo": {}}, "model.dpo, model.cpo are set together"),
     ],
 )
