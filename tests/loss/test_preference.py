@@ -6,6 +6,7 @@ DPO step; the configuration and batch errors that belong to the module."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -262,3 +263,38 @@ def test_the_copy_of_the_initial_policy_is_not_the_trained_weights():
     perturb(model)
     copied = model.frozen_models["reference"].runner.state_dict()
     assert all(torch.equal(copied[k], v) for k, v in initial.items() if k in copied)
+
+
+def test_a_resumed_dpo_run_rebuilds_the_same_initial_policy_reference(tmp_path):
+    """The reference is built at ``setup``, before the checkpoint's weights are restored: a run resumed
+    from its step-2 checkpoint ends with the uninterrupted run's weights at step 4."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lit_losses import PreferenceDataModule
+
+    pairs = str(Path(__file__).resolve().parents[2] / "data" / "preference" / "pairs.jsonl")
+
+    def fit(root: Path, ckpt_path=None) -> TinyLM:
+        torch.manual_seed(0)  # the constructor's weights: the initial policy of both runs
+        model = TinyLM(vocab_size=300, d_model=16, n_layers=1, n_heads=2, dpo={"beta": 0.5},
+                       optimizer={"warmup_steps": 0, "lr": 0.05})  # fmt: skip
+        data = PreferenceDataModule(paths=[pairs], vocab_size=300, max_length=48, tokens_per_batch=192,
+                                    cache_dir=str(tmp_path / "cache"))  # fmt: skip
+        every = ModelCheckpoint(dirpath=root, every_n_train_steps=2, save_top_k=-1, filename="{step}")
+        trainer = L.Trainer(
+            accelerator="cpu", max_steps=4, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, default_root_dir=root, callbacks=[every], limit_val_batches=0,
+        )  # fmt: skip
+        torch.manual_seed(123 if ckpt_path else 0)  # a resumed run must not depend on the global RNG
+        trainer.fit(model, data, ckpt_path=ckpt_path)
+        return model
+
+    whole = fit(tmp_path / "whole")
+    initial = whole.frozen_models["reference"].runner.state_dict()
+    resumed = fit(tmp_path / "resumed", ckpt_path=str(tmp_path / "whole" / "step=2.ckpt"))
+    reference = resumed.frozen_models["reference"].runner.state_dict()
+    assert all(torch.equal(reference[k], v) for k, v in initial.items())
+    final = resumed.state_dict()
+    for name, p in whole.state_dict().items():
+        torch.testing.assert_close(final[name], p, rtol=0, atol=0, msg=name)
+    assert any((final[k] - v).abs().max() > 1e-3 for k, v in initial.items())
