@@ -238,7 +238,13 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         hyper-parameters, then given this model's state. Override it for a model whose hyper-parameters do
         not rebuild it (`HFCausalLM` copies its Hugging Face model)."""
         hparams = {k: v for k, v in self.hparams.items() if not k.startswith("_")}
-        copy = type(self)(**hparams)
+        try:
+            copy = type(self)(**hparams)
+        except TypeError as err:
+            raise ConfigError(
+                f"{INITIAL_POLICY!r}: {type(self).__name__} cannot be rebuilt from its hyper-parameters "
+                f"({err}); override its initial_copy(), or give model.ref_model a checkpoint"
+            ) from err
         wanted = copy.state_dict()
         copy.load_state_dict({k: v for k, v in self.state_dict().items() if k in wanted})
         return copy

@@ -298,3 +298,18 @@ def test_a_resumed_dpo_run_rebuilds_the_same_initial_policy_reference(tmp_path):
     for name, p in whole.state_dict().items():
         torch.testing.assert_close(final[name], p, rtol=0, atol=0, msg=name)
     assert any((final[k] - v).abs().max() > 1e-3 for k, v in initial.items())
+
+
+class Unrebuildable(TinyLM):
+    """A model whose hyper-parameters leave out an argument its constructor needs."""
+
+    def __init__(self, width: int, **kwargs) -> None:
+        super().__init__(vocab_size=VOCAB, d_model=width, n_layers=1, n_heads=2, **kwargs)
+        self.save_hyperparameters(ignore=["width"])
+
+
+def test_an_initial_policy_that_cannot_be_rebuilt_is_one_line_before_training():
+    model = Unrebuildable(16, dpo={})
+    model.hparams.pop("width", None)
+    with pytest.raises(ConfigError, match=r"'initial_policy': Unrebuildable cannot be rebuilt from its"):
+        model.setup("fit")
