@@ -246,7 +246,8 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
                 f"({err}); override its initial_copy(), or give model.ref_model a checkpoint"
             ) from err
         wanted = copy.state_dict()
-        copy.load_state_dict({k: v for k, v in self.state_dict().items() if k in wanted})
+        state = {k: v.detach().clone() for k, v in self.state_dict().items() if k in wanted}
+        copy.load_state_dict(state, assign=True)  # this model's values, dtypes and devices
         return copy
 
     def adapters_disabled(self, where: str) -> Callable[[], AbstractContextManager[Any]]:

@@ -2,7 +2,8 @@
 holding different numbers of pairs and tokens (``python -m tests.loss.preference_ddp_worker OUT``, started
 by `tests.parallel.launch`), or on one process over one micro-batch holding every pair (`step`, in the
 test's own process). Rank 0 saves, for each preset of `PRESETS`, the gradients before the optimizer step
-and the logged values (``train/loss_total`` and TRL's metrics) to ``OUT/<name>.pt``.
+and the logged values (``train/loss_total`` and TRL's metrics) to ``OUT/<name>.pt``; then the DPO step
+under FSDP2 (`fsdp_step`) to ``OUT/fsdp.pt``.
 """
 
 from __future__ import annotations
@@ -87,9 +88,35 @@ def step(name: str, devices: int, batches: list[dict], root: str) -> dict:
     return capture.result
 
 
+def fsdp_model() -> TinyLM:
+    """The DPO model in float64 by the default dtype (as FSDP2's tests build theirs)."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return model_of("dpo")
+    finally:
+        torch.set_default_dtype(default)
+
+
+def fsdp_step(devices: int, batches: list[dict], root: str) -> dict:
+    """The first DPO step under FSDP2 (``ModelParallelStrategy``, ``data_parallel_size=devices``; its
+    frozen reference replicated), or on one process: the full gradients and the logged loss."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from tests.parallel import model_parallel_worker as parallel
+
+    if devices == 1:
+        return parallel.first_step(fsdp_model(), batches, "auto", 1, 1, root)
+    strategy = ModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1)
+    return parallel.first_step(fsdp_model(), batches, strategy, devices, ACCUMULATE, root)
+
+
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     for preset in PRESETS:
         result = step(preset, RANKS, micro_batches(), root=str(out))
         if torch.distributed.get_rank() == 0:
             torch.save(result, out / f"{preset}.pt")
+    result = fsdp_step(RANKS, micro_batches(), root=str(out))
+    if torch.distributed.get_rank() == 0:
+        torch.save(result, out / "fsdp.pt")
