@@ -3,7 +3,7 @@
 The public API, by concept (everything else is importable from its subpackage):
 
 - models: `RegularizedLM` (subclass it), `TinyLM` (built-in), `HFCausalLM` (Hugging Face models),
-  `OptimizerConfig`, `Schedule`
+  `FrozenModel` (a frozen reference or teacher beside the policy), `OptimizerConfig`, `Schedule`
 - the loss of a step: `LossContext`, `LossOutput`, `Objective`
 - fused output head: `FusedLMHead`, `HeadOutput`; functional: `linear_logprobs`, `linear_cross_entropy`
 - global-denominator aggregation: `GlobalStatsLoader`, `GlobalStats`, `AggMode`, `aggregate`
@@ -42,7 +42,9 @@ if TYPE_CHECKING:
     from lit_losses.heads import FusedLMHead, HeadOutput, linear_cross_entropy, linear_logprobs
     from lit_losses.loss import LossContext, LossOutput
     from lit_losses.loss.objective import Objective
-    from lit_losses.models import HFCausalLM, TinyLM
+    from lit_losses.models.frozen import FrozenModel
+    from lit_losses.models.hf import HFCausalLM
+    from lit_losses.models.tiny_lm import TinyLM
     from lit_losses.module import RegularizedLM
     from lit_losses.objectives import (
         CPOPreset,
@@ -78,6 +80,7 @@ __all__ = [
     "CPOPreset",
     "ConfigError",
     "DPOPreset",
+    "FrozenModel",
     "FusedLMHead",
     "GRPOPreset",
     "GlobalStats",
@@ -137,8 +140,9 @@ _EXPORTS = {
     "LossContext": "lit_losses.loss",
     "LossOutput": "lit_losses.loss",
     "Objective": "lit_losses.loss.objective",
-    "HFCausalLM": "lit_losses.models",
-    "TinyLM": "lit_losses.models",
+    "FrozenModel": "lit_losses.models.frozen",
+    "HFCausalLM": "lit_losses.models.hf",
+    "TinyLM": "lit_losses.models.tiny_lm",
     "RegularizedLM": "lit_losses.module",
     "GRPOPreset": "lit_losses.objectives",
     "DPOPreset": "lit_losses.objectives",

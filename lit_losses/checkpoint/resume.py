@@ -45,6 +45,11 @@ RUN_OPTIONS = (
     "base_loss_args",
     "loss_agg_norm",
     "grpo",
+    "dpo",
+    "kto",
+    "cpo",
+    "orpo",
+    "ref_model",
 )
 """`RegularizedLM`'s own arguments: what a resumed run may change (the others are the architecture)."""
 
@@ -55,6 +60,11 @@ ADDED_OPTION_DEFAULTS = {
     "base_loss_args": None,
     "loss_agg_norm": None,
     "grpo": None,
+    "dpo": None,
+    "kto": None,
+    "cpo": None,
+    "orpo": None,
+    "ref_model": None,
 }
 
 ARCHITECTURE_HINT = (

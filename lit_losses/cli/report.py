@@ -11,7 +11,9 @@ Panels, each drawn when its tags were logged (several runs overlay, e.g. an abla
 - **learning rate** (Lightning's `LearningRateMonitor`: ``lr-<optimizer>[/pg<i>]``);
 - **validation loss** (``val/loss``);
 - **gradient norms** (tags containing ``grad_norm``);
-- **RL telemetry** (``train/base_loss/<metric>``: clip fraction, ratio mean, approximate KL, ...).
+- **RL telemetry** (``train/base_loss/<metric>``: clip fraction, ratio mean, approximate KL, ...);
+- **preference rewards** (``train/rewards/…``: TRL's chosen, rejected, accuracies,
+  margins) and **sequence log-probabilities** (``train/logps/…``), with a preference loss.
 
 Works on a run still going (what the logger flushed so far). A folder with no event file and no
 ``metrics.csv`` is one error line and exit code 2. The telemetry schema: ``docs/concepts/telemetry.md``.
@@ -202,6 +204,8 @@ def panels(runs: list[RunScalars]) -> list[Panel]:
             runs, "Gradient norms", "norm", tags_of=lambda r: [t for t in r.tags() if "grad_norm" in t]
         ),
         *scale_panels(runs, "RL telemetry", tags_of=lambda r: r.tags("train/base_loss/")),
+        *scale_panels(runs, "Preference rewards", tags_of=lambda r: r.tags("train/rewards/")),
+        *scale_panels(runs, "Sequence log-probabilities", tags_of=lambda r: r.tags("train/logps/")),
     ]
     drawn += scale_panels(runs, "Other logged scalars", tags_of=lambda r: other_tags(r, drawn))
     markers = controller_markers(runs)
