@@ -11,6 +11,8 @@ along the vocabulary (tensor parallel).
 """
 
 from lit_losses.heads.backend import HEAD_BACKENDS, HeadBackend, register_backend, select_backend
+from lit_losses.heads.distillation import linear_distillation
+from lit_losses.heads.divergence import DistillationLoss
 from lit_losses.heads.functional import (
     BACKEND_OUTPUTS,
     BACKENDS,
@@ -21,6 +23,7 @@ from lit_losses.heads.functional import (
 )
 from lit_losses.heads.fused_head import FusedLMHead
 from lit_losses.heads.output import HEAD_OUTPUTS, HeadOutput
+from lit_losses.heads.topk_distillation import topk_distillation
 from lit_losses.heads.vocab_parallel import VocabParallelHead, head_for
 from lit_losses.heads.vocab_shard import VocabShard
 
@@ -30,6 +33,7 @@ __all__ = [
     "HEAD_BACKENDS",
     "HEAD_OUTPUTS",
     "Backend",
+    "DistillationLoss",
     "FusedLMHead",
     "HeadBackend",
     "HeadOutput",
@@ -37,8 +41,10 @@ __all__ = [
     "VocabShard",
     "head_for",
     "linear_cross_entropy",
+    "linear_distillation",
     "linear_logprobs",
     "linear_pointwise_loss",
     "register_backend",
     "select_backend",
+    "topk_distillation",
 ]
