@@ -136,7 +136,8 @@ class ChunkedDistillation(torch.autograd.Function):
         with autocast_off(s_hidden.device):
             for s, e in token_chunks(s_hidden.shape[0], ctx.chunk_size):
                 lp, lq = chunks.log_probs(s, e)
-                dz = divergence.logit_grad_(lp, lq, stat[s:e] if divergence.needs_stat else None, g[s:e])
+                stat_c = stat[s:e] if divergence.needs_stat else None
+                dz = divergence.logit_grad_(lp, lq, stat=stat_c, upstream=g[s:e])
                 gh = None if grad_h is None else grad_h[s:e]
                 project_logit_grad(dz, s_hidden[s:e], s_weight, grads=(gh, grad_w, grad_b))
         grad_w = None if grad_w is None else grad_w.to(s_weight.dtype)

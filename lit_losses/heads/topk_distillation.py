@@ -89,7 +89,7 @@ def check_topk_inputs(
     repeated = (ordered[..., 1:] == ordered[..., :-1]).any(-1) & counts
     if bool(repeated.any()):
         raise ValueError(f"teacher_topk_ids repeat an id at position {_position(repeated)}")
-    _check_logprobs(torch.where(counts[..., None], logprobs.double(), -1.0))
+    _check_logprobs(torch.where(counts[..., None], logprobs.double(), LOG_ZERO))
 
 
 def _check_logprobs(logprobs: Tensor) -> None:
