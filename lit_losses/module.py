@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities.rank_zero import WarningCache
-from torch import Tensor
+from torch import Tensor, nn
 
 from lit_losses.aggregation import (
     GLOBAL_STATS_KEY,
@@ -24,9 +26,26 @@ from lit_losses.hparams import plain_data
 from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.custom import CustomLossMixin
 from lit_losses.loss.objective import Objective, batch_tensor
+from lit_losses.loss.preference import check_preference_data
 from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
+from lit_losses.models.frozen import (
+    DISABLED_ADAPTERS,
+    INITIAL_POLICY,
+    FrozenModel,
+    FrozenSource,
+    check_frozen_source,
+    load_frozen,
+)
 from lit_losses.non_finite import check_hidden_states, check_optimizer_step, non_finite_steps_handled
-from lit_losses.objectives import BaseLossName, GRPOPreset
+from lit_losses.objectives import (
+    BaseLossName,
+    CPOPreset,
+    DPOPreset,
+    GRPOPreset,
+    KTOPreset,
+    ORPOPreset,
+    select_preset,
+)
 from lit_losses.objectives.inputs import check_provided
 from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.parallel import ModelParallelMixin
@@ -72,6 +91,17 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         base_loss_args: its parameters (Tinker's ``loss_fn_config``, e.g. ``clip_high_threshold``).
         loss_agg_norm: the constant ``C`` of ``loss_agg: seq-mean-token-sum-norm`` (required by it).
         grpo: TRL's GRPO loss by ``GRPOConfig``'s fields (`GRPOPreset`), setting the 4 options above.
+        dpo: TRL's DPO loss by ``DPOConfig``'s fields (`DPOPreset`): the base loss becomes the mean over the
+            step's pairs of each pair's loss (`lit_losses.loss.preference`; paired data,
+            `lit_losses.PreferenceDataModule`).
+        kto: TRL's KTO loss by ``KTOConfig``'s fields (`KTOPreset`; unpaired data).
+        cpo: TRL's CPO loss by ``CPOConfig``'s fields (`CPOPreset`; SimPO, AlphaPO).
+        orpo: TRL's ORPO loss by ``ORPOConfig``'s fields (`ORPOPreset`).
+        ref_model: the frozen reference policy of ``dpo``/``kto`` when its log-probabilities do not come
+            with the data (`lit_losses.models.frozen`): a Hugging Face checkpoint directory, a
+            `RegularizedLM` checkpoint file, a ``transformers`` config dict, ``initial_policy`` or
+            ``disabled_adapters``; default (TRL's): ``disabled_adapters`` for a model with PEFT adapters,
+            else ``initial_policy``. Only this option is saved, never the reference's weights.
 
     Example:
         >>> import torch
@@ -105,8 +135,15 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         base_loss_args: dict[str, Any] | None = None,
         loss_agg_norm: float | None = None,
         grpo: GRPOPreset | None = None,
+        dpo: DPOPreset | None = None,
+        kto: KTOPreset | None = None,
+        cpo: CPOPreset | None = None,
+        orpo: ORPOPreset | None = None,
+        ref_model: FrozenSource | None = None,
     ) -> None:
         super().__init__()
+        self.frozen_sources: dict[str, tuple[FrozenSource, str]] = {}
+        self.frozen_models: dict[str, FrozenModel] = {}
         self.head_backend = check_choice(head_backend, Backend, "model.head_backend")
         self.save_hyperparameters()
         self.head_chunk_size = chunk_size_option(head_chunk_size)
@@ -122,11 +159,17 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             base_loss_args=base_loss_args,
             loss_agg_norm=loss_agg_norm,
             grpo=grpo,
+            preference=select_preset(dpo=dpo, kto=kto, cpo=cpo, orpo=orpo),
         )
         self.regularizer_set = self.objective.regularizers
         self.loss_agg = self.objective.loss_agg
         self.base_loss_weight = self.objective.base_loss_weight
-        self.val_telemetry = ValidationTelemetry(self.loss_agg)
+        self._reference_option(ref_model)
+        self.val_telemetry = ValidationTelemetry(
+            self.loss_agg,
+            metric_names=self.objective.metric_names(),
+            per_pair=self.objective.preference is not None,
+        )
         self.step_telemetry = StepTelemetry()
         self._non_finite_handled: bool | None = None  # read at each trainer call's setup (`setup`)
 
@@ -169,6 +212,84 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             handled = non_finite_steps_handled(self._trainer)
         return self.check_finite and not handled
 
+    def add_frozen_model(self, name: str, source: FrozenSource, *, where: str) -> None:
+        """Name a frozen auxiliary model (a reference policy, a teacher; `lit_losses.models.frozen`): its
+        ``source`` is checked now (a `ConfigError` naming ``where``), the model loaded when a trainer sets
+        this module up for ``fit`` or ``validate`` (`setup`), or at the first `frozen_model` call. It is no
+        submodule: no optimizer state, nothing in the checkpoint but the option that names its source."""
+        self.frozen_sources[name] = (check_frozen_source(source, where), where)
+
+    def frozen_model(self, name: str) -> FrozenModel:
+        """The frozen model ``name`` (`add_frozen_model`), loaded if needed, on the device and in the dtype
+        of this module's output projection."""
+        if name not in self.frozen_models:
+            if name not in self.frozen_sources:
+                raise KeyError(f"no frozen model {name!r}; named ones: {sorted(self.frozen_sources)}")
+            source, where = self.frozen_sources[name]
+            self.frozen_models[name] = load_frozen(source, where=where, policy=self)
+        frozen = self.frozen_models[name]
+        frozen.follow(self.output_projection()[0])
+        return frozen
+
+    def initial_copy(self) -> nn.Module:
+        """A copy of this model with its current weights, for a frozen ``initial_policy``: rebuilt from the
+        hyper-parameters, then given this model's state. Override it for a model whose hyper-parameters do
+        not rebuild it (`HFCausalLM` copies its Hugging Face model)."""
+        hparams = {k: v for k, v in self.hparams.items() if not k.startswith("_")}
+        copy = type(self)(**hparams)
+        wanted = copy.state_dict()
+        copy.load_state_dict({k: v for k, v in self.state_dict().items() if k in wanted})
+        return copy
+
+    def adapters_disabled(self, where: str) -> Callable[[], AbstractContextManager[Any]]:
+        """A context-manager factory in which this model computes without its PEFT adapters (a frozen
+        ``disabled_adapters`` source); `HFCausalLM` with ``lora`` has one.
+
+        Raises:
+            ConfigError: naming ``where``: this model has no adapters.
+        """
+        raise ConfigError(
+            f"{where}={DISABLED_ADAPTERS!r}: {type(self).__name__} has no PEFT adapters to disable; use "
+            "'initial_policy', a checkpoint or a Hugging Face checkpoint directory"
+        )
+
+    def _reference_option(self, ref_model: FrozenSource | None) -> None:
+        """Name the frozen reference of ``ref_model`` (checked now), or refuse it when the loss reads none."""
+        preference = self.objective.preference
+        if ref_model is None:
+            return
+        if preference is None or not preference.uses_reference_model:
+            reads = (
+                "no preference loss is set"
+                if preference is None
+                else f"{preference.where} reads no reference model (reference_free, "
+                "precompute_ref_log_probs, or a loss without a reference)"
+            )
+            raise ConfigError(f"model.ref_model={ref_model!r} is set but {reads}; remove it")
+        self.add_frozen_model("reference", ref_model, where="model.ref_model")
+
+    def has_adapters(self) -> bool:
+        """Whether the model has PEFT adapters to disable (`adapters_disabled`; `HFCausalLM` with lora)."""
+        return False
+
+    def reference_model(self) -> FrozenModel:
+        """The frozen reference policy of the preference loss (``model.ref_model``; by default
+        ``disabled_adapters`` for a model with adapters, else ``initial_policy``)."""
+        if "reference" not in self.frozen_sources:
+            source = DISABLED_ADAPTERS if self.has_adapters() else INITIAL_POLICY
+            self.add_frozen_model("reference", source, where="model.ref_model")
+        return self.frozen_model("reference")
+
+    def reference_logprobs(self, batch: dict[str, Any], labels: Tensor) -> Tensor:
+        """``log p_ref(labels)`` ``[B, T]`` under `reference_model` (no gradient; the head's options)."""
+        return self.reference_model().logprobs(
+            batch,
+            labels,
+            backend=self.head_backend,
+            chunk_size=self.head_chunk_size,
+            ignore_index=self.ignore_index,
+        )
+
     def forward_logits(self, batch: dict[str, Tensor]) -> Tensor:
         """Full logits ``[B, T, V]`` (inference)."""
         return self.output_head().forward_logits(self.hidden_states(batch))
@@ -202,6 +323,8 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         if self._checks_hidden_states():
             check_hidden_states(hidden, where=f"{stage} batch at step {int(self.global_step)}")
         stats = self.global_stats(batch, stage)
+        preference = self.objective.preference
+        uses_reference = preference is not None and preference.uses_reference_model
         return self.objective(
             self.output_head(),
             hidden,
@@ -211,6 +334,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             stage=stage,
             needed=self.head_outputs_needed(),
             regularize=self.regularize,
+            reference=self.reference_logprobs if uses_reference else None,
         )
 
     def setup(self, stage: str) -> None:
@@ -218,8 +342,17 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         (`check_provided`; data modules that tell their keys with ``batch_keys()``, as `TextDataModule`),
         and an ``ignore_index`` other than the one the data module labels positions without a target with.
         Read whether a callback skips non-finite steps (once per trainer call, `_checks_hidden_states`).
+        Load the frozen models (`add_frozen_model`) for ``fit`` and ``validate``: before any weights are
+        restored from a checkpoint, so that an ``initial_policy`` copy is the weights the module was built
+        with.
         """
         self._non_finite_handled = non_finite_steps_handled(self._trainer)
+        if stage in ("fit", "validate"):
+            preference = self.objective.preference
+            if preference is not None and preference.uses_reference_model:
+                self.reference_model()
+            for name in self.frozen_sources:
+                self.frozen_model(name)
         data = getattr(self._trainer, "datamodule", None) if stage == "fit" else None
         data_ignore = getattr(data, "ignore_index", self.ignore_index)
         if isinstance(data_ignore, int) and data_ignore != self.ignore_index:
@@ -229,7 +362,9 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
                 f"or set it to {data_ignore}"
             )
         provided = data.batch_keys() if callable(getattr(data, "batch_keys", None)) else ()
-        if provided and self.objective.base_loss_weight > 0:
+        if provided and self.objective.preference is not None:
+            check_preference_data(self.objective.preference, provided, source=type(data).__name__)
+        elif provided and self.objective.base_loss_weight > 0:
             reader = f"model.base_loss={self.objective.base_loss.name!r}"
             check_provided(
                 reads=self.objective.base_loss.entry.reads,

@@ -16,11 +16,19 @@ from lit_losses.aggregation.stats import batch_segment_ids
 from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.loss.context import LossContext, LossOutput, Stage
-from lit_losses.objectives import LOSS_WEIGHTS, SAMPLE_WEIGHTS, BaseLossBatch, BoundBaseLoss, token_values
+from lit_losses.loss.preference import PreferenceLoss, Reference, check_preference_options
+from lit_losses.objectives import (
+    LOSS_WEIGHTS,
+    SAMPLE_WEIGHTS,
+    BaseLossBatch,
+    BoundBaseLoss,
+    PreferencePreset,
+    token_values,
+)
 from lit_losses.objectives.presets import GRPOPreset, apply_preset
 from lit_losses.regularizers import FusedTerms, RegularizerError, RegularizerSet, RegularizerSpec, TermResult
 
-LossPath = Literal["plain_ce", "fused", "general"]
+LossPath = Literal["plain_ce", "fused", "general", "preference"]
 Regularize = Callable[[LossContext], tuple[Tensor, dict[str, TermResult]]]
 
 
@@ -47,6 +55,9 @@ class Objective:
     - ``general``: anything else (validation; a base loss that needs whole sequences, e.g. GSPO's
       sequence ratios): per-token head outputs with autograd, then the terms on a `LossContext`. Both
       pointwise paths evaluate the base loss with the same code on the valid tokens (row-major).
+    - ``preference``: a preference preset (``model.dpo``, ``model.cpo``, ``model.orpo``) is the base loss:
+      per-token head outputs with autograd, the preset's loss of each pair over the step's pairs
+      (`PreferenceLoss`), then the terms on a `LossContext` as on the general path.
 
     Args:
         regularizers: the loss terms.
@@ -56,6 +67,7 @@ class Objective:
         base_loss_args: its parameters (Tinker's ``loss_fn_config`` names, e.g. ``clip_low_threshold``).
         loss_agg_norm: the constant ``C`` of ``seq-mean-token-sum-norm`` (required when the base loss or a
             regularizer aggregates with it); it applies to the regularizers as well.
+        preference: a preference preset whose loss replaces ``base_loss`` (`PreferenceLoss`).
 
     Raises:
         ConfigError: bad options, each naming its ``model.…`` path.
@@ -90,6 +102,7 @@ class Objective:
         base_loss: str = "cross_entropy",
         base_loss_args: Mapping[str, Any] | None = None,
         loss_agg_norm: float | None = None,
+        preference: PreferencePreset | None = None,
     ) -> None:
         check_mode(loss_agg, "model.loss_agg")
         if not isinstance(base_loss_weight, int | float) or isinstance(base_loss_weight, bool):
@@ -106,6 +119,7 @@ class Objective:
         self.base_loss_weight = float(base_loss_weight)
         self.base_loss = BoundBaseLoss.resolve(base_loss, base_loss_args)
         self.loss_agg_norm = regularizers.agg_norm = agg_norm_option(loss_agg_norm, loss_agg, regularizers)
+        self.preference = None if preference is None else PreferenceLoss(preference)
         self._warnings = WarningCache()
 
     @classmethod
@@ -119,9 +133,20 @@ class Objective:
         base_loss_args: Mapping[str, Any] | None = None,
         loss_agg_norm: float | None = None,
         grpo: GRPOPreset | Mapping[str, Any] | None = None,
+        preference: PreferencePreset | None = None,
     ) -> Objective:
         """The objective of `RegularizedLM`'s options, every one checked (a `ConfigError` naming
-        ``model.<option>``); ``grpo`` (`apply_preset`) sets the base loss, its aggregation and KL term."""
+        ``model.<option>``); ``grpo`` (`apply_preset`) sets the base loss, its aggregation and KL term;
+        ``preference`` replaces the base loss (`check_preference_options`)."""
+        if preference is not None:
+            check_preference_options(
+                preference,
+                base_loss=base_loss,
+                base_loss_args=base_loss_args,
+                loss_agg=loss_agg,
+                loss_agg_norm=loss_agg_norm,
+                grpo=grpo,
+            )
         if grpo is not None:
             given = {"base_loss": base_loss, "base_loss_args": base_loss_args, "loss_agg": loss_agg}
             preset = GRPOPreset.coerce(grpo)
@@ -136,11 +161,14 @@ class Objective:
             base_loss=base_loss,
             base_loss_args=base_loss_args,
             loss_agg_norm=loss_agg_norm,
+            preference=preference,
         )
 
     def head_outputs_needed(self) -> tuple[str, ...]:
         """Head outputs consumed by the loss terms (empty: ``cross_entropy`` alone, the fast path)."""
         needed = tuple(n for n in self.regularizers.needs() if n != "hidden")
+        if self.preference is not None:
+            return ("logprobs", *[n for n in needed if n != "logprobs"])
         if not self.base_loss.plain_ce and self.base_loss_weight > 0 and "logprobs" not in needed:
             return ("logprobs", *needed)
         if self.base_loss_weight == 0 and not needed:
@@ -149,10 +177,18 @@ class Objective:
 
     def mask_keys(self) -> tuple[str, ...]:
         """Mask keys whose global counts the loss terms need (``"labels"``: ``labels != ignore_index``)."""
+        if self.preference is not None:
+            return tuple(dict.fromkeys((*self.preference.mask_keys(), *self.regularizers.mask_keys())))
         return (LABELS_KEY, *self.regularizers.mask_keys())
+
+    def metric_names(self) -> tuple[str, ...]:
+        """The names of the loss's `LossOutput.metrics` (the preference losses' TRL metrics), or none."""
+        return () if self.preference is None else self.preference.metric_names()
 
     def path(self, stage: Stage, needed: tuple[str, ...]) -> LossPath:
         """Which computation `__call__` takes (see the class docstring)."""
+        if self.preference is not None:
+            return "preference"
         if stage != "train":
             return "general"
         if not needed:
@@ -174,6 +210,7 @@ class Objective:
         stage: Stage,
         needed: tuple[str, ...] | None = None,
         regularize: Regularize | None = None,
+        reference: Reference | None = None,
     ) -> LossOutput:
         """The `LossOutput` of one micro-batch (before ``stats.loss_scale``).
 
@@ -186,7 +223,20 @@ class Objective:
             stage: ``train``, ``val`` or ``predict``.
             needed: head outputs the terms consume (default: `head_outputs_needed`).
             regularize: the general path's terms (default: the `RegularizerSet`).
+            reference: a frozen reference's log-probabilities, for a preference loss that reads them.
         """
+        if self.preference is not None:
+            ctx = self.preference_context(
+                head,
+                hidden,
+                batch=batch,
+                stats=stats,
+                step=step,
+                stage=stage,
+                needed=needed,
+                reference=reference,
+            )
+            return self.general_output(ctx, regularize=regularize)
         labels = batch_tensor(batch, "labels")
         mask = labels != head.ignore_index
         needed = self.head_outputs_needed() if needed is None else needed
@@ -237,6 +287,45 @@ class Objective:
             terms=terms,
             num_tokens=num_tokens,
             base_metrics=base_metrics(base_batch, stats),
+        )
+
+    def preference_context(
+        self,
+        head: FusedLMHead,
+        hidden: Tensor,
+        batch: Mapping[str, Any],
+        stats: GlobalStats,
+        step: int,
+        stage: Stage,
+        needed: tuple[str, ...] | None,
+        reference: Reference | None,
+    ) -> LossContext:
+        """The preference loss of the micro-batch (`PreferenceLoss`), as a `LossContext` whose ``cache``
+        holds its ``base`` value and ``metrics`` for `general_output`."""
+        needed = self.head_outputs_needed() if needed is None else needed
+        pref = self.preference(head, hidden, batch, stats, reference=reference, needed=needed)
+        mask = batch["labels"] != head.ignore_index
+        ctx = LossContext(
+            dict(batch), head=pref.head, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage
+        )
+        ctx.cache["base"], ctx.cache["metrics"] = pref.base, pref.metrics
+        return ctx
+
+    def general_output(self, ctx: LossContext, regularize: Regularize | None) -> LossOutput:
+        """``w_base · base + Σ_i w_i r_i`` with the base value in ``ctx.cache`` and the terms on ``ctx``."""
+        reg_total, terms = (regularize or self.regularizers)(ctx)
+        base = ctx.cache["base"]
+        if ctx.stage == "train" and self.base_loss_weight == 0 and torch.is_grad_enabled():
+            check_something_to_optimize(reg_total, terms, f"step {ctx.step}")
+        total = (base if self.base_loss_weight == 1.0 else self.base_loss_weight * base) + reg_total
+        return LossOutput(
+            total,
+            base=base,
+            regularizer_total=reg_total,
+            stats=ctx.stats,
+            terms=terms,
+            num_tokens=ctx.stats.get_local(LABELS_KEY).num_tokens,
+            metrics=ctx.cache.get("metrics", {}),
         )
 
     def base_weights(
