@@ -119,9 +119,10 @@ def naive_distillation(
     teacher: tuple[Tensor, Tensor, Tensor | None],
     divergence: Divergence,
     dtype: torch.dtype,
-) -> Tensor:
-    """The per-token divergence from both ``[n, V]`` logits in ``dtype``, differentiated by autograd (the
-    teacher's under ``no_grad``); memory ``O(n · V)``."""
+) -> tuple[Tensor, Tensor]:
+    """``(ℓ, top1)``: the per-token divergence from both ``[n, V]`` logits in ``dtype``, differentiated by
+    autograd (the teacher's under ``no_grad``; memory ``O(n · V)``), and whether the two models' most
+    probable tokens agree."""
     h_s, w_s, b_s = student
     h_t, w_t, b_t = teacher
 
@@ -131,7 +132,7 @@ def naive_distillation(
     lp = torch.log_softmax(torch.nn.functional.linear(cast(h_s), cast(w_s), cast(b_s)), dim=-1)
     with torch.no_grad():
         lq = torch.log_softmax(torch.nn.functional.linear(cast(h_t), cast(w_t), cast(b_t)), dim=-1)
-    return divergence.terms(lp, lq)[0]
+    return divergence.terms(lp, lq)[0], lp.argmax(-1) == lq.argmax(-1)
 
 
 def linear_distillation(
@@ -152,7 +153,8 @@ def linear_distillation(
     accum_dtype: torch.dtype = torch.float32,
     check_finite: bool = True,
     matmul_precision: MatmulPrecision = "auto",
-) -> Tensor:
+    return_top1: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Per-token divergence between the student's ``p = softmax(z_s / T)`` and the teacher's
     ``q = softmax(z_t / T)``, ``z_s = h_s W_sᵀ + b_s``, ``z_t = h_t W_tᵀ + b_t``, logits never materialized.
 
@@ -193,10 +195,13 @@ def linear_distillation(
         accum_dtype: the least precise dtype of logits, statistics and gradients.
         check_finite: refuse NaN/Inf in the hidden states and weights (one reduction each).
         matmul_precision: see `lit_losses.heads.linear_logprobs`.
+        return_top1: also return whether the two models' most probable tokens agree at each position
+            (``False`` at ignored ones): two more reads of each chunk, no matmul.
 
     Returns:
         ``[...]`` per-token values (shaped like ``student_hidden.shape[:-1]``) in the compute dtype, 0 at
-        ignored positions.
+        ignored positions; with ``return_top1``, ``(values, agreement)``, ``agreement`` a bool tensor of the
+        same shape.
 
     Raises:
         ConfigError: an unknown ``loss`` or ``backend``, ``beta`` outside ``[0, 1]``.
@@ -232,7 +237,7 @@ def linear_distillation(
     valid = None if targets is None else targets != ignore_index
     h_s = student_hidden.reshape(-1, student_hidden.shape[-1]) if valid is None else student_hidden[valid]
     h_t = teacher_hidden.reshape(-1, teacher_hidden.shape[-1]) if valid is None else teacher_hidden[valid]
-    values = _compute(
+    values, top1 = _compute(
         student=(h_s, student_weight, student_bias),
         teacher=tuple(None if x is None else x.detach() for x in (h_t, teacher_weight, teacher_bias)),
         divergence=divergence,
@@ -242,11 +247,15 @@ def linear_distillation(
             matmul_precision=matmul_precision,
             backend=backend,
             chunk_size=chunk_size,
+            with_top1=return_top1,
         ),
     )
     if valid is None:
-        return values.reshape(lead)
-    return values.new_zeros(lead).masked_scatter(valid, values)
+        values, top1 = values.reshape(lead), top1.reshape(lead) if return_top1 else top1
+    else:
+        values = values.new_zeros(lead).masked_scatter(valid, values)
+        top1 = top1.new_zeros(lead).masked_scatter(valid, top1) if return_top1 else top1
+    return (values, top1) if return_top1 else values
 
 
 def _compute(
@@ -254,9 +263,9 @@ def _compute(
     teacher: tuple[Tensor, Tensor, Tensor | None],
     divergence: Divergence,
     options: dict,
-) -> Tensor:
-    """The per-token values of the valid tokens ``[n]``: both heads tempered and in their compute dtype,
-    then the chosen backend."""
+) -> tuple[Tensor, Tensor]:
+    """``(values, top1)`` of the valid tokens ``[n]``: both heads tempered and in their compute dtype, then
+    the chosen backend."""
     dtype = torch.promote_types(
         compute_dtype(*student, accum_dtype=options["accum_dtype"]),
         compute_dtype(*teacher, accum_dtype=options["accum_dtype"]),
@@ -284,7 +293,16 @@ def _compute(
         n, vocab = h_s.shape[0], s_head.weight.shape[0]
         chunk = options["chunk_size"] or default_chunk_size(n, vocab, bytes_per_elem=8, device=h_s.device)
         return ChunkedDistillation.apply(
-            h_s, s_head.weight, s_head.bias, h_t, t_head.weight, t_head.bias, divergence, chunk, dtype
+            h_s,
+            s_head.weight,
+            s_head.bias,
+            h_t,
+            t_head.weight,
+            t_head.bias,
+            divergence,
+            chunk,
+            dtype,
+            options["with_top1"],
         )
 
 

@@ -81,13 +81,15 @@ class ChunkedDistillation(torch.autograd.Function):
     of `Divergence` between ``softmax(h_s W_sᵀ + b_s)`` and ``softmax(h_t W_tᵀ + b_t)`` (the module
     docstring), gradients to the student's three tensors only.
 
-    ``apply(s_hidden, s_weight, s_bias, t_hidden, t_weight, t_bias, divergence, chunk_size, accum_dtype)``:
-    every token counts (the caller drops ignored ones); the logits are already divided by the temperature
-    (the caller divides the hidden states and biases); each model's operands are in one dtype; the
-    statistics and the value are computed in ``promote(s_hidden, t_hidden, accum_dtype)``.
+    ``apply(s_hidden, s_weight, s_bias, t_hidden, t_weight, t_bias, divergence, chunk_size, accum_dtype,
+    with_top1)``: every token counts (the caller drops ignored ones); the logits are already divided by
+    the temperature (the caller divides the hidden states and biases); each model's operands are in one
+    dtype; the statistics and the value are computed in ``promote(s_hidden, t_hidden, accum_dtype)``.
 
     Returns:
-        ``[n]`` per-token values in the accumulation dtype.
+        ``(ℓ, top1)``: ``[n]`` per-token values in the accumulation dtype, and ``[n]`` booleans, whether
+        the two models' most probable tokens agree (``with_top1``; else an empty tensor), not
+        differentiable.
     """
 
     @staticmethod
@@ -102,14 +104,18 @@ class ChunkedDistillation(torch.autograd.Function):
         divergence: Divergence,
         chunk_size: int,
         accum_dtype: torch.dtype,
-    ) -> Tensor:
+        with_top1: bool,
+    ) -> tuple[Tensor, Tensor]:
         acc = accumulation_dtype(s_hidden, accumulation_dtype(t_hidden, accum_dtype))
         n = s_hidden.shape[0]
         value = s_hidden.new_empty(n, dtype=acc)
+        top1 = s_hidden.new_empty(n if with_top1 else 0, dtype=torch.bool)
         stat = s_hidden.new_empty(n if divergence.needs_stat else 0, dtype=acc)
         chunks = _Chunks((s_hidden, s_weight, s_bias), (t_hidden, t_weight, t_bias), acc)
         for s, e in token_chunks(n, chunk_size):
             lp, lq = chunks.log_probs(s, e)
+            if with_top1:
+                top1[s:e] = lp.argmax(1) == lq.argmax(1)
             value[s:e], stat_c = divergence.terms(lp, lq)
             if stat_c is not None:
                 stat[s:e] = stat_c
@@ -117,10 +123,11 @@ class ChunkedDistillation(torch.autograd.Function):
         ctx.divergence = divergence
         ctx.chunk_size = chunk_size
         ctx.acc = acc
-        return value
+        ctx.mark_non_differentiable(top1)
+        return value, top1
 
     @staticmethod
-    def backward(ctx: Any, upstream: Tensor):
+    def backward(ctx: Any, upstream: Tensor, _g_top1: Tensor | None):
         refuse_double_backward(
             "linear_distillation (chunked)",
             'use backend="naive" (materialized logits) for a second derivative',
@@ -142,4 +149,4 @@ class ChunkedDistillation(torch.autograd.Function):
                 project_logit_grad(dz, s_hidden[s:e], s_weight, grads=(gh, grad_w, grad_b))
         grad_w = None if grad_w is None else grad_w.to(s_weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(s_bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None, None

@@ -121,16 +121,20 @@ def teacher_bins(logprobs: Tensor, tail: bool) -> Tensor:
     return torch.cat([lq, rest.clamp(min=LOG_ZERO)[:, None]], dim=1)
 
 
-def _student_bins(head, h: Tensor, ids: Tensor, tail: bool, chunk_size: int | None, dtype) -> Tensor:
-    """The student's bin log-probabilities, as `teacher_bins` arranges the teacher's."""
+def _student_bins(
+    head, h: Tensor, ids: Tensor, tail: bool, chunk_size: int | None, dtype
+) -> tuple[Tensor, Tensor]:
+    """The student's bin log-probabilities, as `teacher_bins` arranges the teacher's, and its most probable
+    token (over the vocabulary with ``tail``, else over the ids)."""
     n, vocab, width = h.shape[0], head.weight.shape[0], h.shape[1]
     if not tail:
         budget = CPU_CHUNK_BYTES if h.device.type == "cpu" else DEFAULT_CHUNK_BYTES
         chunk = chunk_size or max(1, budget // (ids.shape[1] * width * 4))
-        return torch.log_softmax(GatheredLogits.apply(h, head.weight, head.bias, ids, chunk, dtype), dim=-1)
+        lp = torch.log_softmax(GatheredLogits.apply(h, head.weight, head.bias, ids, chunk, dtype), dim=-1)
+        return lp, ids.gather(1, lp.argmax(1, keepdim=True))[:, 0]
     chunk = chunk_size or default_chunk_size(n, vocab, device=h.device)
-    lp_ids, lp_tail = TopkBinLogProbs.apply(h, head.weight, head.bias, ids, chunk, dtype)
-    return torch.cat([lp_ids, lp_tail.clamp(min=LOG_ZERO)[:, None]], dim=1)
+    lp_ids, lp_tail, top1 = TopkBinLogProbs.apply(h, head.weight, head.bias, ids, chunk, dtype)
+    return torch.cat([lp_ids, lp_tail.clamp(min=LOG_ZERO)[:, None]], dim=1), top1
 
 
 def topk_distillation(
@@ -150,7 +154,8 @@ def topk_distillation(
     accum_dtype: torch.dtype = torch.float32,
     check_finite: bool = True,
     matmul_precision: MatmulPrecision = "auto",
-) -> Tensor:
+    return_top1: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Per-token divergence between a teacher given by its top-k log-probabilities ``ℓ [..., k]`` at ids
     ``[..., k]`` and the student's ``p = softmax(z / T)``, ``z = h Wᵀ + b``, over ``k + 1`` bins (the ids
     and the rest of the vocabulary, ``tail=True``) or the ``k`` ids renormalized (``tail=False``).
@@ -182,9 +187,13 @@ def topk_distillation(
         accum_dtype: the least precise dtype of logits, statistics and gradients.
         check_finite: refuse NaN/Inf in the hidden states and the weight.
         matmul_precision: see `lit_losses.heads.linear_logprobs`.
+        return_top1: also return whether the student's most probable token is the teacher's most probable
+            one (its first-ranked id) at each position: over the vocabulary with ``tail``, over the ids
+            without (``False`` at ignored positions).
 
     Returns:
-        ``[...]`` per-token values in the compute dtype, 0 at ignored positions.
+        ``[...]`` per-token values in the compute dtype, 0 at ignored positions; with ``return_top1``,
+        ``(values, agreement)``.
 
     Raises:
         ConfigError: an unknown ``loss``, ``beta`` outside ``[0, 1]``.
@@ -243,11 +252,15 @@ def topk_distillation(
         temperature=temperature,
     ).tempered(h)
     with in_compute_dtype(head, h) as (cast, h_cast):
-        lp_bins = _student_bins(cast, h_cast, ids, tail=tail, chunk_size=chunk_size, dtype=dtype)
+        lp_bins, top1 = _student_bins(cast, h_cast, ids, tail=tail, chunk_size=chunk_size, dtype=dtype)
         values = divergence.terms(lp_bins, lq_bins)[0]
+    agree = top1 == ids.gather(1, lq.argmax(1, keepdim=True))[:, 0]
     if valid is None:
-        return values.reshape(lead)
-    return values.new_zeros(lead).masked_scatter(valid, values)
+        values, agree = values.reshape(lead), agree.reshape(lead)
+    else:
+        values = values.new_zeros(lead).masked_scatter(valid, values)
+        agree = agree.new_zeros(lead).masked_scatter(valid, agree)
+    return (values, agree) if return_top1 else values
 
 
 __all__ = ["LOG_ZERO", "TOPK_TOLERANCE", "check_topk_inputs", "teacher_bins", "topk_distillation"]

@@ -39,8 +39,9 @@ from lit_losses.heads.precision import autocast_off
 
 
 class TopkBinLogProbs(torch.autograd.Function):
-    """``(hidden [n, D], weight [V, D], bias, ids [n, k]) → (log p_ids [n, k], log p_tail [n])`` (the module
-    docstring), in ``promote(hidden, accum_dtype)``; the ids of a row must be distinct.
+    """``(hidden [n, D], weight [V, D], bias, ids [n, k]) → (log p_ids [n, k], log p_tail [n], top1 [n])``
+    (the module docstring), in ``promote(hidden, accum_dtype)``, ``top1`` the most probable token of each
+    row (not differentiable); the ids of a row must be distinct.
 
     ``apply(hidden, weight, bias, ids, chunk_size, accum_dtype)``
     """
@@ -54,9 +55,10 @@ class TopkBinLogProbs(torch.autograd.Function):
         ids: Tensor,
         chunk_size: int,
         accum_dtype: torch.dtype,
-    ) -> tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor]:
         acc = accumulation_dtype(hidden, accum_dtype)
         n, k = ids.shape
+        top1 = ids.new_empty(n)
         lp_ids = hidden.new_empty((n, k), dtype=acc)
         lp_tail = hidden.new_empty(n, dtype=acc)
         lse = hidden.new_empty(n, dtype=acc)
@@ -64,7 +66,7 @@ class TopkBinLogProbs(torch.autograd.Function):
         for s, e in token_chunks(n, chunk_size):
             z = scratch.logits(hidden[s:e], weight, bias)
             z_ids = z.gather(1, ids[s:e])
-            m = z.amax(1)
+            m, top1[s:e] = z.max(1)
             z.sub_(m[:, None]).exp_()
             log_s = z.sum(1).log()
             lse[s:e] = m + log_s
@@ -73,10 +75,11 @@ class TopkBinLogProbs(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, ids, lp_ids, lp_tail, lse)
         ctx.chunk_size = chunk_size
         ctx.acc = acc
-        return lp_ids, lp_tail
+        ctx.mark_non_differentiable(top1)
+        return lp_ids, lp_tail, top1
 
     @staticmethod
-    def backward(ctx: Any, g_ids: Tensor | None, g_tail: Tensor | None):
+    def backward(ctx: Any, g_ids: Tensor | None, g_tail: Tensor | None, _g_top1: Tensor | None):
         refuse_double_backward("topk_distillation", "compute the loss from materialized logits instead")
         hidden, weight, bias, ids, lp_ids, lp_tail, lse = ctx.saved_tensors
         acc = ctx.acc

@@ -219,3 +219,14 @@ def test_memory_is_the_gradient_and_two_chunks_and_grows_with_tokens_as_n_times_
     assert big["floor_mib"] == 64 + 128
     assert big["ratio"] <= 3.0, big
     assert big["added_mib"] - small["added_mib"] < 8, (small, big)
+
+
+@pytest.mark.parametrize("backend", ["chunked", "naive"])
+def test_return_top1_tells_where_the_two_argmaxes_agree(backend):
+    student, teacher, targets, _ = problem(n=40, v=7)  # a small vocabulary: some positions agree
+    values, agree = fused(student, teacher, targets, "jsd", 0.5, 2.0, backend=backend, return_top1=True)
+    zs, zt = ref.logits(*student), ref.logits(*teacher)
+    expected = (zs.argmax(-1) == zt.argmax(-1)) & (targets != -100)
+    assert agree.dtype == torch.bool and torch.equal(agree, expected)
+    assert 0 < int(expected.sum()) < int((targets != -100).sum())
+    assert torch.equal(values, fused(student, teacher, targets, "jsd", 0.5, 2.0, backend=backend))

@@ -134,3 +134,14 @@ def test_bad_inputs_name_the_value_and_position():
         topk_distillation(h, w, ids, lq, loss="jsd", beta=-0.1)
     with pytest.raises(ValueError, match="temperature must be finite and > 0"):
         topk_distillation(h, w, ids, lq, temperature=0.0)
+
+
+@pytest.mark.parametrize("tail", [True, False])
+def test_return_top1_compares_the_students_argmax_with_the_teachers_first_id(tail):
+    student, ids, lq, targets = problem(3, n=40)
+    value, agree = topk_distillation(*student[:2], ids, lq, tail=tail, targets=targets, return_top1=True)
+    z = ref.logits(*student[:2], None)
+    best = z.argmax(-1) if tail else ids.gather(1, z.gather(1, ids).argmax(-1, keepdim=True))[:, 0]
+    teacher_best = ids.gather(1, lq.argmax(-1, keepdim=True))[:, 0]
+    assert torch.equal(agree, (best == teacher_best) & (targets != -100))
+    assert torch.equal(value, topk_distillation(*student[:2], ids, lq, tail=tail, targets=targets))
