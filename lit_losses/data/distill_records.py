@@ -86,7 +86,7 @@ def _completion(record: Mapping[str, Any], ids: list, n: int, where: str) -> lis
     mask = record.get("completion_mask")
     if mask is None:
         return [entry is not None for entry in ids]
-    mask = _column(record, "completion_mask", n, where)
+    mask = _column(record, "completion_mask", n=n, where=where)
     if any(m not in (0, 1) for m in mask):
         raise _fail(where, "completion_mask entries must be 0 or 1")
     for i, (m, entry) in enumerate(zip(mask, ids, strict=True)):
@@ -114,8 +114,9 @@ def parse_distill_record(
         raise _fail(where, f"a record must be a JSON object, got {type(record).__name__}")
     tokens = _tokens(record, where, vocab_size)
     n = len(tokens)
-    ids, logprobs = _column(record, IDS, n, where), _column(record, LOGPROBS, n, where)
-    completion = _completion(record, ids, n, where)
+    ids = _column(record, IDS, n=n, where=where)
+    logprobs = _column(record, LOGPROBS, n=n, where=where)
+    completion = _completion(record, ids, n=n, where=where)
     if completion[0]:
         raise _fail(where, "tokens[0] has no preceding token and cannot be a completion token")
     if seq_len is not None and n - 1 > seq_len:

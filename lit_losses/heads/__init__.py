@@ -7,7 +7,9 @@ that compute it: `HeadBackend` s registered in `HEAD_BACKENDS` (``chunked``, ``b
 ``torch``, ``liger``, ``liger_scaled``, ``cce``), one module each, among which `select_backend` (the one
 dispatcher) picks for a call.
 `VocabParallelHead` (the ``vocab_parallel`` backend) computes the same over an output projection sharded
-along the vocabulary (tensor parallel).
+along the vocabulary (tensor parallel). `linear_distillation` (two heads streamed together: a per-token
+divergence between a student's and a teacher's distributions) and `topk_distillation` (a teacher given as
+top-k log-probabilities) never materialize logits either (`lit_losses.heads.divergence`).
 """
 
 from lit_losses.heads.backend import HEAD_BACKENDS, HeadBackend, register_backend, select_backend

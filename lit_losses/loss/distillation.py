@@ -126,13 +126,21 @@ class Distillation:
         if cfg.offline:
             ids = batch_key(batch, TEACHER_TOPK_IDS)
             logprobs = batch_key(batch, TEACHER_TOPK_LOGPROBS)
-            return topk_distillation(hidden, head.weight, ids, logprobs, tail=cfg.tail, **options)
+            return topk_distillation(
+                hidden, head.weight, ids, teacher_topk_logprobs=logprobs, tail=cfg.tail, **options
+            )
         if teacher is None:
             raise ValueError(f"{WHERE}.teacher is set but no teacher was given to the loss")
         t_hidden, t_weight, t_bias = teacher(batch)
         backend = "naive" if head.backend == "naive" else "auto"
         return linear_distillation(
-            hidden, head.weight, t_hidden, t_weight, teacher_bias=t_bias, backend=backend, **options
+            hidden,
+            head.weight,
+            t_hidden,
+            teacher_weight=t_weight,
+            teacher_bias=t_bias,
+            backend=backend,
+            **options,
         )
 
     def hard_ce(
@@ -170,9 +178,9 @@ class Distillation:
         """
         cfg = self.config
         labels = batch[LABELS_KEY]
-        values, agree = self.divergence(head, hidden, batch, teacher)
+        values, agree = self.divergence(head, hidden, batch, teacher=teacher)
         soft = (weights.to(values.dtype) * values).sum()
-        hard, head_out = self.hard_ce(head, hidden, labels, weights, needed=needed)
+        hard, head_out = self.hard_ce(head, hidden, labels, weights=weights, needed=needed)
         base = cfg.weight * soft if cfg.weight != 1.0 else soft
         if cfg.ce_weight > 0:
             base = base + cfg.ce_weight * hard
