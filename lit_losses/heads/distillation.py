@@ -16,7 +16,7 @@ from torch import Tensor
 
 from lit_losses.choices import check_choice
 from lit_losses.heads.chunked_ops import default_chunk_size
-from lit_losses.heads.distillation_functions import ChunkedDistillation
+from lit_losses.heads.distillation_functions import ChunkedDistillation, ChunkedWeightedDistillation
 from lit_losses.heads.divergence import DistillationLoss, Divergence
 from lit_losses.heads.functional import HeadSettings, check_head_options
 from lit_losses.heads.precision import MatmulPrecision, compute_dtype, in_compute_dtype
@@ -154,6 +154,7 @@ def linear_distillation(
     check_finite: bool = True,
     matmul_precision: MatmulPrecision = "auto",
     return_top1: bool = False,
+    token_weights: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Per-token divergence between the student's ``p = softmax(z_s / T)`` and the teacher's
     ``q = softmax(z_t / T)``, ``z_s = h_s W_sᵀ + b_s``, ``z_t = h_t W_tᵀ + b_t``, logits never materialized.
@@ -174,7 +175,9 @@ def linear_distillation(
     bf16/fp16 inputs) whatever autocast does, the matmul operands as the head's ``matmul_precision``
     says (`lit_losses.heads.precision`). The ``chunked`` backend holds two ``[chunk, V]`` work tensors
     and ``O(N)`` statistics beyond the student's gradients (forward computes both chunks of logits; backward
-    recomputes them: six ``N·D·V`` matmuls; maths in `lit_losses.heads.divergence`).
+    recomputes them: six ``N·D·V`` matmuls; maths in `lit_losses.heads.divergence`). With
+    ``token_weights`` the result is the weighted sum ``Σ_t w_t ℓ_t`` instead, its gradients computed in
+    forward (four matmuls, one pass; backward only rescales them), as `linear_cross_entropy`'s.
 
     Args:
         student_hidden: ``[..., Ds]`` the student's hidden states.
@@ -197,11 +200,13 @@ def linear_distillation(
         matmul_precision: see `lit_losses.heads.linear_logprobs`.
         return_top1: also return whether the two models' most probable tokens agree at each position
             (``False`` at ignored ones): two more reads of each chunk, no matmul.
+        token_weights: ``[...]`` per-position weights ``w`` (no gradient; unused at ignored positions):
+            return ``Σ_t w_t ℓ_t``, a scalar whose gradients are computed in forward.
 
     Returns:
         ``[...]`` per-token values (shaped like ``student_hidden.shape[:-1]``) in the compute dtype, 0 at
-        ignored positions; with ``return_top1``, ``(values, agreement)``, ``agreement`` a bool tensor of the
-        same shape.
+        ignored positions (with ``token_weights``: their weighted sum); with ``return_top1``, ``(values,
+        agreement)``, ``agreement`` a bool tensor shaped like the positions.
 
     Raises:
         ConfigError: an unknown ``loss`` or ``backend``, ``beta`` outside ``[0, 1]``.
@@ -234,9 +239,12 @@ def linear_distillation(
     teacher = (teacher_hidden, teacher_weight, teacher_bias)
     check_distillation_inputs(student, teacher, targets, ignore_index=ignore_index, check_finite=check_finite)
     lead = student_hidden.shape[:-1]
+    if token_weights is not None and token_weights.shape != lead:
+        raise ValueError(
+            f"token_weights shape {tuple(token_weights.shape)} differs from the positions' {tuple(lead)}"
+        )
     valid = None if targets is None else targets != ignore_index
-    h_s = student_hidden.reshape(-1, student_hidden.shape[-1]) if valid is None else student_hidden[valid]
-    h_t = teacher_hidden.reshape(-1, teacher_hidden.shape[-1]) if valid is None else teacher_hidden[valid]
+    h_s, h_t = _valid(student_hidden, valid, lead), _valid(teacher_hidden, valid, lead)
     values, top1 = _compute(
         student=(h_s, student_weight, student_bias),
         teacher=tuple(None if x is None else x.detach() for x in (h_t, teacher_weight, teacher_bias)),
@@ -248,14 +256,22 @@ def linear_distillation(
             backend=backend,
             chunk_size=chunk_size,
             with_top1=return_top1,
+            token_weights=None if token_weights is None else _valid(token_weights.detach(), valid, lead),
         ),
     )
-    if valid is None:
-        values, top1 = values.reshape(lead), top1.reshape(lead) if return_top1 else top1
-    else:
-        values = values.new_zeros(lead).masked_scatter(valid, values)
-        top1 = top1.new_zeros(lead).masked_scatter(valid, top1) if return_top1 else top1
-    return (values, top1) if return_top1 else values
+    if token_weights is None:  # per-token values, 0 at ignored positions
+        values = _scatter(values, lead, valid)
+    return (values, _scatter(top1, lead, valid)) if return_top1 else values
+
+
+def _valid(x: Tensor, valid: Tensor | None, lead: torch.Size) -> Tensor:
+    """``x`` ``[*lead, ...]`` at the valid positions ``[n, ...]`` (all of them when ``valid`` is None)."""
+    return x.reshape(-1, *x.shape[len(lead) :]) if valid is None else x[valid]
+
+
+def _scatter(x: Tensor, lead: torch.Size, valid: Tensor | None) -> Tensor:
+    """``x`` ``[n]`` of the valid positions back into ``lead``, zeros (``False``) elsewhere."""
+    return x.reshape(lead) if valid is None else x.new_zeros(lead).masked_scatter(valid, x)
 
 
 def _compute(
@@ -286,12 +302,28 @@ def _compute(
     ]
     with ExitStack() as stack:
         (s_head, h_s), (t_head, h_t) = (stack.enter_context(in_compute_dtype(head, h)) for head, h in heads)
+        weights = options["token_weights"]
         if options["backend"] == "naive":
-            return naive_distillation(
+            values, top1 = naive_distillation(
                 (h_s, s_head.weight, s_head.bias), (h_t, t_head.weight, t_head.bias), divergence, dtype=dtype
             )
+            return (values, top1) if weights is None else ((weights.to(values.dtype) * values).sum(), top1)
         n, vocab = h_s.shape[0], s_head.weight.shape[0]
         chunk = options["chunk_size"] or default_chunk_size(n, vocab, bytes_per_elem=8, device=h_s.device)
+        if weights is not None:
+            return ChunkedWeightedDistillation.apply(
+                h_s,
+                s_head.weight,
+                s_head.bias,
+                h_t,
+                t_head.weight,
+                t_head.bias,
+                weights,
+                divergence,
+                chunk,
+                dtype,
+                options["with_top1"],
+            )
         return ChunkedDistillation.apply(
             h_s,
             s_head.weight,

@@ -5,14 +5,16 @@ neither model's ``[N, V]`` logits ever held.
 Forward, for each chunk of ``c`` tokens: the student's logits ``h_s W_sᵀ + b_s`` and the teacher's
 ``h_t W_tᵀ + b_t`` in two reused ``[c, V]`` work tensors (`lit_losses.heads.chunked_ops.LogitScratch`),
 an in-place ``log_softmax`` over each, then the per-token value and the statistic its gradient needs
-(`lit_losses.heads.divergence.Divergence.terms`, column strip by strip). Only ``O(N)`` state is kept.
+(`lit_losses.heads.divergence.Divergence.terms`, block of rows by block). Only ``O(N)`` state is kept.
 Backward recomputes both chunks of logits, writes ``g ⊙ ∂ℓ/∂z_s`` over the student's
 (`Divergence.logit_grad_`) and projects it: ``∂/∂h_s = (∂/∂z) W_s``, ``∂/∂W_s += (∂/∂z)ᵀ h_s``,
 ``∂/∂b_s += Σ_t ∂/∂z``. Six ``N·D·V`` matmuls in all (two of them the teacher's, twice): the per-token
 values' upstream gradients are known only in backward, where the student's weight gradient contracts
-them with ``∂ℓ/∂z`` over tokens (as for the head's per-token outputs, `ChunkedLogProbs`).
+them with ``∂ℓ/∂z`` over tokens (as for the head's per-token outputs, `ChunkedLogProbs`). When the
+per-token weights of the loss are known in forward, `ChunkedWeightedDistillation` computes ``Σ_t w_t ℓ_t``
+and its gradients in one pass (four matmuls), as the head's plain cross-entropy fast path does.
 
-Memory above the inputs: the two work tensors, one strip's temporaries, ``O(N)`` statistics and the
+Memory above the inputs: the two work tensors, one block's temporaries, ``O(N)`` statistics and the
 student's gradients (the weight's accumulated in the compute dtype, as the ``chunked`` head's).
 The teacher's tensors get no gradient (they are not differentiated; the caller detaches them).
 """
@@ -30,6 +32,8 @@ from lit_losses.heads.chunked_ops import (
     accumulation_dtype,
     gradient_buffers,
     mm_in,
+    save_gradients,
+    scaled_gradients,
     softmax_,
     token_chunks,
 )
@@ -150,3 +154,73 @@ class ChunkedDistillation(torch.autograd.Function):
         grad_w = None if grad_w is None else grad_w.to(s_weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(s_bias.dtype)
         return grad_h, grad_w, grad_b, None, None, None, None, None, None, None
+
+
+class ChunkedWeightedDistillation(torch.autograd.Function):
+    """Fast path: ``Σ_t w_t ℓ_t`` with weights known in forward (the module's global-denominator weights),
+    its gradients computed during forward and only rescaled in backward: four ``N·D·V`` matmuls (both
+    models' logits once, the two gradient matmuls) instead of `ChunkedDistillation`'s six, one pass of
+    element-wise work per chunk.
+
+    ``apply(s_hidden, s_weight, s_bias, t_hidden, t_weight, t_bias, token_weights, divergence, chunk_size,
+    accum_dtype, with_top1)``, the arguments of `ChunkedDistillation` and ``token_weights`` ``[n]`` (no
+    gradient).
+
+    Returns:
+        ``(loss, top1)``: the scalar in the accumulation dtype, and `ChunkedDistillation`'s ``top1``.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        s_hidden: Tensor,
+        s_weight: Tensor,
+        s_bias: Tensor | None,
+        t_hidden: Tensor,
+        t_weight: Tensor,
+        t_bias: Tensor | None,
+        token_weights: Tensor,
+        divergence: Divergence,
+        chunk_size: int,
+        accum_dtype: torch.dtype,
+        with_top1: bool,
+    ) -> tuple[Tensor, Tensor]:
+        acc = accumulation_dtype(s_hidden, accumulation_dtype(t_hidden, accum_dtype))
+        n = s_hidden.shape[0]
+        w = token_weights.to(acc)
+        total = s_hidden.new_zeros((), dtype=acc)
+        top1 = s_hidden.new_empty(n if with_top1 else 0, dtype=torch.bool)
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grads = gradient_buffers(
+            s_hidden, s_weight, acc, need_h=need_h, need_w=need_w, need_b=need_b and s_bias is not None
+        )
+        chunks = _Chunks((s_hidden, s_weight, s_bias), (t_hidden, t_weight, t_bias), acc)
+        for s, e in token_chunks(n, chunk_size):
+            lp, lq = chunks.log_probs(s, e)
+            if with_top1:
+                top1[s:e] = lp.argmax(1) == lq.argmax(1)
+            value, stat = divergence.terms(lp, lq)
+            total += (w[s:e] * value).sum()
+            if all(g is None for g in grads):
+                continue
+            dz = divergence.logit_grad_(lp, lq, stat=stat, upstream=w[s:e])
+            gh = None if grads[0] is None else grads[0][s:e]
+            project_logit_grad(dz, s_hidden[s:e], s_weight, grads=(gh, grads[1], grads[2]))
+        save_gradients(ctx, grads, s_weight, s_bias)
+        ctx.mark_non_differentiable(top1)
+        return total, top1
+
+    @staticmethod
+    def backward(ctx: Any, g_loss: Tensor, _g_top1: Tensor | None):
+        refuse_double_backward(
+            "linear_distillation with token_weights (chunked)",
+            'use backend="naive" (materialized logits) for a second derivative',
+        )
+        # the buffers are handed out (no V x D copy); a second backward through a retained graph has none
+        grads = scaled_gradients(ctx, g_loss, consume=True)
+        if grads is None:
+            raise RuntimeError(
+                "linear_distillation with token_weights: its gradients were handed out by a first backward; "
+                "call it again for a second one"
+            )
+        return *grads, None, None, None, None, None, None, None, None

@@ -7,8 +7,9 @@ when it has them):
 
 1. the divergence ``d_t`` between the student's and the teacher's next-token distributions, logits never
    materialized: from the frozen teacher's hidden states of the same micro-batch (computed under
-   ``no_grad``) and its output projection (`lit_losses.heads.linear_distillation`), or from the batch's
-   offline ``teacher_topk_ids``/``teacher_topk_logprobs`` (`lit_losses.heads.topk_distillation`);
+   ``no_grad``) and its output projection (`lit_losses.heads.linear_distillation`; in training with the
+   weights ``a_t`` given, so that its gradients are computed in forward: four matmuls), or from the
+   batch's offline ``teacher_topk_ids``/``teacher_topk_logprobs`` (`lit_losses.heads.topk_distillation`);
 2. the hard-label cross-entropy ``c_t = −log p_t[y_t]`` of the untempered student (the head's fused
    cross-entropy when it has a weight; without gradient, for the telemetry, when it has none);
 3. ``base = weight · Σ_t a_t d_t + ce_weight · Σ_t a_t c_t``, the micro-batch's share of the step's loss.
@@ -104,9 +105,16 @@ class Distillation:
         return METRICS
 
     def divergence(
-        self, head: FusedLMHead, hidden: Tensor, batch: Mapping[str, Any], teacher: Teacher | None
+        self,
+        head: FusedLMHead,
+        hidden: Tensor,
+        batch: Mapping[str, Any],
+        weights: Tensor,
+        teacher: Teacher | None,
     ) -> tuple[Tensor, Tensor]:
-        """``(d, agreement)`` ``[B, T]``: the per-token divergence and whether the argmaxes agree."""
+        """``(Σ_t a_t d_t, agreement [B, T])``: the aggregated divergence (a frozen teacher's in training:
+        its gradients computed in forward, `linear_distillation`'s ``token_weights``) and whether the two
+        models' most probable tokens agree."""
         cfg, labels = self.config, batch[LABELS_KEY]
         if isinstance(head, VocabParallelHead):
             raise ConfigError(
@@ -126,22 +134,26 @@ class Distillation:
         if cfg.offline:
             ids = batch_key(batch, TEACHER_TOPK_IDS)
             logprobs = batch_key(batch, TEACHER_TOPK_LOGPROBS)
-            return topk_distillation(
+            values, agree = topk_distillation(
                 hidden, head.weight, ids, teacher_topk_logprobs=logprobs, tail=cfg.tail, **options
             )
+            return (weights.to(values.dtype) * values).sum(), agree
         if teacher is None:
             raise ValueError(f"{WHERE}.teacher is set but no teacher was given to the loss")
         t_hidden, t_weight, t_bias = teacher(batch)
         backend = "naive" if head.backend == "naive" else "auto"
-        return linear_distillation(
+        fused = torch.is_grad_enabled() and hidden.requires_grad
+        out = linear_distillation(
             hidden,
             head.weight,
             t_hidden,
             teacher_weight=t_weight,
             teacher_bias=t_bias,
             backend=backend,
+            token_weights=weights if fused else None,
             **options,
         )
+        return out if fused else ((weights.to(out[0].dtype) * out[0]).sum(), out[1])
 
     def hard_ce(
         self, head: FusedLMHead, hidden: Tensor, labels: Tensor, weights: Tensor, needed: tuple[str, ...]
@@ -178,8 +190,7 @@ class Distillation:
         """
         cfg = self.config
         labels = batch[LABELS_KEY]
-        values, agree = self.divergence(head, hidden, batch, teacher=teacher)
-        soft = (weights.to(values.dtype) * values).sum()
+        soft, agree = self.divergence(head, hidden, batch, weights=weights, teacher=teacher)
         hard, head_out = self.hard_ce(head, hidden, labels, weights=weights, needed=needed)
         base = cfg.weight * soft if cfg.weight != 1.0 else soft
         if cfg.ce_weight > 0:
@@ -187,7 +198,7 @@ class Distillation:
         metrics = {
             METRICS[0]: soft.detach(),
             METRICS[1]: hard.detach(),
-            METRICS[2]: (weights.to(values.dtype) * agree).sum(),
+            METRICS[2]: (weights.to(soft.dtype) * agree).sum(),
         }
         return DistillationStep(base, head=head_out, metrics=metrics)
 

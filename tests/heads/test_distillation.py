@@ -230,3 +230,38 @@ def test_return_top1_tells_where_the_two_argmaxes_agree(backend):
     assert agree.dtype == torch.bool and torch.equal(agree, expected)
     assert 0 < int(expected.sum()) < int((targets != -100).sum())
     assert torch.equal(values, fused(student, teacher, targets, "jsd", 0.5, 2.0, backend=backend))
+
+
+@pytest.mark.parametrize(("loss", "beta"), [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.3)])
+def test_token_weights_give_the_weighted_sum_with_gradients_computed_in_forward(loss, beta):
+    student, teacher, targets, _ = problem(n=23)
+    weights = torch.rand(targets.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    weights[targets == -100] = 1e6  # unused at ignored positions
+    per_token = fused(student, teacher, targets, loss, beta, 1.5, chunk_size=5)
+    expected = (per_token * weights.masked_fill(targets == -100, 0)).sum()
+    want = torch.autograd.grad(expected * 1.7, [x for x in student if x is not None])
+    for backend in ("chunked", "naive"):
+        total, agree = fused(
+            student,
+            teacher,
+            targets,
+            loss,
+            beta,
+            1.5,
+            chunk_size=5,
+            backend=backend,
+            token_weights=weights,
+            return_top1=True,
+        )
+        assert total.shape == () and agree.shape == targets.shape
+        torch.testing.assert_close(total, expected, rtol=1e-12, atol=1e-12)
+        got = torch.autograd.grad(total * 1.7, [x for x in student if x is not None])
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_the_weighted_fast_path_refuses_a_second_derivative():
+    student, teacher, targets, _ = problem()
+    total = fused(student, teacher, targets, "jsd", 0.5, 1.0, token_weights=torch.ones(targets.shape))
+    with pytest.raises(DoubleBackwardError, match="token_weights"):
+        torch.autograd.grad(total, student[0], create_graph=True)
