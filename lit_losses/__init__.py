@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lit_losses import autograd
     from lit_losses.aggregation import AggMode, GlobalStats, GlobalStatsLoader, aggregate
+    from lit_losses.checkpoint.preemption import PreemptionCheckpoint
     from lit_losses.controller import (
         TrainingController,
         register_metric_handlers,
@@ -67,7 +68,6 @@ if TYPE_CHECKING:
         simpo_loss,
     )
     from lit_losses.optim import OptimizerConfig
-    from lit_losses.preemption import PreemptionCheckpoint
     from lit_losses.registry import Registry
     from lit_losses.regularizers import (
         RegularizerError,
@@ -76,6 +76,10 @@ if TYPE_CHECKING:
         register_regularizer,
     )
     from lit_losses.schedule import Schedule
+
+from lit_losses import moved
+
+moved.install()  # old module paths (lit_losses.preemption, lit_losses.report, ...) stay importable
 
 __version__ = "0.1.0"
 
@@ -163,7 +167,7 @@ _EXPORTS = {
     "simpo_loss": "lit_losses.objectives",
     "orpo_loss": "lit_losses.objectives",
     "register_base_loss": "lit_losses.objectives",
-    "PreemptionCheckpoint": "lit_losses.preemption",
+    "PreemptionCheckpoint": "lit_losses.checkpoint.preemption",
     "OptimizerConfig": "lit_losses.optim",
     "Registry": "lit_losses.registry",
     "RegularizerError": "lit_losses.regularizers",

@@ -7,6 +7,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities.rank_zero import WarningCache
 from torch import Tensor, nn
 
@@ -19,6 +20,7 @@ from lit_losses.aggregation import (
     check_window,
     configure_train_loaders,
 )
+from lit_losses.checkpoint.resume import restore_checkpoint_state
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
 from lit_losses.heads import Backend, FusedLMHead, head_for
@@ -26,7 +28,6 @@ from lit_losses.hparams import plain_data
 from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.custom import CustomLossMixin
 from lit_losses.loss.objective import Objective, batch_tensor
-from lit_losses.loss.preference import check_preference_data
 from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
 from lit_losses.models.frozen import (
     DISABLED_ADAPTERS,
@@ -51,7 +52,6 @@ from lit_losses.objectives.inputs import check_provided
 from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.parallel import ModelParallelMixin
 from lit_losses.regularizers import RegularizerSpec, TermResult
-from lit_losses.resume import restore_checkpoint_state
 from lit_losses.validation import checked_hidden, checked_projection, chunk_size_option
 
 LOCAL_NORMALIZATION_WARNING = (
@@ -95,7 +95,8 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         dpo: TRL's DPO loss by ``DPOConfig``'s fields (`DPOPreset`): the base loss becomes the mean over the
             step's pairs of each pair's loss (`lit_losses.loss.preference`; paired data,
             `lit_losses.PreferenceDataModule`).
-        kto: TRL's KTO loss by ``KTOConfig``'s fields (`KTOPreset`; unpaired data).
+        kto: TRL's KTO loss by ``KTOConfig``'s fields (`KTOPreset`): the mean over the step's sequences of
+            each one's loss (`lit_losses.loss.preference_unpaired`; unpaired data).
         cpo: TRL's CPO loss by ``CPOConfig``'s fields (`CPOPreset`; SimPO, AlphaPO).
         orpo: TRL's ORPO loss by ``ORPOConfig``'s fields (`ORPOPreset`).
         ref_model: the frozen reference policy of ``dpo``/``kto`` when its log-probabilities do not come
@@ -120,7 +121,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     #: How the batches' ``labels`` are laid out (`LabelFormat`): what `GlobalStatsLoader` counts.
     label_format: LabelFormat = "next_token"
     #: A subclass's own arguments that are not its architecture: a run resumed from a checkpoint may
-    #: change them, like `RegularizedLM`'s own (a warning lists each; `lit_losses.resume`).
+    #: change them, like `RegularizedLM`'s own (a warning lists each; `lit_losses.checkpoint.resume`).
     resume_changeable_options: tuple[str, ...] = ()
     #: A subclass's arguments that are not saved with its checkpoint (a built object): never compared.
     resume_unsaved_options: tuple[str, ...] = ()
@@ -175,10 +176,11 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         teacher = None if self.objective.distillation is None else self.objective.distillation.config.teacher
         if teacher is not None:
             self.add_frozen_model("teacher", teacher, where="model.distillation.teacher")
+        preference = self.objective.preference
         self.val_telemetry = ValidationTelemetry(
             self.loss_agg,
             metric_names=self.objective.metric_names(),
-            per_pair=self.objective.preference is not None,
+            units=None if preference is None else preference.units,
         )
         self.step_telemetry = StepTelemetry()
         self._non_finite_handled: bool | None = None  # read at each trainer call's setup (`setup`)
@@ -246,9 +248,16 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         hyper-parameters, then given this model's state. Override it for a model whose hyper-parameters do
         not rebuild it (`HFCausalLM` copies its Hugging Face model)."""
         hparams = {k: v for k, v in self.hparams.items() if not k.startswith("_")}
-        copy = type(self)(**hparams)
+        try:
+            copy = type(self)(**hparams)
+        except TypeError as err:
+            raise ConfigError(
+                f"{INITIAL_POLICY!r}: {type(self).__name__} cannot be rebuilt from its hyper-parameters "
+                f"({err}); override its initial_copy(), or give model.ref_model a checkpoint"
+            ) from err
         wanted = copy.state_dict()
-        copy.load_state_dict({k: v for k, v in self.state_dict().items() if k in wanted})
+        state = {k: v.detach().clone() for k, v in self.state_dict().items() if k in wanted}
+        copy.load_state_dict(state, assign=True)  # this model's values, dtypes and devices
         return copy
 
     def adapters_disabled(self, where: str) -> Callable[[], AbstractContextManager[Any]]:
@@ -299,6 +308,11 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             chunk_size=self.head_chunk_size,
             ignore_index=self.ignore_index,
         )
+
+    def policy_logprobs(self, batch: dict[str, Any], labels: Tensor) -> Tensor:
+        """``log p(labels)`` ``[B, T]`` of this model, without gradient (KTO's KL rows)."""
+        with torch.no_grad():
+            return self.output_head()(self.hidden_states(batch), labels, ("logprobs",)).logprobs
 
     def teacher_outputs(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor | None]:
         """The frozen distillation teacher's ``(hidden [B, T, Dt], weight [V, Dt], bias)`` for ``batch``
@@ -365,6 +379,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             needed=self.head_outputs_needed(),
             regularize=self.regularize,
             reference=self.reference_logprobs if uses_reference else None,
+            policy=self.policy_logprobs,
             teacher=self.teacher_outputs if "teacher" in self.frozen_sources else None,
         )
 
@@ -395,7 +410,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             )
         provided = data.batch_keys() if callable(getattr(data, "batch_keys", None)) else ()
         if provided and self.objective.preference is not None:
-            check_preference_data(self.objective.preference, provided, source=type(data).__name__)
+            self.objective.preference.check_data(provided, source=type(data).__name__)
         elif provided and self.objective.distillation is not None:
             distillation = self.objective.distillation
             reads = distillation.batch_keys()

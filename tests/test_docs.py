@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -64,3 +66,36 @@ def test_mkdocs_build_strict(tmp_path):
         assert option in cli_page, option
     api_page = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
     assert "GlobalStatsLoader" in api_page and "forward_backward_custom" in api_page
+    check_built_pages(tmp_path / "site")
+
+
+CODE = re.compile(r"<(pre|code|script)\b.*?</\1>", re.S)
+EXTERNAL = re.compile(r"<(?:script|link)\b[^>]*(?:src|href)=\"(?:https?:)?//", re.I)
+
+
+def check_built_pages(site: Path) -> None:
+    """What a reader sees: maths rendered (no raw ``\\[``/``\\(`` outside code), nothing fetched from
+    outside the site (scripts, stylesheets, fonts), every usage line naming ``lit-losses``."""
+    html_pages = sorted(site.rglob("*.html"))
+    assert len(html_pages) > 20
+    for page in html_pages:
+        text = page.read_text(encoding="utf-8")
+        prose = CODE.sub("", text)
+        assert "\\[" not in prose and "\\(" not in prose, f"raw LaTeX in {page.relative_to(site)}"
+        assert not EXTERNAL.search(text), f"{page.relative_to(site)}: {EXTERNAL.search(text)[0]}"
+        assert "usage: __main__" not in text, page.relative_to(site)
+    aggregation = (site / "concepts" / "aggregation" / "index.html").read_text(encoding="utf-8")
+    assert aggregation.count("<math") >= 10
+
+
+def test_the_benchmark_charts_are_drawn_from_the_results_data(tmp_path):
+    """``benchmarks/charts.py`` redraws a chart per figure of ``current.yaml``; the docs hold each one."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / "charts.py"), "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    figures = yaml.safe_load((REPO / "benchmarks" / "current.yaml").read_text())["figures"]
+    for figure in figures:
+        drawn = tmp_path / f"{figure['id']}.png"
+        assert drawn.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", drawn
+        assert (DOCS / "assets" / "benchmarks" / drawn.name).is_file(), (
+            f"run benchmarks/charts.py ({drawn.name})"
+        )

@@ -14,7 +14,9 @@ The two masks are counted by the training loader (`GlobalStatsLoader`): the glob
 chosen completions' NLL (DPO's ``sft``, CPO's ``cpo_alpha``) and of the chosen sequences' NLL (ORPO).
 
 **Unpaired records** (KTO, B records per micro-batch): ``input_ids``, ``attention_mask``, ``labels``
-``[B, T]`` as above; ``kto_label`` ``[B]`` bool (TRL's ``label``: desirable); ``kl_input_ids``,
+``[B, T]`` as above; ``kto_label`` ``[B]`` bool (TRL's ``label``: desirable); ``desirable_mask`` ``[B, T]``
+bool, the desirable rows' labelled positions (counted by the training loader: the step's number of
+desirable sequences, for KTO's per-label metrics); ``kl_input_ids``,
 ``kl_attention_mask``, ``kl_labels`` ``[B, T]``, the record's prompt followed by its KL partner's
 completion (`lit_losses.data.preference_records.pair_kl_partners`), as TRL builds KTO's mismatched pairs
 (token ids: ``prompt_ids + completion_ids`` of the partner); ``ref_logps`` and ``ref_kl_logps`` ``[B]``
@@ -205,6 +207,7 @@ def collate_records(items: Sequence[RecordRows], pad_id: int) -> dict[str, Tenso
         batch = {"input_ids": input_ids[:n], "attention_mask": attention_mask[:n], "labels": labels[:n]}
         batch |= {"kl_input_ids": input_ids[n:], "kl_attention_mask": attention_mask[n:]}
         batch |= {"kl_labels": labels[n:], "kto_label": torch.tensor([item.label for item in items])}
+        batch["desirable_mask"] = (labels[:n] != IGNORE_INDEX) & batch["kto_label"][:, None]
     for field in items[0].ref:
         batch[REF_KEYS[field]] = torch.tensor([item.ref[field] for item in items], dtype=torch.float64)
     return batch

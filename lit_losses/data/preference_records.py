@@ -23,18 +23,16 @@ unless they look like a misspelling of one of these.
 
 from __future__ import annotations
 
-import difflib
 import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from lit_losses.data.completions import Text
+from lit_losses.data.record_fields import RecordFields
 from lit_losses.data.text import read_text_file
 from lit_losses.errors import ConfigError
 
-ROLES = ("system", "user", "assistant", "tool")
 PAIRED_REF = ("ref_chosen_logps", "ref_rejected_logps")
 UNPAIRED_REF = ("ref_logps", "ref_KL_logps")
 KNOWN_FIELDS = ("prompt", "chosen", "rejected", "completion", "label", *PAIRED_REF, *UNPAIRED_REF)
@@ -94,73 +92,7 @@ def extract_prompt(chosen: Text, rejected: Text) -> tuple[Text, Text, Text]:
     return chosen[:idx], chosen[idx:], rejected[idx:]
 
 
-class _Fields:
-    """A record's fields, each error naming ``where`` (``file:line``) and the field."""
-
-    def __init__(self, record: Mapping[str, Any], where: str) -> None:
-        self.record = record
-        self.where = where
-        for key in record:
-            close = difflib.get_close_matches(str(key), [k for k in KNOWN_FIELDS if k not in record], 1, 0.85)
-            if key not in KNOWN_FIELDS and close:
-                raise self.fail(f"unknown field {key!r}; did you mean {close[0]!r}?")
-
-    def fail(self, message: str) -> ConfigError:
-        return ConfigError(f"{self.where}: {message}")
-
-    def text(self, key: str, kind: str) -> Text:
-        """A required string or message list."""
-        if key not in self.record:
-            raise self.fail(f"missing field {key!r} ({kind})")
-        value = self.record[key]
-        if isinstance(value, str):
-            return value
-        if not isinstance(value, list):
-            raise self.fail(f"field {key!r} is a {type(value).__name__}, not a string or a list of messages")
-        if not value:
-            raise self.fail(f"field {key!r} is an empty list of messages")
-        for i, message in enumerate(value):
-            self.message(message, f"{key}[{i}]")
-        return value
-
-    def message(self, message: Any, name: str) -> None:
-        if not isinstance(message, Mapping):
-            kind = type(message).__name__
-            raise self.fail(f"{name} is a {kind}, not a message {{'role': ..., 'content': ...}}")
-        for key in ("role", "content"):
-            if key not in message:
-                raise self.fail(f"{name} has no {key!r}")
-        if message["role"] not in ROLES:
-            raise self.fail(f"{name} has role {message['role']!r}; a role is one of {ROLES}")
-        if not isinstance(message["content"], str):
-            raise self.fail(f"{name}['content'] is a {type(message['content']).__name__}, not a string")
-
-    def same_form(self, keys: tuple[str, ...]) -> None:
-        """All text fields strings, or all message lists."""
-        forms = {key: isinstance(self.record[key], str) for key in keys if key in self.record}
-        if len(set(forms.values())) > 1:
-            text = next(k for k, is_str in forms.items() if is_str)
-            chat = next(k for k, is_str in forms.items() if not is_str)
-            raise self.fail(
-                f"field {text!r} is a string but {chat!r} is a list of messages; give every field as text "
-                "(standard) or every one as messages (conversational)"
-            )
-
-    def refs(self, names: tuple[str, ...]) -> dict[str, float]:
-        values = {}
-        for name in names:
-            value = self.record.get(name)
-            if value is None:
-                continue
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                raise self.fail(f"field {name!r}={value!r} must be a finite number")
-            if value > 0:
-                raise self.fail(f"field {name!r}={value} is > 0, not a sum of log-probabilities")
-            values[name] = float(value)
-        return values
-
-
-def _paired(f: _Fields) -> PairRecord:
+def _paired(f: RecordFields) -> PairRecord:
     kind = "a paired preference record has 'chosen' and 'rejected', and 'prompt' unless it is implicit"
     chosen, rejected = f.text("chosen", kind), f.text("rejected", kind)
     f.same_form(("prompt", "chosen", "rejected"))
@@ -177,7 +109,7 @@ def _paired(f: _Fields) -> PairRecord:
     return PairRecord(f.where, prompt, chosen, rejected=rejected, ref=f.refs(PAIRED_REF))
 
 
-def _unpaired(f: _Fields) -> UnpairedRecord:
+def _unpaired(f: RecordFields) -> UnpairedRecord:
     kind = "an unpaired preference record has 'prompt', 'completion' and 'label'"
     prompt, completion = f.text("prompt", kind), f.text("completion", kind)
     f.same_form(("prompt", "completion"))
@@ -208,7 +140,7 @@ def parse_preference_record(record: Any, where: str) -> Record:
     """
     if not isinstance(record, Mapping):
         raise ConfigError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
-    f = _Fields(record, where)
+    f = RecordFields(record, where, known=KNOWN_FIELDS)
     paired = "chosen" in record or "rejected" in record
     if paired and ("completion" in record or "label" in record):
         raise f.fail(
@@ -225,7 +157,16 @@ def parse_preference_record(record: Any, where: str) -> Record:
 
 
 def read_preference_jsonl(path: str) -> list[Record]:
-    """The records of a JSONL file (blank lines skipped), each naming its ``file:line``."""
+    """The records of a JSONL file (blank lines skipped), each naming its ``file:line``.
+
+    Example:
+        >>> import json, pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "prefs.jsonl"
+        >>> _ = path.write_text(json.dumps({"chosen": "Sky? Blue.", "rejected": "Sky? Red."}) + "\\n")
+        >>> (record,) = read_preference_jsonl(str(path))
+        >>> record.where.endswith("prefs.jsonl:1"), record.prompt, record.chosen
+        (True, 'Sky?', ' Blue.')
+    """
     records = []
     for lineno, line in enumerate(read_text_file(path).split("\n"), start=1):
         if not line.strip():
@@ -245,14 +186,23 @@ def check_records(records: list[Record]) -> None:
 
     Raises:
         ConfigError: naming the first record and the first one that differs.
+
+    Example:
+        >>> pair = {"prompt": "2 + 2 =", "chosen": " 4", "rejected": " 5"}
+        >>> records = [parse_preference_record(pair | {"ref_chosen_logps": -1.0}, "a:1"),
+        ...            parse_preference_record(pair, "a:2")]
+        >>> check_records(records)
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: a:2: missing field 'ref_chosen_logps', which a:1 has; give ...
     """
     first = records[0]
     for record in records[1:]:
         if type(record) is not type(first):
-            kinds = {PairRecord: "paired", UnpairedRecord: "unpaired (KTO)"}
+            kinds = {PairRecord: "a paired record", UnpairedRecord: "an unpaired (KTO) record"}
             raise ConfigError(
-                f"{record.where} is a {kinds[type(record)]} record but {first.where} is "
-                f"{kinds[type(first)]}; one kind of record per data set"
+                f"{record.where} is {kinds[type(record)]} but {first.where} is {kinds[type(first)]}; one "
+                "kind of record per data set"
             )
         if record.conversational != first.conversational:
             forms = {True: "conversational (message lists)", False: "standard (text)"}
@@ -286,5 +236,10 @@ def pair_kl_partners(records: Iterable[UnpairedRecord]) -> None:
 
 
 def same_completion(record: Record) -> bool:
-    """Whether a pair's chosen and rejected completions are the same (it trains with a zero margin)."""
+    """Whether a pair's chosen and rejected completions are the same (it trains with a zero margin).
+
+    Example:
+        >>> same_completion(PairRecord("a:1", "2 + 2 =", " 4", " 4", {}))
+        True
+    """
     return isinstance(record, PairRecord) and record.chosen == record.rejected

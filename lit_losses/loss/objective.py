@@ -18,11 +18,13 @@ from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.distillation import Distillation, Teacher
 from lit_losses.loss.preference import PreferenceLoss, Reference, check_preference_options
+from lit_losses.loss.preference_unpaired import PolicyNoGrad, UnpairedPreferenceLoss
 from lit_losses.objectives import (
     LOSS_WEIGHTS,
     SAMPLE_WEIGHTS,
     BaseLossBatch,
     BoundBaseLoss,
+    KTOPreset,
     PreferencePreset,
     token_values,
 )
@@ -57,9 +59,10 @@ class Objective:
     - ``general``: anything else (validation; a base loss that needs whole sequences, e.g. GSPO's
       sequence ratios): per-token head outputs with autograd, then the terms on a `LossContext`. Both
       pointwise paths evaluate the base loss with the same code on the valid tokens (row-major).
-    - ``preference``: a preference preset (``model.dpo``, ``model.cpo``, ``model.orpo``) is the base loss:
-      per-token head outputs with autograd, the preset's loss of each pair over the step's pairs
-      (`PreferenceLoss`), then the terms on a `LossContext` as on the general path.
+    - ``preference``: a preference preset (``model.dpo``, ``model.cpo``, ``model.orpo``, ``model.kto``) is
+      the base loss: per-token head outputs with autograd, the preset's loss of each pair (or sequence)
+      over the step's pairs (`PreferenceLoss`; sequences: `UnpairedPreferenceLoss`), then the terms on a
+      `LossContext` as on the general path.
     - ``distillation``: ``model.distillation`` is the base loss: the divergence to a teacher (and the
       hard-label cross-entropy) aggregated with ``loss_agg`` (`Distillation`), then the terms on a
       `LossContext` as on the general path.
@@ -126,7 +129,7 @@ class Objective:
         self.base_loss_weight = float(base_loss_weight)
         self.base_loss = BoundBaseLoss.resolve(base_loss, base_loss_args)
         self.loss_agg_norm = regularizers.agg_norm = agg_norm_option(loss_agg_norm, loss_agg, regularizers)
-        self.preference = None if preference is None else PreferenceLoss(preference)
+        self.preference = preference_loss(preference)
         self.distillation = None if distillation is None else Distillation(distillation)
         self._warnings = WarningCache()
 
@@ -233,6 +236,7 @@ class Objective:
         needed: tuple[str, ...] | None = None,
         regularize: Regularize | None = None,
         reference: Reference | None = None,
+        policy: PolicyNoGrad | None = None,
         teacher: Teacher | None = None,
     ) -> LossOutput:
         """The `LossOutput` of one micro-batch (before ``stats.loss_scale``).
@@ -247,6 +251,7 @@ class Objective:
             needed: head outputs the terms consume (default: `head_outputs_needed`).
             regularize: the general path's terms (default: the `RegularizerSet`).
             reference: a frozen reference's log-probabilities, for a preference loss that reads them.
+            policy: the policy's log-probabilities without gradient (KTO's KL rows).
             teacher: the frozen teacher's hidden states and output projection, for ``distillation``.
         """
         if self.distillation is not None:
@@ -264,6 +269,7 @@ class Objective:
                 stage=stage,
                 needed=needed,
                 reference=reference,
+                policy=policy,
             )
             return self.general_output(ctx, regularize=regularize)
         labels = batch_tensor(batch, "labels")
@@ -328,11 +334,12 @@ class Objective:
         stage: Stage,
         needed: tuple[str, ...] | None,
         reference: Reference | None,
+        policy: PolicyNoGrad | None = None,
     ) -> LossContext:
         """The preference loss of the micro-batch (`PreferenceLoss`), as a `LossContext` whose ``cache``
         holds its ``base`` value and ``metrics`` for `general_output`."""
         needed = self.head_outputs_needed() if needed is None else needed
-        pref = self.preference(head, hidden, batch, stats, reference=reference, needed=needed)
+        pref = self.preference(head, hidden, batch, stats, reference=reference, needed=needed, policy=policy)
         mask = batch["labels"] != head.ignore_index
         ctx = LossContext(
             dict(batch), head=pref.head, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage
@@ -405,6 +412,14 @@ class Objective:
             loss_weights = token_values(batch, key=LOSS_WEIGHTS, mask=mask, reader=where)
             weights = weights * torch.where(mask, loss_weights.to(dtype), 0.0)
         return weights
+
+
+def preference_loss(preset: PreferencePreset | None) -> PreferenceLoss | UnpairedPreferenceLoss | None:
+    """The loss path of a preference preset: `UnpairedPreferenceLoss` for KTO, `PreferenceLoss` for the
+    paired ones."""
+    if preset is None:
+        return None
+    return UnpairedPreferenceLoss(preset) if isinstance(preset, KTOPreset) else PreferenceLoss(preset)
 
 
 def agg_norm_option(norm: Any, loss_agg: AggMode, regularizers: RegularizerSet) -> float | None:

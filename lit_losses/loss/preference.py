@@ -114,10 +114,7 @@ class PreferenceLoss:
 
     def __init__(self, preset: PreferencePreset, ignore_index: int = -100) -> None:
         if isinstance(preset, KTOPreset) or not preset.paired:
-            raise ConfigError(
-                f"{preset.where}: unpaired preference data (KTO) has no loss path in RegularizedLM yet; "
-                "use model.dpo, model.cpo or model.orpo"
-            )
+            raise ConfigError(f"{preset.where}: unpaired data; its loss is `UnpairedPreferenceLoss`")
         if preset.needs_wpo_weights:
             raise ConfigError(
                 f"{preset.where}.use_weighting=True: WPO's weights need log Σ_v p_v² at every completion "
@@ -157,6 +154,14 @@ class PreferenceLoss:
         """The telemetry names (TRL's), logged as ``<stage>/<name>``."""
         return (*REWARD_METRICS, *EXTRA_METRICS[self.preset.trainer])
 
+    def units(self, local: int) -> int:
+        """The validation weight of a micro-batch with ``local`` labelled rows: its pairs."""
+        return local // 2
+
+    def check_data(self, provided: Iterable[str], source: str) -> None:
+        """`check_preference_data`."""
+        check_preference_data(self, provided, source)
+
     def pairs(self, stats: GlobalStats, local: bool = False) -> int:
         """The pairs of the step (``local``: of this micro-batch): half the rows with a label."""
         counts = stats.get_local(LABELS_KEY) if local else stats.get(LABELS_KEY)
@@ -179,6 +184,7 @@ class PreferenceLoss:
         stats: GlobalStats,
         reference: Reference | None,
         needed: tuple[str, ...] = ("logprobs",),
+        policy: Any = None,
     ) -> PreferenceStep:
         """The `PreferenceStep` of one micro-batch (before ``stats.loss_scale``).
 
@@ -189,6 +195,7 @@ class PreferenceLoss:
             stats: the counts of the step (`GlobalStats`; ``local_only`` outside training).
             reference: the frozen reference's log-probabilities (`Reference`), when `uses_reference_model`.
             needed: the head outputs to compute (``logprobs`` and the regularizers' needs).
+            policy: unused (the unpaired loss reads the policy's log-probabilities of its KL rows).
         """
         labels = batch_tensor(batch, LABELS_KEY, self.where)
         mask = labels != self.ignore_index

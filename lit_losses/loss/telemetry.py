@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -146,9 +146,9 @@ class ValidationTelemetry(nn.Module):
 
     Each micro-batch's value (normalized by its own counts) is weighted by the count it was divided by
     (`mode_denominator`), so ``Σ value·count / Σ count`` with torchmetrics' weighted `MeanMetric` (sum
-    states) is the global value, exact under DDP. A loss that is a mean over pairs (``per_pair``: the
-    preference losses) is weighted by the micro-batch's pairs (half its rows with a label), and its
-    ``metric_names`` (`LossOutput.metrics`) are logged as ``val/<name>`` the same way.
+    states) is the global value, exact under DDP. A loss that is a mean over other units (``units``: the
+    preference losses' pairs or sequences, from the micro-batch's rows with a label) is weighted by them,
+    and its ``metric_names`` (`LossOutput.metrics`) are logged as ``val/<name>`` the same way.
 
     Example:
         >>> import torch
@@ -161,10 +161,12 @@ class ValidationTelemetry(nn.Module):
         tensor(1.5000)
     """
 
-    def __init__(self, loss_agg: AggMode, metric_names: tuple[str, ...] = (), per_pair: bool = False) -> None:
+    def __init__(
+        self, loss_agg: AggMode, metric_names: tuple[str, ...] = (), units: Callable[[int], int] | None = None
+    ) -> None:
         super().__init__()
         self.loss_agg = loss_agg
-        self.per_pair = per_pair
+        self.units = units
         self.loss = MeanMetric()
         self.loss_total = MeanMetric()
         self.metric_names = tuple(metric_names)
@@ -182,7 +184,7 @@ class ValidationTelemetry(nn.Module):
     def update(self, out: LossOutput) -> None:
         """Add one validation micro-batch."""
         local = out.stats.get_local()
-        weight = local.num_sequences // 2 if self.per_pair else mode_denominator(self.loss_agg, local)
+        weight = self.units(local.num_sequences) if self.units else mode_denominator(self.loss_agg, local)
         if weight:
             self.loss.update(out.base.detach(), weight=weight)
             self.loss_total.update(out.total.detach(), weight=weight)

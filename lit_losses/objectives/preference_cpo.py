@@ -4,21 +4,11 @@ TRL's ``CPOTrainer.cpo_loss`` takes the policy's sequence log-probabilities ``π
 and rejected completions: sums over completion tokens for ``sigmoid`` and ``hinge``, means for ``ipo``
 and ``simpo`` (its ``average_log_prob``). AlphaPO (``alpha = a ≠ 0``) replaces them by the rewards
 ``u = (1 − e^{−aπ}) / a`` (TRL's ``(1 − p^{−a}) / a`` with ``p = e^{π}``, here without forming ``p``,
-which underflows for long sums); with ``x = u_w − u_l`` (or ``π_w − π_l``):
-
-==============  ========================================================
-``loss_type``   per-pair loss
-==============  ========================================================
-``sigmoid``     ``−(1−ε) log σ(βx) − ε log σ(−βx)``
-``simpo``       the same with ``x − γ/β`` (``γ = simpo_gamma``)
-``hinge``       ``relu(1 − βx)``
-``ipo``         ``(x − 1/(2β))²``
-==============  ========================================================
-
-plus ``cpo_alpha`` times the chosen completions' NLL, each pair's share of its token mean
-(`nll_shares`: TRL's ``nll_loss`` is one token mean over the micro-batch's chosen completions). The
-rewards are ``β π`` (``β u`` with AlphaPO), detached. SimPO is ``simpo`` without the NLL term
-(``cpo_alpha = 0``); TRL's ``loss_type="alphapo"`` is ``simpo`` with ``cpo_alpha = 0`` and ``alpha ≠ 0``.
+which underflows for long sums). `cpo_loss`'s table gives each loss type; ``cpo_alpha`` times the chosen
+completions' NLL is added, each pair's share of its token mean (`nll_shares`: TRL's ``nll_loss`` is one
+token mean over the micro-batch's chosen completions). The rewards are ``β π`` (``β u`` with AlphaPO),
+detached. SimPO is ``simpo`` without the NLL term (``cpo_alpha = 0``); TRL's ``loss_type="alphapo"`` is
+``simpo`` with ``cpo_alpha = 0`` and ``alpha ≠ 0``.
 """
 
 from __future__ import annotations
@@ -77,6 +67,16 @@ def cpo_loss(
     chosen_nll_tokens: Tensor | float | None = None,
 ) -> CPOLoss:
     """TRL's CPO loss of each pair (``CPOTrainer.cpo_loss`` plus its ``cpo_alpha`` NLL term).
+
+    With ``x = u_w − u_l`` (AlphaPO's rewards; ``π_w − π_l`` when ``alpha = 0``) and ``ε`` the
+    ``label_smoothing``, each pair's loss is that of its type plus ``cpo_alpha`` times its NLL share:
+
+    | ``loss_type`` | per-pair loss |
+    | --- | --- |
+    | ``sigmoid`` | ``−(1−ε) log σ(βx) − ε log σ(−βx)`` |
+    | ``simpo`` | the same with ``x − γ/β`` (``γ = simpo_gamma``) |
+    | ``hinge`` | ``relu(1 − βx)`` |
+    | ``ipo`` | ``(x − 1/(2β))²`` |
 
     The mean of ``losses`` over the pairs is TRL's ``losses.mean() + cpo_alpha * nll_loss`` for a
     micro-batch of these pairs. Options a loss type does not read are ignored (the ``model.cpo``

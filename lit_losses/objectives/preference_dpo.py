@@ -3,29 +3,8 @@
 TRL computes these inside ``DPOTrainer._compute_loss`` from full logits; here they are functions of the
 per-pair values a fused head gives (`preference_sequences`): the policy's and the reference's sums of
 completion-token log-probabilities ``π_w, π_l, ρ_w, ρ_l`` of the chosen (``w``) and rejected (``l``)
-completions. With the log-ratios ``r_w = π_w − ρ_w``, ``r_l = π_l − ρ_l``, the f-divergence scores
-``s_w = f'(r_w)``, ``s_l = f'(r_l)`` (``f_divergence_type``; ``reverse_kl``: ``s = r``) and their
-difference ``Δ = s_w − s_l``:
-
-================  ======================================================================================
-``loss_type``     per-pair loss
-================  ======================================================================================
-``sigmoid``       ``−log σ(βΔ)``
-``hinge``         ``relu(1 − βΔ)``
-``ipo``           ``(s_w/|y_w| − s_l/|y_l| − 1/(2β))²`` (token counts ``chosen_lengths``/``rejected_lengths``)
-``exo_pair``      ``σ(βΔ)(log σ(βΔ) − log(1−ε)) + σ(−βΔ)(log σ(−βΔ) − log ε)``, ``ε = label_smoothing > 0``
-``nca_pair``      ``−log σ(βs_w) − ½ log σ(−βs_w) − ½ log σ(−βs_l)``
-``robust``        ``(−(1−ε) log σ(βΔ) + ε log σ(−βΔ)) / (1 − 2ε)``
-``bco_pair``      ``−log σ(βs_w) − log σ(−βs_l)``
-``sppo_hard``     ``(s_w − 1/(2β))² + (s_l + 1/(2β))²``
-``aot``           ``−(1−ε) log σ(βd) − ε log σ(−βd)``, ``d`` = sorted ``π_w − π_l`` minus sorted ``ρ_w − ρ_l``
-``aot_unpaired``  the same with ``d`` = sorted ``r_w`` minus sorted ``r_l``
-``apo_zero``      ``1 − σ(βr_w) + σ(βr_l)``
-``apo_down``      ``σ(βr_w) + 1 − σ(βΔ)``
-``discopop``      ``−log σ(βΔ)(1 − m) + e^{−βΔ} m``, ``m = σ(βΔ/τ)``, ``τ = discopop_tau``
-``sft``           the chosen completions' NLL, each pair's share of its token mean (`nll_shares`)
-``sigmoid_norm``  ``−log σ(β(s_w/|y_w| − s_l/|y_l|))``
-================  ======================================================================================
+completions, through the log-ratios ``r = π − ρ`` and the f-divergence scores ``s = f'(r)``
+(``f_divergence_type``; ``reverse_kl``: ``s = r``). `dpo_loss`'s table gives each loss type.
 
 Several types at once are summed with ``loss_weights`` (TRL's MPO combinations); ``use_weighting``
 (WPO) multiplies each pair's loss by ``w_w · w_l`` (`wpo_weights`, no gradient). The rewards are
@@ -298,7 +277,28 @@ def dpo_loss(
     chosen_nll: Tensor | None = None,
     chosen_nll_tokens: Tensor | float | None = None,
 ) -> DPOLoss:
-    """TRL's DPO loss of each pair, for every ``loss_type`` of its ``DPOTrainer`` (see the module's table).
+    """TRL's DPO loss of each pair, for every ``loss_type`` of its ``DPOTrainer``.
+
+    With the log-ratios ``r = π − ρ``, the scores ``s = f'(r)`` (``reverse_kl``: ``s = r``),
+    ``Δ = s_w − s_l``, ``n_w, n_l`` the completions' token counts and ``ε`` the ``label_smoothing``:
+
+    | ``loss_type`` | per-pair loss |
+    | --- | --- |
+    | ``sigmoid`` | ``−log σ(βΔ)`` |
+    | ``hinge`` | ``relu(1 − βΔ)`` |
+    | ``ipo`` | ``(s_w/n_w − s_l/n_l − 1/(2β))²`` |
+    | ``exo_pair`` | ``σ(βΔ)(log σ(βΔ) − log(1−ε)) + σ(−βΔ)(log σ(−βΔ) − log ε)``, ``ε > 0`` |
+    | ``nca_pair`` | ``−log σ(βs_w) − ½ log σ(−βs_w) − ½ log σ(−βs_l)`` |
+    | ``robust`` | ``(−(1−ε) log σ(βΔ) + ε log σ(−βΔ)) / (1 − 2ε)`` |
+    | ``bco_pair`` | ``−log σ(βs_w) − log σ(−βs_l)`` |
+    | ``sppo_hard`` | ``(s_w − 1/(2β))² + (s_l + 1/(2β))²`` |
+    | ``aot`` | ``−(1−ε) log σ(βd) − ε log σ(−βd)``, ``d`` = sorted ``π_w − π_l`` − sorted ``ρ_w − ρ_l`` |
+    | ``aot_unpaired`` | the same with ``d`` = sorted ``r_w`` − sorted ``r_l`` |
+    | ``apo_zero`` | ``1 − σ(βr_w) + σ(βr_l)`` |
+    | ``apo_down`` | ``σ(βr_w) + 1 − σ(βΔ)`` |
+    | ``discopop`` | ``−log σ(βΔ)(1 − m) + e^{−βΔ} m``, ``m = σ(βΔ/τ)``, ``τ = discopop_tau`` |
+    | ``sft`` | the chosen NLL, each pair's share of its token mean (`nll_shares`) |
+    | ``sigmoid_norm`` | ``−log σ(β(s_w/n_w − s_l/n_l))`` |
 
     The mean of ``losses`` over the pairs is the loss TRL's ``DPOTrainer`` computes for a micro-batch
     of these pairs (to float64 precision; TRL's own arithmetic for ``alpha_divergence`` is float32).

@@ -1,21 +1,13 @@
 """`kto_loss`: TRL's ``KTOTrainer`` losses (``kto``, ``apo_zero_unpaired``), one value per sequence.
 
-Unpaired data: each sequence is a prompt with one completion, desirable (``label`` true) or not. With
-``r = π − ρ`` its log-ratio (policy minus reference sums of completion-token log-probabilities) and
-``z`` KTO's reference point, the KL estimate:
-
-=====================  =================================  ==================================
-``loss_type``          desirable (× ``desirable_weight``)   undesirable (× ``undesirable_weight``)
-=====================  =================================  ==================================
-``kto``                ``1 − σ(β(r − z))``                ``1 − σ(β(z − r))``
-``apo_zero_unpaired``  ``1 − σ(βr)``                      ``σ(βr)``
-=====================  =================================  ==================================
-
-``z = max(0, mean(π_KL − ρ_KL))`` over mismatched pairs (each prompt with another record's
-completion), detached: TRL's estimate over one micro-batch, averaged over the processes. Pass the rows'
-values (``kl_logps``, ``ref_kl_logps``: their mean is taken here) or the estimate ``kl`` itself (e.g.
-averaged over processes). TRL's loss is the mean of ``losses`` over the sequences; it logs ``kl``, and
-the rewards ``β r`` (detached) and log-probabilities averaged over the desirable and the undesirable
+Unpaired data: each sequence is a prompt with one completion, desirable (``label`` true) or not, and
+its loss a function of its log-ratio ``r = π − ρ`` (policy minus reference sums of completion-token
+log-probabilities; `kto_loss`'s table). KTO's reference point is the KL estimate
+``z = max(0, mean(π_KL − ρ_KL))`` over mismatched pairs (each prompt with another record's completion),
+detached: TRL's estimate over one micro-batch, averaged over the processes. Pass the rows' values
+(``kl_logps``, ``ref_kl_logps``: their mean is taken here) or the estimate ``kl`` itself (e.g. averaged
+over processes). TRL's loss is the mean of ``losses`` over the sequences; it logs ``kl``, and the
+rewards ``β r`` (detached) and log-probabilities averaged over the desirable and the undesirable
 sequences apart.
 """
 
@@ -77,7 +69,14 @@ def kto_loss(
     ref_kl_logps: Tensor | None = None,
     kl: Tensor | float | None = None,
 ) -> KTOLoss:
-    """TRL's KTO loss of each sequence (see the module's table).
+    """TRL's KTO loss of each sequence, weighted by its kind.
+
+    With ``r = π − ρ`` the sequence's log-ratio and ``z`` the KL estimate:
+
+    | ``loss_type`` | desirable (× ``desirable_weight``) | undesirable (× ``undesirable_weight``) |
+    | --- | --- | --- |
+    | ``kto`` | ``1 − σ(β(r − z))`` | ``1 − σ(β(z − r))`` |
+    | ``apo_zero_unpaired`` | ``1 − σ(βr)`` | ``σ(βr)`` |
 
     Args:
         logps: ``[B]`` the policy's sums of completion-token log-probabilities ``π``.

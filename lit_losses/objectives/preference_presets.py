@@ -14,7 +14,8 @@ tells the module what its loss reads, through the same properties:
   ``mean``, or LD-DPO's length-desensitized sum);
 - ``needs_lengths``: the completions' token counts (``chosen_lengths``, ``rejected_lengths``);
 - ``nll_tokens``: the tokens of the chosen NLL term (``completion``, ``prompt_and_completion``, or
-  ``None``: no NLL term), passed as ``chosen_nll`` and ``chosen_nll_tokens``;
+  ``None``: no NLL term), passed as ``chosen_nll`` (plain sums of ``−ℓ_t``, never LD-DPO's) and
+  ``chosen_nll_tokens`` (per-pair counts, or the global tokens per pair for a global token mean);
 - ``needs_kl_rows``: KTO's mismatched pairs (``kl_logps``, ``ref_kl_logps`` or the estimate ``kl``);
 - ``needs_wpo_weights``: WPO's ``chosen_weights``/``rejected_weights`` (`wpo_weights`);
 - ``couples_pairs``: a pair's loss depends on the other pairs of the call (``aot``, ``aot_unpaired``),
@@ -210,8 +211,9 @@ class DPOPreset:
 
     @property
     def needs_reference(self) -> bool:
-        """Reference log-probabilities are read (not ``reference_free``, not ``sft`` alone)."""
-        return not self.reference_free and set(self.loss_types) != {"sft"}
+        """Reference log-probabilities are read (not ``reference_free``; with ``sft`` alone only by the
+        rewards TRL logs)."""
+        return not self.reference_free
 
     @property
     def reduction(self) -> SequenceReduction:
@@ -268,7 +270,12 @@ class DPOPreset:
         if not self.needs_reference:
             ref_chosen_logps = ref_rejected_logps = None
         return dpo_loss(
-            chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, **self.loss_kwargs(), **values
+            chosen_logps,
+            rejected_logps,
+            ref_chosen_logps=ref_chosen_logps,
+            ref_rejected_logps=ref_rejected_logps,
+            **self.loss_kwargs(),
+            **values,
         )
 
     @classmethod
@@ -537,9 +544,13 @@ def select_preset(**options: Any) -> PreferencePreset | None:
     """
     unknown = sorted(set(options) - set(PREFERENCE_PRESETS))
     if unknown:
+        hint = (
+            " (SimPO is model.cpo with loss_type: simpo and cpo_alpha: 0, as in TRL)"
+            if unknown[0] == "simpo"
+            else closest(unknown[0], PREFERENCE_PRESETS)
+        )
         raise ConfigError(
-            f"model.{unknown[0]}: not a preference option{closest(unknown[0], PREFERENCE_PRESETS)}; they are "
-            f"{sorted(PREFERENCE_PRESETS)}"
+            f"model.{unknown[0]}: not a preference option{hint}; they are {sorted(PREFERENCE_PRESETS)}"
         )
     chosen = {
         name: PREFERENCE_PRESETS[name].coerce(value) for name, value in options.items() if value is not None

@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from lit_losses.checkpoint.stopped_epoch import reopen_stopped_epoch
 from lit_losses.errors import ConfigError
 from lit_losses.hparams import plain_data
 from lit_losses.optim import OptimizerConfig
 from lit_losses.regularizers import RegularizerSpec
-from lit_losses.stopped_epoch import reopen_stopped_epoch
 
 RUN_OPTIONS = (
     "head_backend",
@@ -44,6 +44,11 @@ RUN_OPTIONS = (
     "base_loss_args",
     "loss_agg_norm",
     "grpo",
+    "dpo",
+    "kto",
+    "cpo",
+    "orpo",
+    "ref_model",
 )
 """`RegularizedLM`'s own arguments: what a resumed run may change (the others are the architecture)."""
 
@@ -54,6 +59,11 @@ ADDED_OPTION_DEFAULTS = {
     "base_loss_args": None,
     "loss_agg_norm": None,
     "grpo": None,
+    "dpo": None,
+    "kto": None,
+    "cpo": None,
+    "orpo": None,
+    "ref_model": None,
 }
 
 ARCHITECTURE_HINT = (

@@ -6,10 +6,11 @@ is a `TextDataModule` or a subclass (``data.class_path``: `lit_losses.TextDataMo
 linked to ``model.init_args.vocab_size``.
 Closed options are typed as ``Literal`` so that ``--help`` lists their choices. Every configuration
 error, whether jsonargparse's, a `ConfigError` raised while building or training, or Lightning refusing a
-trainer option before the run started (`lit_losses.trainer_errors`), is reported as one
+trainer option before the run started (`lit_losses.cli.trainer_errors`), is reported as one
 ``lit-losses: error: …`` line naming the option's path, with exit code 2. Each run claims its own log
-folder and config file (`lit_losses.run_dir`). A preempted ``fit`` (``SIGTERM``, ``SIGUSR1``) ends after
-the optimizer step in flight with a checkpoint and exit code ``128 + signal`` (`lit_losses.preemption`).
+folder and config file (`lit_losses.cli.run_dir`). A preempted ``fit`` (``SIGTERM``, ``SIGUSR1``) ends
+after the optimizer step in flight with a checkpoint and exit code ``128 + signal``
+(`lit_losses.checkpoint.preemption`).
 """
 
 from __future__ import annotations
@@ -30,17 +31,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 import lit_losses
-from lit_losses.console import quiet_console, use_step_progress_bar
-from lit_losses.controller.operations import ControllerStop
-from lit_losses.data.text import TextDataModule
-from lit_losses.distributed import end_process_group
-from lit_losses.errors import ConfigError
-from lit_losses.import_hint import import_error_line
-from lit_losses.module import RegularizedLM
-from lit_losses.preemption import PreemptionCheckpoint
-from lit_losses.registry import closest
-from lit_losses.resume import check_changes, option_changes, read_checkpoint
-from lit_losses.run_dir import (
+from lit_losses.checkpoint.preemption import PreemptionCheckpoint
+from lit_losses.checkpoint.resume import check_changes, option_changes, read_checkpoint
+from lit_losses.cli.console import quiet_console, use_step_progress_bar
+from lit_losses.cli.import_hint import import_error_line
+from lit_losses.cli.run_dir import (
     RunClaim,
     SharedLoggerVersions,
     auto_versions,
@@ -49,8 +44,14 @@ from lit_losses.run_dir import (
     is_global_zero,
     launched_logger_versions,
 )
-from lit_losses.run_end import add_run_callbacks
-from lit_losses.trainer_errors import RunStarted, lightning_config_error
+from lit_losses.cli.run_end import add_run_callbacks
+from lit_losses.cli.trainer_errors import RunStarted, lightning_config_error
+from lit_losses.controller.operations import ControllerStop
+from lit_losses.data.text import TextDataModule
+from lit_losses.distributed import end_process_group
+from lit_losses.errors import ConfigError
+from lit_losses.module import RegularizedLM
+from lit_losses.registry import closest
 
 PUBLIC_API = {name: getattr(lit_losses, name) for name in lit_losses.__all__}
 """The public API, imported (``lit_losses`` imports lazily): jsonargparse resolves short class names such
@@ -103,7 +104,12 @@ def one_line_error(message: str) -> str:
 
 
 class LitLossesParser(LightningArgumentParser):
-    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback)."""
+    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback), and
+    whose usage lines name ``lit-losses`` however it was started (``python -m lit_losses.cli``, the docs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("prog", "lit-losses")
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
@@ -185,12 +191,20 @@ class LitLossesCLI(LightningCLI):
         ):
             self.trainer.callbacks.append(PreemptionCheckpoint())
         if self.subcommand == "fit":
+            log_every_step_of_a_short_run(self.trainer)
             add_run_callbacks(self.trainer)
             use_step_progress_bar(self.trainer, self.config["fit"]["trainer"].get("callbacks"))
         claim_run_dir(self)
 
 
 _SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+
+
+def log_every_step_of_a_short_run(trainer: Any) -> None:
+    """A fit of fewer optimizer steps (``max_steps``) than the logging interval logs every step, so that its
+    report and TensorBoard show a training loss (Lightning would log none before the interval)."""
+    if 0 < trainer.max_steps < trainer.log_every_n_steps:
+        trainer.log_every_n_steps = 1
 
 
 def check_config_files(args: Any) -> None:
@@ -265,7 +279,7 @@ def slurm_requeue(root: Path) -> bool:
 
 
 def claim_run_dir(cli: LitLossesCLI) -> None:
-    """Give this run a log folder and a config file of its own (`lit_losses.run_dir`): on global rank 0, a
+    """Give this run a log folder and a config file of its own (`lit_losses.cli.run_dir`): on global rank 0, a
     version folder created with ``os.mkdir`` for each TensorBoard or CSV logger left to pick its version,
     and the config file (``config.yaml``) created with ``O_EXCL`` in the run's log folder. A ``fit`` whose
     folder already holds another run's config is refused unless it resumes (``--ckpt_path``) or
@@ -448,9 +462,9 @@ def stop_exit_code(cli: LitLossesCLI) -> int:
 
 def main() -> None:
     """Console-script entry point ``lit-losses`` (exit status: `cli_main`); ``lit-losses report …`` is
-    `lit_losses.report.report_main`, every other subcommand LightningCLI's."""
+    `lit_losses.cli.report.report_main`, every other subcommand LightningCLI's."""
     if sys.argv[1:2] == ["report"]:
-        from lit_losses.report import report_main  # matplotlib only when a report is asked for
+        from lit_losses.cli.report import report_main  # matplotlib only when a report is asked for
 
         report_main(sys.argv[2:])
         return
@@ -460,7 +474,3 @@ def main() -> None:
         end_process_group()
         raise
     end_process_group()
-
-
-if __name__ == "__main__":
-    main()

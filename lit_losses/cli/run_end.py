@@ -26,8 +26,8 @@ from typing import Any, Literal
 import lightning as L
 from lightning.pytorch.callbacks import LearningRateMonitor
 
+from lit_losses.checkpoint.preemption import Preempted, PreemptionCheckpoint
 from lit_losses.controller import TrainingController
-from lit_losses.preemption import Preempted, PreemptionCheckpoint
 
 EndReason = Literal["max_steps", "max_epochs", "controller", "stopped", "preempted", "interrupted", "error"]
 """Why a fit ended."""
@@ -175,7 +175,16 @@ def end_record(
         "controller": controller,
         "exit_code": None,
         "controller_firings": firings(trainer),
+        "metrics": loss_metrics(trainer),
     }
+
+
+def loss_metrics(trainer: L.Trainer) -> dict[str, float | str | None]:
+    """The last step's metrics of the loss (``RegularizedLM.telemetry["metrics"]``: the preference losses'
+    ``rewards/accuracies``, ``rewards/margins``, …), empty for the other losses."""
+    telemetry = getattr(trainer.lightning_module, "telemetry", None)
+    metrics = telemetry.get("metrics") if isinstance(telemetry, dict) else None
+    return {name: _finite(value) for name, value in (metrics or {}).items()}
 
 
 def checkpoint_paths(trainer: L.Trainer) -> list[Path]:
@@ -222,11 +231,13 @@ def summary_text(record: dict[str, Any]) -> str:
 
     log_dir = record["log_dir"]
     checkpoint = record["checkpoints"][-1] if record["checkpoints"] else "none written"
+    metrics = ", ".join(f"{k} {fmt(v)}" for k, v in (record.get("metrics") or {}).items())
     return "\n".join(
         [
             f"lit-losses: fit ended at step {record['step']}: {record['detail']}",
             f"  final losses: train/loss_total {fmt(record['train_loss'])}, "
             f"val/loss {fmt(record['val_loss'])}",
+            *([f"  last step:    {metrics}"] if metrics else []),
             f"  run folder:   {log_dir}",
             f"  checkpoint:   {checkpoint}",
             f"  look at it:   tensorboard --logdir {log_dir}",
