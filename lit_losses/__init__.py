@@ -5,7 +5,8 @@ The public API, by concept (everything else is importable from its subpackage):
 - models: `RegularizedLM` (subclass it), `TinyLM` (built-in), `HFCausalLM` (Hugging Face models),
   `FrozenModel` (a frozen reference or teacher beside the policy), `OptimizerConfig`, `Schedule`
 - the loss of a step: `LossContext`, `LossOutput`, `Objective`
-- fused output head: `FusedLMHead`, `HeadOutput`; functional: `linear_logprobs`, `linear_cross_entropy`
+- fused output head: `FusedLMHead`, `HeadOutput`; functional: `linear_logprobs`, `linear_cross_entropy`;
+  distillation without logits: `linear_distillation`, `topk_distillation`
 - global-denominator aggregation: `GlobalStatsLoader`, `GlobalStats`, `AggMode`, `aggregate`
 - regularizers: `RegularizerSpec`, `RegularizerSet`, `RegularizerError`, `register_regularizer`
 - base losses by name (cross-entropy, Tinker's RL losses, SAPO, VESPO): `register_base_loss`;
@@ -39,7 +40,14 @@ if TYPE_CHECKING:
     )
     from lit_losses.data import PreferenceDataModule, RLDataModule, TextDataModule
     from lit_losses.errors import ConfigError
-    from lit_losses.heads import FusedLMHead, HeadOutput, linear_cross_entropy, linear_logprobs
+    from lit_losses.heads import (
+        FusedLMHead,
+        HeadOutput,
+        linear_cross_entropy,
+        linear_distillation,
+        linear_logprobs,
+        topk_distillation,
+    )
     from lit_losses.loss import LossContext, LossOutput
     from lit_losses.loss.objective import Objective
     from lit_losses.models.frozen import FrozenModel
@@ -111,6 +119,7 @@ __all__ = [
     "dpo_loss",
     "kto_loss",
     "linear_cross_entropy",
+    "linear_distillation",
     "linear_logprobs",
     "orpo_loss",
     "register_base_loss",
@@ -118,6 +127,7 @@ __all__ = [
     "register_operation_handlers",
     "register_regularizer",
     "simpo_loss",
+    "topk_distillation",
 ]
 
 #: The module each public name is imported from, on first access.
@@ -136,6 +146,8 @@ _EXPORTS = {
     "FusedLMHead": "lit_losses.heads",
     "HeadOutput": "lit_losses.heads",
     "linear_cross_entropy": "lit_losses.heads",
+    "linear_distillation": "lit_losses.heads",
+    "topk_distillation": "lit_losses.heads",
     "linear_logprobs": "lit_losses.heads",
     "LossContext": "lit_losses.loss",
     "LossOutput": "lit_losses.loss",

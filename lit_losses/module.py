@@ -49,6 +49,7 @@ from lit_losses.objectives import (
     ORPOPreset,
     select_preset,
 )
+from lit_losses.objectives.distillation import DistillationConfig
 from lit_losses.objectives.inputs import OLD_LOGPROBS, check_provided
 from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.parallel import ModelParallelMixin
@@ -105,6 +106,10 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             `RegularizedLM` checkpoint file, a ``transformers`` config dict, ``initial_policy`` or
             ``disabled_adapters``; default (TRL's): ``disabled_adapters`` for a model with PEFT adapters,
             else ``initial_policy``. Only this option is saved, never the reference's weights.
+        distillation: logit distillation from a teacher as the base loss (`DistillationConfig`: a frozen
+            ``teacher`` model, or offline top-k log-probabilities in the batches; ``loss``, ``beta``,
+            ``temperature``, ``weight``, ``ce_weight``), aggregated with ``loss_agg`` over the step's global
+            counts (`lit_losses.loss.distillation`). Only the teacher's source is saved, never its weights.
 
     Example:
         >>> import torch
@@ -143,6 +148,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         cpo: CPOPreset | None = None,
         orpo: ORPOPreset | None = None,
         ref_model: FrozenSource | None = None,
+        distillation: DistillationConfig | None = None,
     ) -> None:
         super().__init__()
         self.frozen_sources: dict[str, tuple[FrozenSource, str]] = {}
@@ -163,11 +169,15 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             loss_agg_norm=loss_agg_norm,
             grpo=grpo,
             preference=select_preset(dpo=dpo, kto=kto, cpo=cpo, orpo=orpo),
+            distillation=distillation,
         )
         self.regularizer_set = self.objective.regularizers
         self.loss_agg = self.objective.loss_agg
         self.base_loss_weight = self.objective.base_loss_weight
         self._reference_option(ref_model)
+        teacher = None if self.objective.distillation is None else self.objective.distillation.config.teacher
+        if teacher is not None:
+            self.add_frozen_model("teacher", teacher, where="model.distillation.teacher")
         preference = self.objective.preference
         self.val_telemetry = ValidationTelemetry(
             self.loss_agg,
@@ -306,6 +316,26 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         with torch.no_grad():
             return self.output_head()(self.hidden_states(batch), labels, ("logprobs",)).logprobs
 
+    def teacher_outputs(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The frozen distillation teacher's ``(hidden [B, T, Dt], weight [V, Dt], bias)`` for ``batch``
+        (no gradient, eval mode; ``model.distillation.teacher``)."""
+        teacher = self.frozen_model("teacher")
+        return (teacher.hidden_states(batch), *teacher.output_projection())
+
+    def check_teacher_vocabulary(self) -> None:
+        """Refuse a distillation teacher whose vocabulary is not the student's size (a `ConfigError`
+        naming both)."""
+        if "teacher" not in self.frozen_sources:
+            return
+        teacher = self.frozen_model("teacher").output_projection()[0]
+        student = self.output_projection()[0]
+        if teacher.shape[0] != student.shape[0]:
+            raise ConfigError(
+                f"model.distillation.teacher={self.frozen_models['teacher'].source!r} has a vocabulary of "
+                f"{teacher.shape[0]} tokens and the student ({type(self).__name__}) {student.shape[0]}: "
+                "distillation compares distributions over one vocabulary (the same tokenizer)"
+            )
+
     def forward_logits(self, batch: dict[str, Tensor]) -> Tensor:
         """Full logits ``[B, T, V]`` (inference)."""
         return self.output_head().forward_logits(self.hidden_states(batch))
@@ -354,6 +384,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             regularize=self.regularize,
             reference=self.reference_logprobs if uses_reference else None,
             policy=self.policy_logprobs,
+            teacher=self.teacher_outputs if "teacher" in self.frozen_sources else None,
         )
 
     def setup(self, stage: str) -> None:
@@ -377,6 +408,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
                 self.reference_model()
             for name in self.frozen_sources:
                 self.frozen_model(name)
+            self.check_teacher_vocabulary()
         data = getattr(self._trainer, "datamodule", None) if stage == "fit" else None
         data_ignore = getattr(data, "ignore_index", self.ignore_index)
         if isinstance(data_ignore, int) and data_ignore != self.ignore_index:
@@ -390,6 +422,12 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             self.regularizer_set.check_mask_keys(provided, provider=type(data).__name__)
         if provided and self.objective.preference is not None:
             self.objective.preference.check_data(provided, source=type(data).__name__)
+        elif provided and self.objective.distillation is not None:
+            distillation = self.objective.distillation
+            reads = distillation.batch_keys()
+            check_provided(
+                reads=reads, provided=provided, reader=distillation.where, source=type(data).__name__
+            )
         elif provided and self.objective.base_loss_weight > 0:
             reader = f"model.base_loss={self.objective.base_loss.name!r}"
             check_provided(

@@ -1,9 +1,10 @@
-"""Text, preference and offline RL data: tokenizer, records, packing into token-budget micro-batches with
-loss masks.
+"""Text, preference, offline RL and offline distillation data: tokenizer, records, packing into
+token-budget micro-batches with loss masks.
 
 `lit_losses.data.rollouts` (the RL example's generator) imports the models and is not imported here.
 """
 
+from lit_losses.data.distillation import DistillationDataModule
 from lit_losses.data.packing import (
     EpochShuffleSampler,
     MicroBatchDataset,
@@ -18,6 +19,7 @@ from lit_losses.data.rl_records import parse_record, read_jsonl, write_jsonl
 from lit_losses.data.text import TextDataModule, stdlib_sources
 
 __all__ = [
+    "DistillationDataModule",
     "EpochShuffleSampler",
     "MicroBatchDataset",
     "Pieces",

@@ -16,6 +16,7 @@ from lit_losses.aggregation.stats import batch_segment_ids
 from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.loss.context import LossContext, LossOutput, Stage
+from lit_losses.loss.distillation import Distillation, Teacher
 from lit_losses.loss.preference import PreferenceLoss, Reference, check_preference_options
 from lit_losses.loss.preference_unpaired import PolicyNoGrad, UnpairedPreferenceLoss
 from lit_losses.objectives import (
@@ -28,10 +29,11 @@ from lit_losses.objectives import (
     token_values,
 )
 from lit_losses.objectives.inputs import ROLLOUT_VALID
+from lit_losses.objectives.distillation import DistillationConfig, check_distillation_options
 from lit_losses.objectives.presets import GRPOPreset, apply_preset
 from lit_losses.regularizers import FusedTerms, RegularizerError, RegularizerSet, RegularizerSpec, TermResult
 
-LossPath = Literal["plain_ce", "fused", "general", "preference"]
+LossPath = Literal["plain_ce", "fused", "general", "preference", "distillation"]
 Regularize = Callable[[LossContext], tuple[Tensor, dict[str, TermResult]]]
 
 
@@ -62,6 +64,9 @@ class Objective:
       the base loss: per-token head outputs with autograd, the preset's loss of each pair (or sequence)
       over the step's pairs (`PreferenceLoss`; sequences: `UnpairedPreferenceLoss`), then the terms on a
       `LossContext` as on the general path.
+    - ``distillation``: ``model.distillation`` is the base loss: the divergence to a teacher (and the
+      hard-label cross-entropy) aggregated with ``loss_agg`` (`Distillation`), then the terms on a
+      `LossContext` as on the general path.
 
     Args:
         regularizers: the loss terms.
@@ -72,6 +77,7 @@ class Objective:
         loss_agg_norm: the constant ``C`` of ``seq-mean-token-sum-norm`` (required when the base loss or a
             regularizer aggregates with it); it applies to the regularizers as well.
         preference: a preference preset whose loss replaces ``base_loss`` (`PreferenceLoss`).
+        distillation: logit distillation from a teacher, replacing ``base_loss`` (`Distillation`).
 
     Raises:
         ConfigError: bad options, each naming its ``model.…`` path.
@@ -107,6 +113,7 @@ class Objective:
         base_loss_args: Mapping[str, Any] | None = None,
         loss_agg_norm: float | None = None,
         preference: PreferencePreset | None = None,
+        distillation: DistillationConfig | None = None,
     ) -> None:
         check_mode(loss_agg, "model.loss_agg")
         if not isinstance(base_loss_weight, int | float) or isinstance(base_loss_weight, bool):
@@ -124,6 +131,7 @@ class Objective:
         self.base_loss = BoundBaseLoss.resolve(base_loss, base_loss_args)
         self.loss_agg_norm = regularizers.agg_norm = agg_norm_option(loss_agg_norm, loss_agg, regularizers)
         self.preference = preference_loss(preference)
+        self.distillation = None if distillation is None else Distillation(distillation)
         self._warnings = WarningCache()
 
     @classmethod
@@ -138,10 +146,17 @@ class Objective:
         loss_agg_norm: float | None = None,
         grpo: GRPOPreset | Mapping[str, Any] | None = None,
         preference: PreferencePreset | None = None,
+        distillation: DistillationConfig | Mapping[str, Any] | None = None,
     ) -> Objective:
         """The objective of `RegularizedLM`'s options, every one checked (a `ConfigError` naming
         ``model.<option>``); ``grpo`` (`apply_preset`) sets the base loss, its aggregation and KL term;
-        ``preference`` replaces the base loss (`check_preference_options`)."""
+        ``preference`` replaces the base loss (`check_preference_options`), and so does ``distillation``
+        (`check_distillation_options`)."""
+        distillation = DistillationConfig.coerce(distillation)
+        if distillation is not None:
+            check_distillation_options(
+                base_loss=base_loss, base_loss_args=base_loss_args, grpo=grpo, preference=preference
+            )
         if preference is not None:
             check_preference_options(
                 preference,
@@ -166,11 +181,14 @@ class Objective:
             base_loss_args=base_loss_args,
             loss_agg_norm=loss_agg_norm,
             preference=preference,
+            distillation=distillation,
         )
 
     def head_outputs_needed(self) -> tuple[str, ...]:
         """Head outputs consumed by the loss terms (empty: ``cross_entropy`` alone, the fast path)."""
         needed = tuple(n for n in self.regularizers.needs() if n != "hidden")
+        if self.distillation is not None:  # the base loss computes its own; the hard CE fused when alone
+            return needed
         if self.preference is not None:
             return ("logprobs", *[n for n in needed if n != "logprobs"])
         if not self.base_loss.plain_ce and self.base_loss_weight > 0 and "logprobs" not in needed:
@@ -189,6 +207,8 @@ class Objective:
 
     def metric_names(self) -> tuple[str, ...]:
         """The names of the loss's `LossOutput.metrics` (the preference losses' TRL metrics), or none."""
+        if self.distillation is not None:
+            return self.distillation.metric_names()
         return () if self.preference is None else self.preference.metric_names()
 
     @property
@@ -207,6 +227,8 @@ class Objective:
     def path(self, stage: Stage, needed: tuple[str, ...], batch: Mapping[str, Any] | None = None) -> LossPath:
         """Which computation `__call__` takes (see the class docstring); ``batch``: the micro-batch, when
         known (a sequence-level rollout correction is pointwise on a batch with ``old_logprobs``)."""
+        if self.distillation is not None:
+            return "distillation"
         if self.preference is not None:
             return "preference"
         if stage != "train":
@@ -233,6 +255,7 @@ class Objective:
         regularize: Regularize | None = None,
         reference: Reference | None = None,
         policy: PolicyNoGrad | None = None,
+        teacher: Teacher | None = None,
     ) -> LossOutput:
         """The `LossOutput` of one micro-batch (before ``stats.loss_scale``).
 
@@ -247,7 +270,13 @@ class Objective:
             regularize: the general path's terms (default: the `RegularizerSet`).
             reference: a frozen reference's log-probabilities, for a preference loss that reads them.
             policy: the policy's log-probabilities without gradient (KTO's KL rows).
+            teacher: the frozen teacher's hidden states and output projection, for ``distillation``.
         """
+        if self.distillation is not None:
+            ctx = self.distillation_context(
+                head, hidden, batch=batch, stats=stats, step=step, stage=stage, needed=needed, teacher=teacher
+            )
+            return self.general_output(ctx, regularize=regularize)
         if self.preference is not None:
             ctx = self.preference_context(
                 head,
@@ -334,6 +363,31 @@ class Objective:
             dict(batch), head=pref.head, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage
         )
         ctx.cache["base"], ctx.cache["metrics"] = pref.base, pref.metrics
+        return ctx
+
+    def distillation_context(
+        self,
+        head: FusedLMHead,
+        hidden: Tensor,
+        batch: Mapping[str, Any],
+        stats: GlobalStats,
+        step: int,
+        stage: Stage,
+        needed: tuple[str, ...] | None,
+        teacher: Teacher | None,
+    ) -> LossContext:
+        """The distillation loss of the micro-batch (`Distillation`, aggregated with ``loss_agg``'s global
+        weights), as a `LossContext` whose ``cache`` holds its ``base`` value and ``metrics``."""
+        needed = self.head_outputs_needed() if needed is None else needed
+        mask = batch_tensor(batch, LABELS_KEY) != head.ignore_index
+        weights = self.base_weights(
+            batch, mask=mask, stats=stats, dtype=torch.promote_types(hidden.dtype, torch.float32)
+        )
+        out = self.distillation(head, hidden, batch, weights, teacher=teacher, needed=needed)
+        ctx = LossContext(
+            dict(batch), head=out.head, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage
+        )
+        ctx.cache["base"], ctx.cache["metrics"] = out.base, out.metrics
         return ctx
 
     def general_output(self, ctx: LossContext, regularize: Regularize | None) -> LossOutput:
