@@ -18,7 +18,7 @@ record of a data set has the same ``k`` (`check_same_k`).
 Every error names ``file:line`` (or ``records[i]``) and the field: lists of another length than
 ``tokens``, ids outside ``[0, vocab_size)`` or repeated, a ``k`` that differs from the record's first,
 non-finite log-probabilities, a log-probability ``> 0`` or a mass ``Σ e^ℓ > 1`` (beyond
-`lit_losses.heads.topk_distillation.TOPK_TOLERANCE`), a completion token without its top-k, a record
+`lit_losses.heads.topk.TOPK_TOLERANCE`), a completion token without its top-k, a record
 without a completion token or longer than ``seq_len``.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 
 from lit_losses.data.rl_records import IGNORE_INDEX, RLRow
 from lit_losses.errors import ConfigError
-from lit_losses.heads.topk_distillation import TOPK_TOLERANCE
+from lit_losses.heads.topk import TOPK_TOLERANCE
 
 IDS, LOGPROBS = "teacher_topk_ids", "teacher_topk_logprobs"
 #: Fields a record may hold; any other one is ignored.

@@ -43,6 +43,8 @@ from lit_losses.heads.chunked_ops import row_dot
 
 #: The divergences `linear_distillation` and `topk_distillation` compute.
 DistillationLoss = Literal["forward_kl", "reverse_kl", "jsd"]
+"""A divergence between the student's and the teacher's distributions, by name (the maths: this module's
+docstring)."""
 DISTILLATION_LOSSES: tuple[str, ...] = get_args(DistillationLoss)
 
 #: At most this many values per block of rows of a tile (4 MiB of fp32): the temporaries of one block.

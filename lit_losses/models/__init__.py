@@ -8,7 +8,12 @@ Names are imported on first use (PEP 562 ``__getattr__``, as the root package): 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lit_losses.models.frozen import FrozenModel
+    from lit_losses.models.hf import HFCausalLM
+    from lit_losses.models.tiny_lm import TinyLM, TinyTransformer
 
 __all__ = ["FrozenModel", "HFCausalLM", "TinyLM", "TinyTransformer"]
 
