@@ -10,7 +10,10 @@ The public API, by concept (everything else is importable from its subpackage):
 - regularizers: `RegularizerSpec`, `RegularizerSet`, `RegularizerError`, `register_regularizer`
 - base losses by name (cross-entropy, Tinker's RL losses, SAPO, VESPO): `register_base_loss`;
   TRL's GRPO losses as one option: `GRPOPreset`
-- data: `TextDataModule`, `RLDataModule` (offline RL records)
+- preference losses (TRL's DPO family, KTO, CPO/SimPO, ORPO): `dpo_loss`, `kto_loss`, `cpo_loss`,
+  `simpo_loss`, `orpo_loss`, and their options `DPOPreset`, `KTOPreset`, `CPOPreset`, `ORPOPreset`
+- data: `TextDataModule` (text, prompt-completion SFT), `PreferenceDataModule` (TRL's preference
+  formats), `RLDataModule` (offline RL records)
 - training controller: `TrainingController`, `register_metric_handlers`, `register_operation_handlers`
 - preemption: `PreemptionCheckpoint` (``SIGTERM``: finish the step, checkpoint, exit ``128 + signal``)
 - extension points: `Registry`, `ConfigError`; custom gradients: the `autograd` subpackage
@@ -28,21 +31,33 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lit_losses import autograd
     from lit_losses.aggregation import AggMode, GlobalStats, GlobalStatsLoader, aggregate
+    from lit_losses.checkpoint.preemption import PreemptionCheckpoint
     from lit_losses.controller import (
         TrainingController,
         register_metric_handlers,
         register_operation_handlers,
     )
-    from lit_losses.data import RLDataModule, TextDataModule
+    from lit_losses.data import PreferenceDataModule, RLDataModule, TextDataModule
     from lit_losses.errors import ConfigError
     from lit_losses.heads import FusedLMHead, HeadOutput, linear_cross_entropy, linear_logprobs
     from lit_losses.loss import LossContext, LossOutput
     from lit_losses.loss.objective import Objective
     from lit_losses.models import HFCausalLM, TinyLM
     from lit_losses.module import RegularizedLM
-    from lit_losses.objectives import GRPOPreset, register_base_loss
+    from lit_losses.objectives import (
+        CPOPreset,
+        DPOPreset,
+        GRPOPreset,
+        KTOPreset,
+        ORPOPreset,
+        cpo_loss,
+        dpo_loss,
+        kto_loss,
+        orpo_loss,
+        register_base_loss,
+        simpo_loss,
+    )
     from lit_losses.optim import OptimizerConfig
-    from lit_losses.preemption import PreemptionCheckpoint
     from lit_losses.registry import Registry
     from lit_losses.regularizers import (
         RegularizerError,
@@ -52,22 +67,31 @@ if TYPE_CHECKING:
     )
     from lit_losses.schedule import Schedule
 
+from lit_losses import moved
+
+moved.install()  # old module paths (lit_losses.preemption, lit_losses.report, ...) stay importable
+
 __version__ = "0.1.0"
 
 __all__ = [
     "AggMode",
+    "CPOPreset",
     "ConfigError",
+    "DPOPreset",
     "FusedLMHead",
     "GRPOPreset",
     "GlobalStats",
     "GlobalStatsLoader",
     "HFCausalLM",
     "HeadOutput",
+    "KTOPreset",
     "LossContext",
     "LossOutput",
+    "ORPOPreset",
     "Objective",
     "OptimizerConfig",
     "PreemptionCheckpoint",
+    "PreferenceDataModule",
     "RLDataModule",
     "Registry",
     "RegularizedLM",
@@ -80,12 +104,17 @@ __all__ = [
     "TrainingController",
     "aggregate",
     "autograd",
+    "cpo_loss",
+    "dpo_loss",
+    "kto_loss",
     "linear_cross_entropy",
     "linear_logprobs",
+    "orpo_loss",
     "register_base_loss",
     "register_metric_handlers",
     "register_operation_handlers",
     "register_regularizer",
+    "simpo_loss",
 ]
 
 #: The module each public name is imported from, on first access.
@@ -97,6 +126,7 @@ _EXPORTS = {
     "TrainingController": "lit_losses.controller",
     "register_metric_handlers": "lit_losses.controller",
     "register_operation_handlers": "lit_losses.controller",
+    "PreferenceDataModule": "lit_losses.data",
     "RLDataModule": "lit_losses.data",
     "TextDataModule": "lit_losses.data",
     "ConfigError": "lit_losses.errors",
@@ -111,8 +141,17 @@ _EXPORTS = {
     "TinyLM": "lit_losses.models",
     "RegularizedLM": "lit_losses.module",
     "GRPOPreset": "lit_losses.objectives",
+    "DPOPreset": "lit_losses.objectives",
+    "KTOPreset": "lit_losses.objectives",
+    "CPOPreset": "lit_losses.objectives",
+    "ORPOPreset": "lit_losses.objectives",
+    "dpo_loss": "lit_losses.objectives",
+    "kto_loss": "lit_losses.objectives",
+    "cpo_loss": "lit_losses.objectives",
+    "simpo_loss": "lit_losses.objectives",
+    "orpo_loss": "lit_losses.objectives",
     "register_base_loss": "lit_losses.objectives",
-    "PreemptionCheckpoint": "lit_losses.preemption",
+    "PreemptionCheckpoint": "lit_losses.checkpoint.preemption",
     "OptimizerConfig": "lit_losses.optim",
     "Registry": "lit_losses.registry",
     "RegularizerError": "lit_losses.regularizers",

@@ -17,9 +17,12 @@ from lit_losses.aggregation import (
     check_window,
     configure_train_loaders,
 )
+from lit_losses.checkpoint.reshard import record_param_names
+from lit_losses.checkpoint.resume import restore_checkpoint_state
+from lit_losses.checkpoint.topology import record_topology
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
-from lit_losses.heads import Backend, FusedLMHead, head_for
+from lit_losses.heads import Backend, FusedLMHead, check_backend_runs, head_for
 from lit_losses.hparams import plain_data
 from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.custom import CustomLossMixin
@@ -27,11 +30,10 @@ from lit_losses.loss.objective import Objective, batch_tensor
 from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
 from lit_losses.non_finite import check_hidden_states, check_optimizer_step, non_finite_steps_handled
 from lit_losses.objectives import BaseLossName, GRPOPreset
-from lit_losses.objectives.inputs import check_provided
+from lit_losses.objectives.inputs import OLD_LOGPROBS, check_provided
 from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.parallel import ModelParallelMixin
 from lit_losses.regularizers import RegularizerSpec, TermResult
-from lit_losses.resume import restore_checkpoint_state
 from lit_losses.validation import checked_hidden, checked_projection, chunk_size_option
 
 LOCAL_NORMALIZATION_WARNING = (
@@ -85,7 +87,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     #: How the batches' ``labels`` are laid out (`LabelFormat`): what `GlobalStatsLoader` counts.
     label_format: LabelFormat = "next_token"
     #: A subclass's own arguments that are not its architecture: a run resumed from a checkpoint may
-    #: change them, like `RegularizedLM`'s own (a warning lists each; `lit_losses.resume`).
+    #: change them, like `RegularizedLM`'s own (a warning lists each; `lit_losses.checkpoint.resume`).
     resume_changeable_options: tuple[str, ...] = ()
     #: A subclass's arguments that are not saved with its checkpoint (a built object): never compared.
     resume_unsaved_options: tuple[str, ...] = ()
@@ -181,6 +183,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             return attached
         if stage == "train" and accumulation_factor(self._trainer) > 1:
             _WARNINGS.warn(LOCAL_NORMALIZATION_WARNING)
+        self.regularizer_set.check_mask_keys(tuple(batch))
         return GlobalStats.local_only(batch, self.mask_keys(), self.ignore_index)
 
     def mask_keys(self) -> tuple[str, ...]:
@@ -198,6 +201,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     def compute_loss(self, batch: dict[str, Any], stage: Stage = "train") -> LossOutput:
         """Loss of one micro-batch, normalized by the global counts (before ``loss_scale``)."""
         batch_tensor(batch, "labels")
+        batch = self.objective.reject(batch, self.ignore_index)  # before the counts (rollout_rs)
         hidden = self.hidden_states(batch)
         if self._checks_hidden_states():
             check_hidden_states(hidden, where=f"{stage} batch at step {int(self.global_step)}")
@@ -214,12 +218,17 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         )
 
     def setup(self, stage: str) -> None:
-        """Before training: refuse a base loss that reads a batch key the data module never provides
-        (`check_provided`; data modules that tell their keys with ``batch_keys()``, as `TextDataModule`),
+        """Before training: refuse a head backend that cannot run on the trainer's device
+        (`check_backend_runs`), a base loss or a regularizer's ``mask_key`` that reads a batch key the data
+        module never provides (`check_provided`, `RegularizerSet.check_mask_keys`; data modules that tell
+        their keys with ``batch_keys()``, as `TextDataModule`),
         and an ``ignore_index`` other than the one the data module labels positions without a target with.
         Read whether a callback skips non-finite steps (once per trainer call, `_checks_hidden_states`).
         """
         self._non_finite_handled = non_finite_steps_handled(self._trainer)
+        check_backend_runs(
+            self.head_backend, self._trainer.strategy.root_device, where="model.init_args.head_backend"
+        )
         data = getattr(self._trainer, "datamodule", None) if stage == "fit" else None
         data_ignore = getattr(data, "ignore_index", self.ignore_index)
         if isinstance(data_ignore, int) and data_ignore != self.ignore_index:
@@ -229,6 +238,8 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
                 f"or set it to {data_ignore}"
             )
         provided = data.batch_keys() if callable(getattr(data, "batch_keys", None)) else ()
+        if provided:
+            self.regularizer_set.check_mask_keys(provided, provider=type(data).__name__)
         if provided and self.objective.base_loss_weight > 0:
             reader = f"model.base_loss={self.objective.base_loss.name!r}"
             check_provided(
@@ -237,14 +248,30 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
                 reader=reader,
                 source=type(data).__name__,
             )
+        if self.objective.rejects:
+            self._check_rejection(provided, source=type(data).__name__)
+
+    def _check_rejection(self, provided: tuple[str, ...], source: str) -> None:
+        """A rollout rejection (``rollout_rs``) needs next-token labels (it changes them before they are
+        counted) and the data's ``old_logprobs``."""
+        where = f"model.base_loss_args.rollout_rs (base loss {self.objective.base_loss.name!r})"
+        if self.label_format != "next_token":
+            raise ConfigError(
+                f"{where} rejects tokens before the step is counted, which needs next-token labels; "
+                f"label_format={self.label_format!r} labels are shifted later (use label_format: next_token)"
+            )
+        if provided:
+            check_provided(reads=[OLD_LOGPROBS], provided=provided, reader=where, source=source)
 
     def on_train_start(self) -> None:
-        """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs."""
+        """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs (a
+        rollout rejection is applied by the loader, before it counts the step)."""
         configure_train_loaders(
             self.trainer,
             mask_keys=self.mask_keys(),
             ignore_index=self.ignore_index,
             label_format=self.label_format,
+            transform=self.objective.reject if self.objective.rejects else None,
         )
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
@@ -270,10 +297,14 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         return optimizer_and_schedule(self, self.optimizer_config, self._trainer)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Save the regularizers' run-time weights and flags, hyper-parameters as plain data."""
+        """Save the regularizers' run-time weights and flags, hyper-parameters as plain data, the run's layout
+        (`lit_losses.checkpoint.topology`) and the names of the optimizer states' parameters
+        (`lit_losses.checkpoint.reshard`): what resuming on another layout needs."""
         checkpoint["lit_losses_regularizers"] = self.regularizer_set.state_dict()
         if "hyper_parameters" in checkpoint:
             checkpoint["hyper_parameters"] = plain_data(checkpoint["hyper_parameters"])
+        record_topology(checkpoint, self.trainer)
+        record_param_names(checkpoint, module=self, optimizers=self.trainer.optimizers)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Check this run's options against the checkpoint's; restore its run-time state (`resume`)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -13,6 +14,15 @@ from lit_losses.errors import ConfigError
 from lit_losses.schedule import Schedule
 
 LRSchedule = Literal["cosine", "linear", "constant"]
+
+ADAMW_WORDS = {"beta": "betas", "epsilon": "eps", "weight_decay": "weight_decay", "learning rate": "lr"}
+"""The word of each ``torch.optim.AdamW`` refusal, and the option it is about."""
+ADAMW_BOUNDS = {
+    "betas": "two numbers, each in [0, 1)",
+    "eps": "a number >= 0",
+    "weight_decay": "a number >= 0",
+    "lr": "a number > 0",
+}
 
 
 @dataclass
@@ -58,6 +68,33 @@ class OptimizerConfig:
         if self.total_steps is not None and self.total_steps < 1:
             raise ConfigError(f"optimizer.total_steps must be >= 1, got {self.total_steps}")
         self.betas = tuple(self.betas)  # YAML gives lists
+        if len(self.betas) != 2:
+            raise ConfigError(f"optimizer.betas={self.betas!r} must be {ADAMW_BOUNDS['betas']}")
+        self.check_adamw()
+
+    def check_adamw(self) -> None:
+        """Let ``torch.optim.AdamW`` check the values it refuses (each beta in ``[0, 1)``, ``eps`` and
+        ``weight_decay`` ``>= 0``, no NaN) now, on a one-element parameter, instead of when training starts.
+
+        Raises:
+            ConfigError: naming ``optimizer.<field>``, its value and torch's reason.
+
+        Example:
+            >>> OptimizerConfig(betas=(0.9, 1.5))
+            Traceback (most recent call last):
+            ...
+            lit_losses.errors.ConfigError: optimizer.betas=(0.9, 1.5): torch.optim.AdamW refuses it ...
+        """
+        probe = torch.zeros(1, requires_grad=True)
+        try:
+            torch.optim.AdamW(
+                [probe], lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay
+            )
+        except (ValueError, TypeError) as err:
+            field = next((f for word, f in ADAMW_WORDS.items() if word in str(err)), None)
+            where = f"optimizer.{field}={getattr(self, field)!r}" if field else "optimizer"
+            allowed = f"; {field} must be {ADAMW_BOUNDS[field]}" if field else ""
+            raise ConfigError(f"{where}: torch.optim.AdamW refuses it ({err}){allowed}") from None
 
     @classmethod
     def coerce(cls, value: OptimizerConfig | dict | None) -> OptimizerConfig:
@@ -80,10 +117,52 @@ class OptimizerConfig:
         return self.lr_schedule(total_steps).factor(step)
 
 
+def check_trainable_dtypes(
+    named_parameters: Iterable[tuple[str, torch.Tensor]], config: OptimizerConfig, cause: str = ""
+) -> None:
+    """Refuse trainable parameters of a dtype in which AdamW's ``eps`` rounds to 0 (``1e-8`` in float16):
+    AdamW would divide ``0 / (√0 + 0)`` wherever a gradient is 0 (an unused embedding row), and the
+    weights would turn NaN at the first step.
+
+    Args:
+        named_parameters: ``(name, parameter)`` pairs (``module.named_parameters()``).
+        config: the optimizer's settings.
+        cause: the option that gave the parameters their dtype, named first in the message
+            (``model.init_args.dtype=float16``).
+
+    Raises:
+        ConfigError: naming ``optimizer.eps``, the dtype, a parameter and the ways out.
+
+    Example:
+        >>> weight = torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))
+        >>> check_trainable_dtypes([("w", weight)], OptimizerConfig(eps=1e-4))  # 1e-4 is not 0 in float16
+        >>> check_trainable_dtypes([("w", weight)], OptimizerConfig())
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: optimizer.eps=1e-08 rounds to 0 in torch.float16, the dtype of ...
+    """
+    underflow = [
+        (name, p.dtype)
+        for name, p in named_parameters
+        if p.requires_grad and p.is_floating_point() and float(torch.tensor(config.eps, dtype=p.dtype)) == 0
+    ]
+    if not underflow:
+        return
+    name, dtype = underflow[0]
+    fix = f"{cause.partition('=')[0]}: float32, " if cause else ""
+    raise ConfigError(
+        f"{cause + ': ' if cause else ''}optimizer.eps={config.eps!r} rounds to 0 in {dtype}, the dtype of "
+        f"{len(underflow)} trainable parameter(s) (e.g. {name!r}): AdamW would divide by 0 where a gradient "
+        f"is 0 (NaN weights at the first step); train float32 weights under mixed precision ({fix}"
+        "trainer.precision: bf16-mixed or 16-mixed, not 16-true) or raise optimizer.eps (e.g. 1e-4)"
+    )
+
+
 def build_optimizer(
     module: nn.Module, config: OptimizerConfig, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over ``module``'s trainable parameters (decay on ≥2-D ones) and its per-step scheduler."""
+    check_trainable_dtypes(module.named_parameters(), config)
     params = [p for p in module.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]

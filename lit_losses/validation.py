@@ -32,6 +32,43 @@ def check_at_least(value: Any, minimum: int, where: str, optional: bool = False)
     return value
 
 
+def check_names(
+    value: Any, where: str, what: str = "names", optional: bool = False
+) -> tuple[str, ...] | None:
+    """``value`` as a tuple of strings: a list or tuple of ``str`` (``None`` when ``optional``).
+
+    One string is refused, never taken for the sequence of its characters (``"body.blocks.*"`` would be
+    the 13 patterns ``"b"``, ``"o"``, …): every option typed as a list of strings is checked here.
+
+    Args:
+        value: the option's value.
+        where: its path, for messages (``model.parallel.fsdp_modules``).
+        what: what the strings are, for messages (``name patterns``, ``file globs``).
+        optional: ``None`` is allowed (and returned).
+
+    Raises:
+        ConfigError: one string, another type, or an item that is not a string.
+
+    Example:
+        >>> check_names(["body.blocks.*"], "model.parallel.fsdp_modules")
+        ('body.blocks.*',)
+        >>> check_names("body.blocks.*", "model.parallel.fsdp_modules", "name patterns")
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: model.parallel.fsdp_modules='body.blocks.*' is one string; ...
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, str):
+        raise ConfigError(f"{where}={value!r} is one string; give a list of {what}: [{value!r}]")
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"{where} must be a list of {what}, got {type(value).__name__} {value!r}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise ConfigError(f"{where}[{i}]={item!r} must be a string ({what}), got {type(item).__name__}")
+    return tuple(value)
+
+
 def check_transformer_shape(
     vocab_size: int, d_model: int, n_layers: int, n_heads: int, d_ff: int | None, rope_base: float
 ) -> None:

@@ -100,6 +100,51 @@ def test_autograd_depends_on_torch_only():
             assert not outside, f"{name} imports {sorted(outside)}"
 
 
+def test_the_head_and_aggregation_from_the_top_level_load_no_lightning():
+    """``from lit_losses import …`` of the names a custom training loop uses (the fused head, `aggregate`,
+    `GlobalStatsLoader`) loads neither Lightning, torchmetrics nor transformers (lazy top-level names)."""
+    code = (
+        "import sys\n"
+        "from lit_losses import FusedLMHead, GlobalStatsLoader, aggregate, linear_logprobs\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('lightning', 'pytorch_lightning', 'torchmetrics', 'transformers')))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.strip() == "[]", result.stdout
+
+
+APPLICATION = "lit_losses.cli"
+MAX_TOP_LEVEL_MODULES = 12
+
+
+def test_the_library_never_imports_the_application():
+    """`lit_losses.cli` (the ``lit-losses`` command, its console, run folders, end record and report) sits
+    on top of the library: no module outside it imports it."""
+    for name, targets in GRAPH.items():
+        if name == APPLICATION or name.startswith(APPLICATION + "."):
+            continue
+        inside = sorted(t for t in targets if t == APPLICATION or t.startswith(APPLICATION + "."))
+        assert not inside, f"{name} imports the application's {inside}"
+
+
+def test_the_top_level_shows_the_layers_at_a_glance():
+    """A few modules at the top of the package, everything else in subpackages named after its concept."""
+    modules = sorted(p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(modules) <= MAX_TOP_LEVEL_MODULES, modules
+    assert (PACKAGE / "cli" / "__init__.py").is_file()
+
+
+def test_old_module_paths_of_moved_modules_still_import():
+    """Config ``class_path``s and imports written against the flat layout keep working."""
+    import importlib
+
+    from lit_losses.moved import MOVED
+
+    for old, new in MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+
+
 def test_heads_and_autograd_load_torch_alone():
     """A user of the fused head (or of the custom-gradient toolkit) in their own loop needs neither
     Lightning nor transformers: importing them loads neither (a fresh interpreter, its ``sys.modules``)."""
@@ -127,7 +172,7 @@ def test_the_cli_resolves_short_class_names_despite_the_lazy_top_level():
         f"--trainer.callbacks.config={controller}",
         "--print_config",
     ]
-    code = f"from lit_losses.cli import cli_main\ncli_main({args!r})"
+    code = f"from lit_losses.cli.app import cli_main\ncli_main({args!r})"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -292,7 +337,7 @@ def test_one_attribute_assignment_per_statement():
 def test_public_top_level_is_small_and_importable():
     import lit_losses
 
-    assert len(lit_losses.__all__) <= 31
+    assert len(lit_losses.__all__) <= 42
     for name in lit_losses.__all__:
         assert getattr(lit_losses, name) is not None
 

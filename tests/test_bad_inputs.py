@@ -16,19 +16,20 @@ from unittest import mock
 import pytest
 import torch
 
-from lit_losses import TextDataModule, TinyLM
+from lit_losses import PreemptionCheckpoint, TextDataModule, TinyLM, register_base_loss
 from lit_losses.aggregation import GlobalStatsLoader, MaskStats, aggregate, count_masks
+from lit_losses.checkpoint.resume import read_checkpoint
 from lit_losses.choices import check_choice
-from lit_losses.cli import cli_main, one_line
+from lit_losses.cli.app import cli_main, one_line
+from lit_losses.cli.report import write_report
 from lit_losses.controller import parse_config
 from lit_losses.controller.reach import VALIDATION_EVENTS, unreachable
 from lit_losses.data.rl import RLDataModule, rl_dataset
 from lit_losses.errors import BatchKeyError, ConfigError
-from lit_losses.heads import FusedLMHead
+from lit_losses.heads import FusedLMHead, check_backend_runs
 from lit_losses.optim import OptimizerConfig
-from lit_losses.parallel import PipelineLoss
+from lit_losses.parallel import ParallelConfig, PipelineLoss
 from lit_losses.regularizers import RegularizerSpec
-from lit_losses.resume import read_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
 
@@ -261,7 +262,7 @@ CLI_CASES = [
     CliCase(
         "corpus_blank_file",
         (f"{D}paths=[{{tmp}}/blank.txt]",),
-        "the corpus is empty",
+        "data.paths: the corpus is empty: no non-blank document in {tmp}/blank.txt",
         files=(("blank.txt", "\n\n   \n"),),
         corpus=False,
     ),
@@ -428,11 +429,11 @@ CLI_CASES += [
     CliCase(
         "val_check_interval_fraction_above_one",
         (f"{T}val_check_interval=1.5",),
-        "trainer.val_check_interval: You have passed invalid value 1.5 for val_check_interval",
+        "trainer.val_check_interval=1.5: You have passed invalid value 1.5 for val_check_interval",
     ),
-    CliCase("devices_zero", (f"{T}accelerator=cpu", f"{T}devices=0"), "trainer.devices: `Trainer(devices="),
+    CliCase("devices_zero", (f"{T}accelerator=cpu", f"{T}devices=0"), "trainer.devices=0: `Trainer(devices="),
     CliCase(
-        "strategy_typo", (f"{T}strategy=dpp",), "trainer.strategy: You selected an invalid strategy name"
+        "strategy_typo", (f"{T}strategy=dpp",), "trainer.strategy=dpp: You selected an invalid strategy name"
     ),
     CliCase("precision_typo", (f"{T}precision=bf17",), "did you mean 'bf16'?"),
     CliCase(
@@ -677,7 +678,157 @@ CLI_CASES += [
     ),
     CliCase("num_workers_negative", (f"{D}num_workers=-1",), "data.num_workers=-1 must be >= 0"),
     CliCase(
-        "accelerator_absent", (f"{T}accelerator=mps",), "trainer.accelerator: `MPSAccelerator` can not run"
+        "accelerator_absent",
+        (f"{T}accelerator=mps",),
+        "trainer.accelerator=mps: `MPSAccelerator` can not run",
+    ),
+]
+
+
+# issue #34: options the configuration shows to be wrong that ran silently, late or as a raw traceback:
+# fields a loss type ignores, torch's, Lightning's and transformers' refusals named by the option that
+# caused them, the model's context against the data's rows, numeric trainer options, files and folders
+HF_TINY = (
+    "model:\n  class_path: lit_losses.HFCausalLM\n  init_args:\n    config: {model_type: llama, "
+    "hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2, "
+    "max_position_embeddings: %d}\n"
+)
+LOG_OP = 'operations:\n  - {name: lg, class: LogControl, arguments: {message: "step %s"}}\n'
+
+CLI_CASES += [
+    CliCase(
+        "grpo_field_the_loss_type_ignores",
+        (f"{M}grpo.loss_type=sapo", f"{M}grpo.epsilon_high=0.28"),
+        "model.grpo.epsilon_high=0.28: loss_type 'sapo' ignores it (it applies to ('grpo', 'bnpo', "
+        "'dr_grpo', 'dapo', 'luspo', 'cispo'))",
+    ),
+    CliCase(
+        "grpo_dr_grpo_constant_elsewhere",
+        (f"{M}grpo.loss_type=grpo", f"{M}grpo.max_completion_length=256"),
+        "model.grpo.max_completion_length=256: loss_type 'grpo' ignores it (it applies to loss_type "
+        "'dr_grpo')",
+    ),
+    CliCase(
+        "optimizer_beta_one",
+        (f"{OPT}betas=[0.9, 1.0]",),
+        "optimizer.betas=(0.9, 1.0): torch.optim.AdamW refuses it (Invalid beta parameter at index 1: 1.0); "
+        "betas must be two numbers, each in [0, 1)",
+    ),
+    CliCase(
+        "optimizer_eps_negative",
+        (f"{OPT}eps=-1e-8",),
+        "optimizer.eps=-1e-08: torch.optim.AdamW refuses it (Invalid epsilon value: -1e-08)",
+    ),
+    CliCase(
+        "gradient_clip_negative", (f"{T}gradient_clip_val=-1",), "trainer.gradient_clip_val=-1 must be >= 0"
+    ),
+    CliCase("min_steps_negative", (f"{T}min_steps=-5",), "trainer.min_steps=-5 must be >= 0"),
+    CliCase(
+        "devices_negative",
+        (f"{T}accelerator=cpu", f"{T}devices=-2"),
+        "trainer.devices=-2: `devices` selected with `CPUAccelerator` should be an int > 0.",
+    ),
+    CliCase(
+        "tensor_parallel_config_on_one_device",
+        (f"--config={REPO / 'configs' / 'tensor_parallel.yaml'}", f"{T}devices=1"),
+        "trainer.strategy.init_args: data_parallel_size=1 × tensor_parallel_size=2 = 2 processes, but "
+        "trainer.devices=1 × trainer.num_nodes=1 starts 1; set trainer.devices=2",
+    ),
+    CliCase(  # refused at set-up, before the sanity check's first validation batch
+        "head_backend_cuda_only_on_cpu",
+        (f"{M}head_backend=liger", f"{T}val_check_interval=1"),
+        "model.init_args.head_backend='liger' runs on CUDA only and this run's device is cpu",
+    ),
+    CliCase(
+        "regularizer_mask_key_not_in_data",
+        ("--config={tmp}/reg.yaml", NO_VAL),
+        "regularizer 'z_loss' aggregates over its mask_key 'completion_mask', which TextDataModule never "
+        "provides; its micro-batches have keys ['input_ids', 'labels', 'position_ids', 'segment_ids']",
+        files=(("reg.yaml", REG + "      - {name: z_loss, mask_key: completion_mask}\n"),),
+    ),
+    CliCase(
+        "controller_log_format_spec",
+        (*CTRL, NO_VAL),
+        "arguments.message: {s['global_step']:.3q} has a format spec that fits no value",
+        files=_controller("True", head=STATE + LOG_OP % "{s['global_step']:.3q}", ops="lg.should_log"),
+    ),
+    CliCase(
+        "paths_folder",
+        (f"{D}paths=[{{tmp}}/corpus]",),
+        "data.paths entry '{tmp}/corpus' is a folder; name its files with a glob: '{tmp}/corpus/*.txt' or",
+        files=(("corpus/a.txt", TEXT),),
+        corpus=False,
+    ),
+    CliCase(
+        "paths_glob_of_folders",
+        (f"{D}paths=[{{tmp}}/c*]",),
+        "data.paths entry '{tmp}/c*' matches only folders ({tmp}/corpus), no file",
+        files=(("corpus/a.txt", TEXT),),
+        corpus=False,
+    ),
+    CliCase(
+        "hf_context_shorter_than_seq_len",
+        ("--config={tmp}/hf.yaml", NO_VAL),
+        "model.init_args.config.max_position_embeddings=8 is smaller than data.seq_len=16",
+        files=(("hf.yaml", HF_TINY % 8),),
+    ),
+    CliCase(
+        "hf_float16_weights_under_bf16_mixed",
+        ("--config={tmp}/hf.yaml", f"{M}dtype=float16", f"{T}precision=bf16-mixed"),
+        "model.init_args.dtype=float16: optimizer.eps=1e-08 rounds to 0 in torch.float16, the dtype of 12 "
+        "trainable parameter(s)",
+        files=(("hf.yaml", HF_TINY % 64),),
+    ),
+    CliCase(
+        "hf_flash_attention_not_installed",
+        ("--config={tmp}/hf.yaml", f"{M}attn_implementation=flash_attention_2"),
+        "model.init_args.attn_implementation=flash_attention_2: FlashAttention2 has been toggled on",
+        files=(("hf.yaml", HF_TINY % 64),),
+    ),
+]
+
+# issue #32: preference records (PreferenceDataModule), refused at setup, before training
+PREF = (
+    "--data.class_path=lit_losses.PreferenceDataModule",
+    f"{D}paths=[{{tmp}}/pref.jsonl]",
+    f"{D}max_length=16",
+)
+PAIR = '{"prompt": "2 + 2 =", "chosen": " 4", "rejected": " 5"}'
+CHAT_PAIR = json.dumps(
+    {
+        "prompt": [{"role": "user", "content": "2 + 2?"}],
+        "chosen": [{"role": "assistant", "content": "4"}],
+        "rejected": [{"role": "assistant", "content": "5"}],
+    }
+)
+CLI_CASES += [
+    CliCase(
+        "preference_record_missing_rejected",
+        PREF,
+        "pref.jsonl:2: missing field 'rejected' (a paired preference record has 'chosen' and 'rejected'",
+        files=(("pref.jsonl", PAIR + '\n{"prompt": "3 + 3 =", "chosen": " 6"}\n'),),
+        corpus=False,
+    ),
+    CliCase(
+        "preference_conversational_without_chat_template",
+        PREF,
+        "pref.jsonl:1: a conversational record (message lists) is rendered with a chat template, and the "
+        "built-in BPE tokenizer has none",
+        files=(("pref.jsonl", CHAT_PAIR + "\n"),),
+        corpus=False,
+    ),
+    CliCase(
+        "preference_reference_in_some_records_only",
+        PREF,
+        "pref.jsonl:2: missing field 'ref_chosen_logps', which {tmp}/pref.jsonl:1 has; give the precomputed "
+        "reference log-probabilities in every record or in none",
+        files=(
+            (
+                "pref.jsonl",
+                PAIR[:-1] + ', "ref_chosen_logps": -3.5, "ref_rejected_logps": -4.0}\n' + PAIR + "\n",
+            ),
+        ),
+        corpus=False,
     ),
 ]
 
@@ -1594,6 +1745,261 @@ PY_CASES += [
 ]
 
 
+# issue #34: a string where a list of strings is meant, arguments checked at every entry point, torch's
+# refusals named by the option, counts of another mask, a mask key missing at validation, format specs
+def _fp16_hf(**kwargs) -> None:
+    from lit_losses import HFCausalLM
+
+    config = {"model_type": "llama", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1}
+    HFCausalLM(config={**config, "num_attention_heads": 2, "vocab_size": 32}, dtype="float16", **kwargs)
+
+
+def _log_format(spec: str, argument: str = "message") -> None:
+    _controller_config(
+        "lg.should_log", f'  - {{name: lg, class: LogControl, arguments: {{{argument}: "step {spec}"}}}}\n'
+    )
+
+
+def _masked_loss(stage: str) -> None:
+    _model(regularizers=[{"name": "z_loss", "mask_key": "completion_mask"}]).compute_loss(_batch(), stage)
+
+
+def _report(tmp_path: Path, out: str) -> None:
+    (tmp_path / "metrics.csv").write_text("epoch,step,train/loss_total\n0,0,4.0\n0,1,3.0\n")
+    write_report([tmp_path], out.replace("{tmp}", str(tmp_path)))
+
+
+def _signals(signals) -> None:
+    PreemptionCheckpoint(signals=signals)
+
+
+def _base_loss_reads(reads) -> None:
+    register_base_loss("bad_inputs_reads", reads=reads)(lambda logprobs, inputs: -logprobs)
+
+
+ONE_ROW = torch.ones(1, 3, dtype=torch.bool)
+PY_CASES += [
+    ApiCase(
+        "grpo_ignored_field",
+        "python",
+        lambda _: _model(grpo={"loss_type": "vespo", "importance_sampling_level": "sequence"}),
+        ConfigError,
+        "model.grpo.importance_sampling_level='sequence': loss_type 'vespo' ignores it",
+    ),
+    ApiCase(
+        "fsdp_modules_string",
+        "python",
+        lambda _: ParallelConfig(fsdp_modules="body.blocks.*"),
+        ConfigError,
+        "model.parallel.fsdp_modules='body.blocks.*' is one string; give a list of name patterns: "
+        "['body.blocks.*']",
+    ),
+    ApiCase(
+        "fsdp_modules_number",
+        "python",
+        lambda _: ParallelConfig(fsdp_modules=["body", 3]),
+        ConfigError,
+        "model.parallel.fsdp_modules[1]=3 must be a string (name patterns), got int",
+    ),
+    ApiCase(
+        "data_paths_string",
+        "python",
+        lambda p: _data(p, paths=str(p / "corpus.txt")),
+        ConfigError,
+        "data.paths='",
+    ),
+    ApiCase(
+        "rl_paths_string",
+        "python",
+        lambda _: RLDataModule(paths="rollouts.jsonl"),
+        ConfigError,
+        "data.paths='rollouts.jsonl' is one string; give a list of file globs: ['rollouts.jsonl']",
+    ),
+    ApiCase(
+        "regularizer_needs_string",
+        "python",
+        lambda _: _model(regularizers=[{"name": "l", "fn": "z_loss", "needs": "lse"}]),
+        ConfigError,
+        "needs='lse' is one string; give a list of needs: ['lse']",
+    ),
+    ApiCase(
+        "base_loss_reads_string",
+        "python",
+        lambda _: _base_loss_reads("advantages"),
+        ConfigError,
+        "register_base_loss('bad_inputs_reads'): reads='advantages' is one string",
+    ),
+    ApiCase(
+        "preemption_signals_string",
+        "python",
+        lambda _: _signals("SIGTERM"),
+        ConfigError,
+        "PreemptionCheckpoint.signals='SIGTERM' is one string; give a list of signal names: ['SIGTERM']",
+    ),
+    ApiCase(
+        "preemption_signal_typo",
+        "python",
+        lambda _: _signals(["SIGTREM"]),
+        ConfigError,
+        "PreemptionCheckpoint.signals[0]='SIGTREM' is not a signal; did you mean 'SIGTERM'?",
+    ),
+    ApiCase(
+        "optimizer_beta_negative",
+        "python",
+        lambda _: OptimizerConfig(betas=(-0.1, 0.95)),
+        ConfigError,
+        "optimizer.betas=(-0.1, 0.95): torch.optim.AdamW refuses it (Invalid beta parameter at index 0",
+    ),
+    ApiCase(
+        "optimizer_three_betas",
+        "python",
+        lambda _: OptimizerConfig(betas=(0.9, 0.95, 0.99)),
+        ConfigError,
+        "optimizer.betas=(0.9, 0.95, 0.99) must be two numbers, each in [0, 1)",
+    ),
+    ApiCase(
+        "optimizer_weight_decay_negative",
+        "python",
+        lambda _: _model(optimizer={"weight_decay": -0.1}),
+        ConfigError,
+        "optimizer.weight_decay=-0.1: torch.optim.AdamW refuses it",
+    ),
+    ApiCase(
+        "optimizer_lr_nan",
+        "python",
+        lambda _: OptimizerConfig(lr=float("nan")),
+        ConfigError,
+        "optimizer.lr=nan: torch.optim.AdamW refuses it (Invalid learning rate: nan)",
+    ),
+    ApiCase(
+        "hf_float16_trainable_weights",
+        "python",
+        lambda _: _fp16_hf(),
+        ConfigError,
+        "model.init_args.dtype=float16: optimizer.eps=1e-08 rounds to 0 in torch.float16",
+    ),
+    ApiCase(
+        "loader_configure_accumulate_zero",
+        "aggregation",
+        lambda _: GlobalStatsLoader([], batch_size=None).configure(
+            accumulate_grad_batches=0, mask_keys=["labels"], ignore_index=-100
+        ),
+        ConfigError,
+        "GlobalStatsLoader: accumulate_grad_batches must be an integer >= 1, got 0",
+    ),
+    ApiCase(
+        "loader_configure_mask_keys_string",
+        "aggregation",
+        lambda _: GlobalStatsLoader([], batch_size=None).configure(
+            accumulate_grad_batches=2, mask_keys="labels", ignore_index=-100
+        ),
+        ConfigError,
+        "GlobalStatsLoader: mask_keys must be a sequence of batch keys, got the string 'labels'",
+    ),
+    ApiCase(
+        "agg_counts_of_another_mask",
+        "aggregation",
+        lambda _: aggregate(torch.ones(1, 3), ONE_ROW, "token-mean", MaskStats(1, 1)),
+        ValueError,
+        "loss: stats MaskStats(num_tokens=1, num_sequences=1) count fewer valid tokens (1) than the mask "
+        "holds in this micro-batch alone (3): they are another mask's counts",
+    ),
+    ApiCase(
+        "agg_counts_of_another_mask_same_sequences",
+        "aggregation",
+        lambda _: aggregate(torch.ones(1, 3), ONE_ROW, "seq-mean-token-mean", MaskStats(5, 1)),
+        ValueError,
+        "count 5 valid tokens in 1 sequences, but the mask holds these 1 sequences in this micro-batch "
+        "with 3 valid tokens",
+    ),
+    ApiCase(
+        "mask_key_missing_at_validation",
+        "batch",
+        lambda _: _masked_loss("val"),
+        BatchKeyError,
+        "regularizer 'z_loss' aggregates over its mask_key 'completion_mask', which is missing from the "
+        "batch; the batch has keys ['input_ids', 'labels']",
+    ),
+    ApiCase(
+        "head_chunk_size_text",
+        "batch",
+        lambda _: FusedLMHead(torch.randn(V, 4), chunk_size="512"),
+        TypeError,
+        "chunk_size must be an integer >= 1 (tokens per chunk) or None, got '512' (str)",
+    ),
+    ApiCase(
+        "head_ignore_index_text",
+        "batch",
+        lambda _: FusedLMHead(torch.randn(V, 4), ignore_index="-100"),
+        TypeError,
+        "ignore_index must be an integer target value, got '-100' (str)",
+    ),
+    ApiCase(
+        "head_zero_width_hidden",
+        "batch",
+        lambda _: FusedLMHead(torch.randn(V, 0))(torch.randn(2, 3, 0), torch.ones(2, 3, dtype=torch.long)),
+        ValueError,
+        "hidden states of shape (2, 3, 0) have no width: the head needs [..., D] with D >= 1",
+    ),
+    ApiCase(
+        "head_backend_cuda_only",
+        "python",
+        lambda _: check_backend_runs("cce", "cpu", "head"),
+        ConfigError,
+        "head='cce' runs on CUDA only and this run's device is cpu",
+    ),
+    ApiCase(
+        "corpus_whitespace_only",
+        "file",
+        lambda p: _read(p, "blank.txt", " \n\t\n"),
+        ConfigError,
+        "data.paths: the corpus is empty: no non-blank document in ",
+    ),
+    ApiCase(
+        "paths_folder",
+        "file",
+        lambda p: _data(p, paths=[str(p)]),
+        ConfigError,
+        "' is a folder; name its files with a glob: '",
+    ),
+    ApiCase(
+        "controller_log_format_spec",
+        "controller",
+        lambda _: _log_format("{s['global_step']:%Y}"),
+        ConfigError,
+        "arguments.message: {s['global_step']:%Y} has a format spec that fits no value",
+    ),
+    ApiCase(
+        "controller_fms_log_format_spec",
+        "controller",
+        lambda _: _log_format("{state.global_step:.2z}", argument="log_format"),
+        ConfigError,
+        "arguments.log_format: {state.global_step:.2z} has a format spec that fits no value",
+    ),
+    ApiCase(
+        "controller_fms_log_format_conversion",
+        "controller",
+        lambda _: _log_format("{state.global_step!x}", argument="log_format"),
+        ConfigError,
+        "arguments.log_format: {state.global_step!x} has an unknown conversion; use !r, !s or !a",
+    ),
+    ApiCase(
+        "report_out_folder",
+        "file",
+        lambda p: _report(p, "{tmp}"),
+        ConfigError,
+        "--out /",
+    ),
+    ApiCase(
+        "report_out_missing_folder",
+        "file",
+        lambda p: _report(p, "{tmp}/no/such/folder/r.html"),
+        ConfigError,
+        "/no/such/folder/r.html: its folder ",
+    ),
+]
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", PY_CASES, ids=[f"{c.where}-{c.id}" for c in PY_CASES])
 def test_api_bad_input_raises_one_clear_line(case: ApiCase, tmp_path):
@@ -1610,3 +2016,44 @@ def test_api_bad_input_raises_one_clear_line(case: ApiCase, tmp_path):
 def test_table_has_at_least_100_distinct_cases():
     ids = [c.id for c in CLI_CASES] + [f"{c.where}-{c.id}" for c in PY_CASES]
     assert len(ids) == len(set(ids)) >= 100
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("out", "expected"),
+    [
+        ("{tmp}", "--out {tmp} is a folder; give a file name, e.g. --out {tmp}/report.html"),
+        ("{tmp}/no/r.html", "--out {tmp}/no/r.html: its folder {tmp}/no does not exist"),
+        ("/proc/version", "--out /proc/version cannot be written ("),
+    ],
+    ids=["folder", "missing_folder", "unwritable"],
+)
+def test_report_out_errors_name_the_option(out, expected, tmp_path, capsys):
+    from lit_losses.cli.report import report_main
+
+    (tmp_path / "metrics.csv").write_text("epoch,step,train/loss_total\n0,0,4.0\n0,1,3.0\n")
+    if out.startswith("/proc") and not Path(out).exists():
+        pytest.skip("no /proc here")
+    with pytest.raises(SystemExit) as exit_info:
+        report_main([str(tmp_path), "--out", out.replace("{tmp}", str(tmp_path))])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("lit-losses: error: " + expected.replace("{tmp}", str(tmp_path))), err[0]
+
+
+@pytest.mark.timeout(120)
+def test_max_steps_zero_ends_with_its_summary_and_run_end(tmp_path, capsys):
+    """Nothing to train is a legitimate run: it ends at step 0 with the summary and ``run_end.json``."""
+    (tmp_path / "corpus.txt").write_text(TEXT)
+    args = ["fit", "--config", CONFIG, "--trainer.logger=false", "--trainer.max_steps=0", NO_VAL]
+    args += [f"--trainer.default_root_dir={tmp_path / 'run'}", "--trainer.enable_checkpointing=false"]
+    args += [f"{M}d_model=16", f"{M}n_heads=2", f"{M}n_layers=1", f"{D}vocab_size=300", f"{D}seq_len=16"]
+    args += [
+        f"{D}tokens_per_batch=32",
+        f"{D}cache_dir={tmp_path / 'cache'}",
+        f"{D}paths=[{tmp_path / 'corpus.txt'}]",
+    ]
+    cli_main(args)
+    record = json.loads((tmp_path / "run" / "run_end.json").read_text())
+    assert (record["reason"], record["step"], record["detail"]) == ("max_steps", 0, "max_steps=0 reached")
+    assert "lit-losses: fit ended at step 0: max_steps=0 reached" in capsys.readouterr().out

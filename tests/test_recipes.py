@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_losses.cli import cli_main
+from lit_losses.cli.app import cli_main
 from lit_losses.data import stdlib_sources
 from tests.docs_blocks import DOCS, blocks, run_python_blocks, write_titled_blocks
 
@@ -78,7 +78,7 @@ def test_offline_ppo_recipe(tmp_path, monkeypatch):
     record = fit_recipe(tmp_path, "ppo_kl.yaml")
     assert record["reason"] == "max_steps" and record["step"] == 3
     (events,) = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}
-    from lit_losses.report_data import read_run
+    from lit_losses.cli.report_data import read_run
 
     tags = read_run(events).scalars
     assert {

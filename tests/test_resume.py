@@ -13,7 +13,7 @@ from lightning.pytorch.loggers.logger import Logger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lit_losses import RegularizedLM, RegularizerSpec, TextDataModule, TinyLM, TrainingController
-from lit_losses.resume import ADDED_OPTION_DEFAULTS, option_changes
+from lit_losses.checkpoint.resume import ADDED_OPTION_DEFAULTS, option_changes
 from tests.helpers import LossRecorder, quiet_trainer, seed, tiny_setup
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,7 +193,7 @@ def test_resume_from_the_main_jobs_periodic_checkpoint(tmp_path):
     """The main job (configs/tiny_lm.yaml, shrunk) with the controller: its checkpoint is the one written at
     each validation, in the middle of the epoch; the resumed run logs the same losses and ends with the
     same weights as the uninterrupted one."""
-    from lit_losses.cli import cli_main
+    from lit_losses.cli.app import cli_main
 
     def job(name, max_steps, *extra):
         root = tmp_path / name
@@ -239,7 +239,7 @@ def test_run_options_are_regularized_lms_own_arguments():
     import inspect
 
     from lit_losses import RegularizedLM
-    from lit_losses.resume import RUN_OPTIONS
+    from lit_losses.checkpoint.resume import RUN_OPTIONS
 
     own = [p for p in inspect.signature(RegularizedLM.__init__).parameters if p not in ("self", "kwargs")]
     assert sorted(RUN_OPTIONS) == sorted(own)  # a new option: decide whether a resumed run may change it

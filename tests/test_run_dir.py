@@ -1,6 +1,6 @@
 """One run, one folder: no two runs share a log folder, a checkpoint folder or a config file unless the
-user says so (`lit_losses.run_dir`), and Lightning's refusals of trainer options are one line before the
-run started, and left alone after (`lit_losses.trainer_errors`)."""
+user says so (`lit_losses.cli.run_dir`), and Lightning's refusals of trainer options are one line before the
+run started, and left alone after (`lit_losses.cli.trainer_errors`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.loops.fit_loop import _FitLoop
 
-from lit_losses.cli import cli_main
-from lit_losses.run_dir import claim_file, claim_folder
+from lit_losses.cli.app import cli_main
+from lit_losses.cli.run_dir import claim_file, claim_folder
 
 pytestmark = [pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter"), pytest.mark.timeout(120)]
 
@@ -171,7 +171,7 @@ class LightningRefusalInSetup(Callback):
 
 def test_lightning_refusal_before_the_run_started_is_one_line_naming_the_option(tmp_path, capsys):
     line = one_line_error(fit_args(tmp_path, f"{T}accelerator=cpu", f"{T}devices=0"), capsys)
-    assert line.startswith("lit-losses: error: trainer.devices: `Trainer(devices=")
+    assert line.startswith("lit-losses: error: trainer.devices=0: `Trainer(devices=")
 
 
 def test_lightning_refusal_raised_through_your_own_code_keeps_its_traceback(tmp_path):
@@ -194,7 +194,7 @@ def test_lightning_refusal_raised_from_your_own_error_keeps_its_traceback():
     bug, not an option: it is not turned into one line."""
     import lightning as L
 
-    from lit_losses.trainer_errors import lightning_config_error
+    from lit_losses.cli.trainer_errors import lightning_config_error
 
     try:
         L.Trainer(accelerator="cpu", devices=0)
@@ -212,7 +212,7 @@ def test_a_slurm_requeue_that_lightning_resumes_is_not_a_second_run(tmp_path, mo
     """An auto-requeued SLURM job runs again in the same folder without --ckpt_path: Lightning resumes it
     from ``hpc_ckpt_*.ckpt`` by itself, so its folder is its own (outside SLURM, or without such a
     checkpoint, the folder stays refused)."""
-    from lit_losses.cli import slurm_requeue
+    from lit_losses.cli.app import slurm_requeue
 
     (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"")
     assert not slurm_requeue(tmp_path)  # not under SLURM

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.cli_runs import fit_short, read_scalars, run_end, run_folder
+from tests.cli_runs import REPO, fit_short, read_scalars, run_end, run_folder
 
 STOP_AT_3 = {
     "controller-metrics": [{"name": "state", "class": "TrainingState"}],
@@ -69,3 +73,35 @@ def test_a_preempted_fit_records_its_exit_code_and_checkpoint(tmp_path):
     record = run_end(run_folder(tmp_path / "run"))
     assert record["reason"] == "preempted" and record["exit_code"] == 143 and record["step"] == 2
     assert Path(record["checkpoints"][-1]).name == "preempted-step=2.ckpt"
+
+
+@pytest.mark.slow
+def test_the_printed_resume_command_resumes_the_preempted_run(tmp_path, capsys):
+    """After a preemption the summary prints the whole command that resumes the run; running exactly that
+    command (in a shell, as a user pastes it) continues from the preemption checkpoint to max_steps (the
+    saved config still holds the callback that sent the signal at step 2, which a run from step 2 on never
+    reaches)."""
+    signal_at = ["--trainer.callbacks+=tests.test_real_path.SignalAtStep", "--trainer.callbacks.step=2"]
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit):
+            fit_short(tmp_path / "run", *signal_at)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    record = run_end(run_folder(tmp_path / "run"))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  resume with:  ")]
+    assert len(lines) == 1, lines
+    command = lines[0].removeprefix("  resume with:  ")
+    assert command == record["resume_command"]
+    config = Path(record["log_dir"]) / "config.yaml"
+    assert command == f"lit-losses fit --config {config} --ckpt_path {record['checkpoints'][-1]}"
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # where lit-losses is
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATH=path, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(command, shell=True, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = sorted((tmp_path / "run").rglob("run_end.json"), key=lambda p: p.stat().st_mtime)[-1]
+    assert json.loads(resumed.read_text())["reason"] == "max_steps"
+    assert json.loads(resumed.read_text())["step"] == 6
+    before = read_scalars(Path(record["log_dir"]))["train/loss_total"]
+    after = read_scalars(resumed.parent)["train/loss_total"]
+    assert sorted(before) == [0, 1] and sorted(after) == [2, 3, 4, 5]  # from step 2 on, none trained twice

@@ -44,13 +44,15 @@ import torch
 from torch import Tensor
 
 from lit_losses.aggregation.checks import check_mask, check_tensor, check_weights
-from lit_losses.aggregation.stats import MaskStats, sequence_ids
+from lit_losses.aggregation.stats import MaskStats, count_units, sequence_ids
 from lit_losses.choices import check_choice
 
 AggMode = Literal[
     "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ]
+"""An aggregation mode by its established name (the maths of each: this module's docstring)."""
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
+"""The names of `AggMode`, in order."""
 NORM_MODE = "seq-mean-token-sum-norm"
 """The mode that divides by a configured constant (`token_weights`'s ``norm``)."""
 
@@ -204,7 +206,47 @@ def aggregate(
         norm=norm,
         sample_weights=sample_weights,
     )
+    check_counts_cover(mask, stats, segment_ids=segment_ids, name=name)
     return (w * torch.where(mask.bool(), loss_mat, torch.zeros_like(loss_mat))).sum()
+
+
+def check_counts_cover(
+    mask: Tensor, stats: MaskStats, segment_ids: Tensor | None = None, name: str = "loss"
+) -> None:
+    """Refuse global counts ``stats`` that cannot be the mask's: fewer valid tokens or sequences than
+    ``mask`` holds in this one micro-batch (counts summed over a step's micro-batches are never below one
+    of them), or as many sequences but other tokens (a sequence lies in one micro-batch, so then every
+    counted token is here). Such counts are another mask's (e.g. ``labels``' where a ``completion_mask``
+    is aggregated), and the loss would be silently rescaled.
+
+    Raises:
+        ValueError: naming the counts, the mask's own and where to take the right ones.
+
+    Example:
+        >>> mask = torch.tensor([[True, True, True]])
+        >>> check_counts_cover(mask, MaskStats(num_tokens=3, num_sequences=1))
+        >>> check_counts_cover(mask, MaskStats(num_tokens=1, num_sequences=1))
+        Traceback (most recent call last):
+        ...
+        ValueError: loss: stats MaskStats(num_tokens=1, num_sequences=1) count fewer valid tokens (1) than ...
+    """
+    tokens, sequences = count_units(mask, segment_ids)
+    for unit, local, counted in (
+        ("valid tokens", tokens, stats.num_tokens),
+        ("sequences", sequences, stats.num_sequences),
+    ):
+        if counted < local:
+            raise ValueError(
+                f"{name}: stats {stats} count fewer {unit} ({counted}) than the mask holds in this "
+                f"micro-batch alone ({local}): they are another mask's counts; pass this mask's global "
+                "counts (GlobalStats.get(<its mask key>), or count_masks(batch, [<its mask key>]))"
+            )
+    if stats.num_sequences == sequences and stats.num_tokens != tokens:
+        raise ValueError(
+            f"{name}: stats {stats} count {stats.num_tokens} valid tokens in {sequences} sequences, but the "
+            f"mask holds these {sequences} sequences in this micro-batch with {tokens} valid tokens: they "
+            "are another mask's counts; pass this mask's global counts (GlobalStats.get(<its mask key>))"
+        )
 
 
 def reweight_mean(value: Tensor, mode: AggMode, local: MaskStats, stats: MaskStats) -> Tensor:

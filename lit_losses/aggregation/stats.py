@@ -11,6 +11,7 @@ from torch import Tensor
 
 from lit_losses.aggregation.checks import check_batch, check_count, check_ids, check_index, check_tensor
 from lit_losses.choices import check_choice
+from lit_losses.errors import BatchKeyError
 
 LABELS_KEY = "labels"
 """The default mask key: ``labels != ignore_index``."""
@@ -120,7 +121,7 @@ def count_units(mask: Tensor, segment_ids: Tensor | None = None) -> tuple[int, i
 def batch_mask(batch: Mapping[str, Any], key: str, ignore_index: int = -100) -> Tensor:
     """The boolean mask of ``key``: ``labels != ignore_index`` for ``"labels"``, else ``batch[key]``."""
     if key not in batch:
-        raise KeyError(f"mask key {key!r} is missing from the batch; the batch has keys {sorted(batch)}")
+        raise BatchKeyError(f"mask key {key!r} is missing from the batch; the batch has keys {sorted(batch)}")
     value = batch[key]
     if not isinstance(value, Tensor):
         raise TypeError(f"batch[{key!r}] must be a tensor to serve as a mask, got {type(value).__name__}")

@@ -30,7 +30,7 @@ from lit_losses.controller.control import TrainerControl
 from lit_losses.controller.conventions import CallingConvention, lightning_style, register_calling_convention
 from lit_losses.controller.entries import Controller
 from lit_losses.controller.events import Trigger, register_event_aliases
-from lit_losses.controller.log_control import MessageForm, register_message_form
+from lit_losses.controller.log_control import MessageForm, check_format_spec, register_message_form
 from lit_losses.controller.metrics import (
     MetricHandler,
     as_number,
@@ -276,13 +276,18 @@ the controller names it, the controller, the trainer (``args``), a `TrainerState
 def _check_log_format(text: str, metric_names: tuple[str, ...]) -> None:
     allowed = {*metric_names, *FORMAT_FIELDS}
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(text) if f is not None]
     except ValueError as exc:
         raise ConfigError(f"arguments.log_format is not a format string: {exc}") from None
-    for name in fields:
+    for name, spec, conversion in fields:
         root = re.split(r"[.\[]", name, maxsplit=1)[0]
         if root not in allowed:
             raise ConfigError(f"arguments.log_format: unknown field {{{name}}}; known: {sorted(allowed)}")
+        if conversion not in (None, "r", "s", "a"):
+            raise ConfigError(
+                f"arguments.log_format: {{{name}!{conversion}}} has an unknown conversion; use !r, !s or !a"
+            )
+        check_format_spec(spec or "", name, "arguments.log_format")
 
 
 def _render_log_format(text: str, context: dict[str, Any]) -> str:

@@ -58,9 +58,45 @@ def _split_format(expression: str) -> tuple[str, str]:
 _EVALUATOR = RuleEvaluator()
 
 
+FORMAT_SAMPLES = (1.5, 1, "text")
+"""Values of the types a placeholder renders (a float, an int or bool, a string): a format spec must fit
+one of them."""
+
+
+def check_format_spec(spec: str, placeholder: str, where: str) -> None:
+    """Refuse, when the config is parsed, a format spec that no value can take (``.3q``, ``%Y``): at run
+    time it would only render as ``<placeholder: ValueError>`` in the log.
+
+    Raises:
+        ConfigError: naming ``where``, the placeholder, the spec and Python's reason.
+
+    Example:
+        >>> check_format_spec(".3f", "loss", "arguments.message")
+        >>> check_format_spec(".3q", "loss", "arguments.message")
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: arguments.message: {loss:.3q} has a format spec that fits no value ...
+    """
+    if not spec or "{" in spec:  # nested fields ({x:{width}}) are filled at run time
+        return
+    reasons = []
+    for sample in FORMAT_SAMPLES:
+        try:
+            format(sample, spec)
+            return
+        except (ValueError, TypeError) as exc:
+            reasons.append(str(exc))
+    raise ConfigError(
+        f"{where}: {{{placeholder}:{spec}}} has a format spec that fits no value (a float, an int or a "
+        f"string): {reasons[0]}; see Python's format specification mini-language"
+    )
+
+
 def _check_expressions(text: str, metric_names: tuple[str, ...]) -> None:
     for expression in _PLACEHOLDER.findall(text):
-        check_rule(_split_format(expression)[0], metric_names)
+        head, spec = _split_format(expression)
+        check_rule(head, metric_names)
+        check_format_spec(spec, head, "arguments.message")
 
 
 def _render_expression(match: re.Match, context: dict[str, Any]) -> str:

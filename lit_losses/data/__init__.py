@@ -1,4 +1,5 @@
-"""Text and offline RL data: tokenizer, RL records, packing into token-budget micro-batches with loss masks.
+"""Text, preference and offline RL data: tokenizer, records, packing into token-budget micro-batches with
+loss masks.
 
 `lit_losses.data.rollouts` (the RL example's generator) imports the models and is not imported here.
 """
@@ -11,6 +12,7 @@ from lit_losses.data.packing import (
     collate_rows,
     pack_rows,
 )
+from lit_losses.data.preference import PreferenceDataModule
 from lit_losses.data.rl import RLDataModule, rl_dataset
 from lit_losses.data.rl_records import parse_record, read_jsonl, write_jsonl
 from lit_losses.data.text import TextDataModule, stdlib_sources
@@ -19,6 +21,7 @@ __all__ = [
     "EpochShuffleSampler",
     "MicroBatchDataset",
     "Pieces",
+    "PreferenceDataModule",
     "RLDataModule",
     "TextDataModule",
     "batch_rows",

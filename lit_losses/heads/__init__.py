@@ -10,7 +10,13 @@ dispatcher) picks for a call.
 along the vocabulary (tensor parallel).
 """
 
-from lit_losses.heads.backend import HEAD_BACKENDS, HeadBackend, register_backend, select_backend
+from lit_losses.heads.backend import (
+    HEAD_BACKENDS,
+    HeadBackend,
+    check_backend_runs,
+    register_backend,
+    select_backend,
+)
 from lit_losses.heads.functional import (
     BACKEND_OUTPUTS,
     BACKENDS,
@@ -35,6 +41,7 @@ __all__ = [
     "HeadOutput",
     "VocabParallelHead",
     "VocabShard",
+    "check_backend_runs",
     "head_for",
     "linear_cross_entropy",
     "linear_logprobs",

@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import Tensor
 
+from lit_losses.errors import ConfigError
 from lit_losses.heads.output import HEAD_OUTPUTS, HeadOutput
 from lit_losses.registry import Registry, qualified_name
 
@@ -152,6 +153,7 @@ def _identity(backend: HeadBackend) -> str:
 
 #: Every backend a head can use, by name (``auto`` is a choice among them, not an entry).
 HEAD_BACKENDS: Registry[HeadBackend] = Registry("head backend", adapt=_adapt, identity=_identity)
+"""The head backends by name (`register_backend` adds one; `select_backend` chooses among them)."""
 
 
 def register_backend(backend: HeadBackend) -> HeadBackend:
@@ -339,6 +341,36 @@ def select_backend(
             return Route(backend, fused=False)
         return Route(_backend(DEFAULT_BACKEND), fused=True)
     raise ValueError(f"unknown head task {task!r}")
+
+
+def check_backend_runs(requested: str, device: torch.device | str, where: str = "head_backend") -> None:
+    """Refuse, before any head call, a requested backend that cannot run on ``device`` (a CUDA-only one on
+    CPU) or in this environment (``available()`` false: its optional package is missing, or this torch
+    lacks it). ``auto`` always runs (it picks among the backends that can).
+
+    Raises:
+        ConfigError: naming ``where``, the backend and the device.
+
+    Example:
+        >>> check_backend_runs("chunked", "cpu")
+        >>> check_backend_runs("liger", "cpu", "model.init_args.head_backend")
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: model.init_args.head_backend='liger' runs on CUDA only and this ...
+    """
+    if requested == "auto":
+        return
+    backend = HEAD_BACKENDS[requested]
+    device_type = torch.device(device).type
+    instead = f"use 'auto' (it picks among the backends that run here) or {DEFAULT_BACKEND!r}"
+    if backend.cuda_only and device_type != "cuda":
+        raise ConfigError(
+            f"{where}={requested!r} runs on CUDA only and this run's device is {device_type}; {instead}"
+        )
+    if not backend.available():
+        raise ConfigError(
+            f"{where}={requested!r} cannot run in this environment ({backend.description}); {instead}"
+        )
 
 
 def valid_tokens(hidden: Tensor, targets: Tensor, ignore_index: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -34,6 +34,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
+from numbers import Integral
 from typing import Literal, get_args
 
 import torch
@@ -56,9 +57,11 @@ from lit_losses.heads.precision import MatmulPrecision, compute_dtype, in_comput
 
 #: The head backends a configuration can name (``auto`` picks among the registered ones).
 Backend = Literal["auto", "chunked", "blocked", "naive", "torch", "liger", "liger_scaled", "cce"]
+"""A head backend by name (``auto``: `select_backend` chooses)."""
 BACKENDS: tuple[str, ...] = get_args(Backend)
-#: Per-token outputs each registered backend can give (a live view of `HEAD_BACKENDS`).
+"""The names of `Backend`, in order."""
 BACKEND_OUTPUTS = BackendOutputs()
+"""Per-token outputs each registered backend can give (a live view of `HEAD_BACKENDS`)."""
 #: How `linear_cross_entropy` reduces the weighted per-token losses.
 Reduction = Literal["mean", "sum"]
 
@@ -76,11 +79,31 @@ if set(BACKENDS) != {"auto", *(b.name for b in _BUILTIN)}:  # pragma: no cover -
 
 
 def check_head_options(
-    backend: str, chunk_size: int | None, matmul_precision: str, temperature: float = 1.0
+    backend: str,
+    chunk_size: int | None,
+    matmul_precision: str,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
 ) -> None:
     """Raise a `ValueError` naming the value for an unknown ``backend`` or ``matmul_precision`` (a
-    `ConfigError`), a ``chunk_size`` below 1, or a ``temperature`` that is not a finite positive number."""
+    `ConfigError`), a ``chunk_size`` that is not an integer >= 1 (``"512"`` too), an ``ignore_index`` that
+    is not an integer, or a ``temperature`` that is not a finite positive number.
+
+    Example:
+        >>> check_head_options("auto", "512", "auto")
+        Traceback (most recent call last):
+        ...
+        TypeError: chunk_size must be an integer >= 1 (tokens per chunk) or None, got '512' (str)
+    """
     check_choice(matmul_precision, MatmulPrecision, "matmul_precision")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, Integral)):
+        raise TypeError(
+            "chunk_size must be an integer >= 1 (tokens per chunk) or None, got "
+            f"{chunk_size!r} ({type(chunk_size).__name__})"
+        )
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, Integral):
+        kind = type(ignore_index).__name__
+        raise TypeError(f"ignore_index must be an integer target value, got {ignore_index!r} ({kind})")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise ValueError(f"temperature must be a positive number, got {temperature!r}")
     if not math.isfinite(temperature) or temperature <= 0:
@@ -116,7 +139,13 @@ class HeadSettings:
     temperature: float = 1.0
 
     def __post_init__(self) -> None:
-        check_head_options(self.backend, self.chunk_size, self.matmul_precision, temperature=self.temperature)
+        check_head_options(
+            self.backend,
+            self.chunk_size,
+            self.matmul_precision,
+            temperature=self.temperature,
+            ignore_index=self.ignore_index,
+        )
 
     @property
     def vocab_size(self) -> int:

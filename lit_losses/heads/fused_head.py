@@ -64,6 +64,7 @@ class FusedLMHead:
             temperature of an RL rollout), with exact gradients (`linear_logprobs`).
 
     Raises:
+        TypeError: a ``chunk_size`` or ``ignore_index`` that is not an integer (``"512"``).
         ValueError: unknown ``backend`` or ``matmul_precision``, ``chunk_size < 1``, or a temperature that
             is not finite and positive.
 
@@ -102,7 +103,9 @@ class FusedLMHead:
         matmul_precision: MatmulPrecision = "auto",
         temperature: float = 1.0,
     ) -> None:
-        check_head_options(backend, chunk_size, matmul_precision, temperature=temperature)
+        check_head_options(
+            backend, chunk_size, matmul_precision, temperature=temperature, ignore_index=ignore_index
+        )
         self.weight = weight
         self.bias = bias
         self.backend = backend

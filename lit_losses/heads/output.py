@@ -12,6 +12,7 @@ from lit_losses.validation import check_finite_weight
 
 #: The per-token outputs a head can give.
 HEAD_OUTPUTS = ("logprobs", "lse", "entropy")
+"""The per-token outputs a head call can give (`HeadOutput`'s fields)."""
 
 
 @dataclass
@@ -85,6 +86,10 @@ def check_head_inputs(
         ValueError: mismatched shapes, a bad target dtype or value, or non-finite hidden states; the
             message names the offending shapes or value.
     """
+    if hidden.dim() == 0 or hidden.shape[-1] == 0:
+        raise ValueError(
+            f"hidden states of shape {tuple(hidden.shape)} have no width: the head needs [..., D] with D >= 1"
+        )
     if hidden.shape[-1] != weight.shape[-1]:
         raise ValueError(
             f"hidden width {hidden.shape[-1]} (hidden.shape={tuple(hidden.shape)}) does not match the output "

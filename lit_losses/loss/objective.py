@@ -17,6 +17,7 @@ from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.objectives import LOSS_WEIGHTS, SAMPLE_WEIGHTS, BaseLossBatch, BoundBaseLoss, token_values
+from lit_losses.objectives.inputs import ROLLOUT_VALID
 from lit_losses.objectives.presets import GRPOPreset, apply_preset
 from lit_losses.regularizers import FusedTerms, RegularizerError, RegularizerSet, RegularizerSpec, TermResult
 
@@ -148,16 +149,33 @@ class Objective:
         return needed
 
     def mask_keys(self) -> tuple[str, ...]:
-        """Mask keys whose global counts the loss terms need (``"labels"``: ``labels != ignore_index``)."""
-        return (LABELS_KEY, *self.regularizers.mask_keys())
+        """Mask keys whose global counts the loss terms need (``"labels"``: ``labels != ignore_index``;
+        ``"rollout_valid"``: the completion tokens before a rollout rejection, `rejects`)."""
+        rollout = (ROLLOUT_VALID,) if self.rejects else ()
+        return (LABELS_KEY, *rollout, *self.regularizers.mask_keys())
 
-    def path(self, stage: Stage, needed: tuple[str, ...]) -> LossPath:
-        """Which computation `__call__` takes (see the class docstring)."""
+    @property
+    def rejects(self) -> bool:
+        """The base loss rejects rollout tokens (verl's ``rollout_rs``): batches go through `reject`
+        before their tokens are counted."""
+        correction = self.base_loss.correction
+        return correction is not None and correction.rejects
+
+    def reject(self, batch: dict[str, Any], ignore_index: int = -100) -> dict[str, Any]:
+        """``batch`` with the rejected rollout tokens' labels set to ``ignore_index`` (and their mask of
+        before as ``rollout_valid``): what the step's counts and loss must see (`BoundBaseLoss.reject`;
+        ``batch`` itself without a rejection, or when it was applied already)."""
+        return self.base_loss.reject(batch, ignore_index)
+
+    def path(self, stage: Stage, needed: tuple[str, ...], batch: Mapping[str, Any] | None = None) -> LossPath:
+        """Which computation `__call__` takes (see the class docstring); ``batch``: the micro-batch, when
+        known (a sequence-level rollout correction is pointwise on a batch with ``old_logprobs``)."""
         if stage != "train":
             return "general"
         if not needed:
             return "plain_ce"
-        if not torch.is_grad_enabled() or not self.base_loss.pointwise:
+        pointwise = self.base_loss.pointwise if batch is None else self.base_loss.pointwise_for(batch)
+        if not torch.is_grad_enabled() or not pointwise:
             return "general"
         if self.regularizers.active():
             return "fused" if self.regularizers.fusable() else "general"
@@ -198,7 +216,7 @@ class Objective:
                 "its loss is 0 with zero gradients"
             )
         num_tokens = stats.get_local(LABELS_KEY).num_tokens
-        path = self.path(stage, needed)
+        path = self.path(stage, needed, batch)
         base_batch = None if self.base_loss.plain_ce else self.base_loss.for_batch(batch, mask, accum_dtype)
         if path == "fused":  # the base loss and the terms chunk by chunk inside the head
             fused = FusedTerms(
@@ -288,8 +306,12 @@ def base_value(base_batch: BaseLossBatch | None, weights: Tensor, logprobs: Tens
 
 
 def base_metrics(base_batch: BaseLossBatch | None, stats: GlobalStats) -> dict[str, Tensor]:
-    """The base loss's telemetry of one micro-batch, normalized by the step's valid tokens."""
-    return {} if base_batch is None else base_batch.metrics(stats.get(LABELS_KEY).num_tokens)
+    """The base loss's telemetry of one micro-batch, normalized by the step's valid tokens (a rollout
+    correction's by its completion tokens before a rejection)."""
+    if base_batch is None:
+        return {}
+    rollout = stats.get(ROLLOUT_VALID).num_tokens if ROLLOUT_VALID in stats.masks else None
+    return base_batch.metrics(stats.get(LABELS_KEY).num_tokens, rollout_tokens=rollout)
 
 
 def check_something_to_optimize(total: Tensor, terms: Mapping[str, TermResult], where: str) -> None:

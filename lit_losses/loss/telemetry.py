@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
 from lit_losses.aggregation import AggMode, StepSums, accumulation_factor, mode_denominator, window_ends
+from lit_losses.aggregation.metrics import MAX_SUFFIX
 from lit_losses.loss.context import LossOutput
 from lit_losses.regularizers import RegularizerSet, TermResult
 
@@ -21,8 +22,9 @@ class StepTelemetry(nn.Module):
     (``÷A``) and DDP (``÷D``) make of its loss; the sum over the step is then the global value. A
     squared gradient norm adds ``‖g‖² × share²`` (the step's gradient w.r.t. a micro-batch's head
     outputs is ``share × g``, and the micro-batches' outputs are disjoint), so ``grad_norm`` is exact
-    with any loader. The sums live in one torchmetrics state (`StepSums`, ``dist_reduce_fx="sum"``: one
-    collective per step), created at the first update. `compute` returns the values to log
+    with any loader; a value named ``…_max`` is a maximum over the micro-batches and ranks (unscaled).
+    The sums live in one torchmetrics state (`StepSums`, ``dist_reduce_fx="sum"``: one collective per
+    step, one more for maxima), created at the first update. `compute` returns the values to log
     (``…/grad_norm_sq`` as ``…/grad_norm``, ``…/error`` as 0/1, each term's weight and custom metrics,
     ``train/base_loss_weight``) and stores the nested `nested` dict:
     ``{loss_total, base_loss: {value, weight, custom}, regularizers: {name: {value, weight,
@@ -57,7 +59,10 @@ class StepTelemetry(nn.Module):
             raise RuntimeError(f"the logged loss terms changed during training: {self.sums.keys} -> {keys}")
         squared = share * share
         self.sums.update(
-            {k: v * (squared if k.endswith("/grad_norm_sq") else share) for k, v in values.items()}
+            {
+                k: v if k.endswith(MAX_SUFFIX) else v * (squared if k.endswith("/grad_norm_sq") else share)
+                for k, v in values.items()
+            }
         )
         self.last_terms = terms
 

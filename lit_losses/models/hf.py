@@ -32,6 +32,7 @@ from lit_losses.models.hf_batch import (
     shift_labels,
 )
 from lit_losses.module import RegularizedLM
+from lit_losses.optim import check_trainable_dtypes
 from lit_losses.parallel import ParallelConfig
 from lit_losses.registry import closest
 
@@ -106,11 +107,27 @@ def build_causal_lm(
         return transformers.AutoModelForCausalLM.from_config(hf_config, **options)
 
 
+OPTION_WORDS = {
+    "attn_implementation": (
+        "attn_implementation",
+        "attention implementation",
+        "flashattention",
+        "flash_attention",
+        "flex_attention",
+        "scaled_dot_product_attention",
+        "sdpa",
+    ),
+    "dtype": ("dtype", "float16", "bfloat16", "half precision"),
+}
+"""Words of a ``transformers`` refusal that tell which option it is about (lower case)."""
+
+
 @contextlib.contextmanager
 def refused_as(option: str, options: dict[str, Any]) -> Iterator[None]:
     """Re-raise what ``transformers`` or ``peft`` refuse (their own exception types, often on several lines)
     as one-line `ConfigError` s naming the option the user gave: ``option``, or ``attn_implementation`` /
-    ``dtype`` when the message names them."""
+    ``dtype`` with its value when the message is about them (`OPTION_WORDS`: ``FlashAttention2 has been
+    toggled on, but …`` is about ``attn_implementation=flash_attention_2``)."""
     try:
         yield
     except ConfigError:
@@ -119,8 +136,13 @@ def refused_as(option: str, options: dict[str, Any]) -> Iterator[None]:
         message = (
             " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
         )
-        named = [name for name in options if name in message]
-        where = f"model.init_args.{named[0]}" if named else option
+        lowered = message.lower()
+        named = [n for n in options if any(w in lowered for w in OPTION_WORDS.get(n, (n,)))]
+        where = option
+        if named:
+            value = options[named[0]]
+            value = str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
+            where = f"model.init_args.{named[0]}={value}"
         raise ConfigError(f"{where}: {message}") from err
 
 
@@ -184,6 +206,32 @@ def check_plain_head(model: nn.Module) -> None:
             f"HFCausalLM: the logits of {type(lm).__name__} are not linear(hidden, lm_head) (relative "
             f"difference {error:.1e} on a probe{'; config sets ' + ', '.join(hints) if hints else ''}): "
             "the fused head would compute another loss"
+        )
+
+
+def check_context_length(config: Any, seq_len: int, where: str = "model.init_args.config") -> None:
+    """Refuse a model whose positions end before the data's rows do: ``max_position_embeddings`` (GPT-2's
+    ``n_positions``, through the config's attribute map) smaller than ``data.seq_len``. Learned position
+    embeddings fail with an index error at the first long row; rotary ones train silently on positions the
+    model was never given.
+
+    Raises:
+        ConfigError: naming the config field, both lengths and the ways out.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> check_context_length(SimpleNamespace(max_position_embeddings=512), seq_len=256)
+        >>> check_context_length(SimpleNamespace(max_position_embeddings=128), seq_len=256)
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: model.init_args.config.max_position_embeddings=128 is smaller than ...
+    """
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit < seq_len:
+        raise ConfigError(
+            f"{where}.max_position_embeddings={limit} is smaller than data.seq_len={seq_len}: the model has "
+            f"no position beyond {limit - 1}; lower data.seq_len to at most {limit}, or use a model with a "
+            "longer context"
         )
 
 
@@ -278,6 +326,8 @@ class HFCausalLM(RegularizedLM):
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self.model = model
+        cause = f"model.init_args.dtype={dtype}" if dtype is not None else ""
+        check_trainable_dtypes(self.named_parameters(), self.optimizer_config, cause=cause)
         check_plain_head(model)
         rows = self.output_projection()[0].shape[0]
         if vocab_size is not None and vocab_size > rows:
@@ -396,6 +446,20 @@ class HFCausalLM(RegularizedLM):
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> Tensor:
         """Per-token log-probabilities of the next-token labels (after the shift of ``input_aligned``)."""
         return super().predict_step(self.prepare_batch(batch, "predict"), batch_idx, dataloader_idx)
+
+    def setup(self, stage: str) -> None:
+        """`RegularizedLM.setup`'s checks, and the model's context length against the data module's
+        ``seq_len`` (`check_context_length`), before any batch."""
+        super().setup(stage)
+        data = getattr(self._trainer, "datamodule", None)
+        seq_len = getattr(data, "seq_len", None)
+        if isinstance(seq_len, int):
+            where = "model.init_args.config"
+            if self.hparams.get("model_name_or_path"):
+                where = (
+                    f"the config of model.init_args.model_name_or_path={self.hparams['model_name_or_path']}"
+                )
+            check_context_length(causal_lm_of(self.model).config, seq_len, where=where)
 
     def on_train_start(self) -> None:
         super().on_train_start()

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from lit_losses.errors import ConfigError
 from lit_losses.registry import Registry, closest
+from lit_losses.validation import check_names
 
 BaseLossFn = Callable[..., "Tensor | tuple[Tensor, Mapping[str, Tensor]]"]
 """``fn(logprobs, inputs, **params)``: per-token loss ``L_t`` (shaped like ``logprobs``), optionally with
@@ -227,7 +228,10 @@ def register_base_loss(
     """
 
     def decorator(fn: BaseLossFn) -> BaseLossFn:
-        entry = BaseLoss(name, fn, tuple(reads), metrics=tuple(metrics), pointwise=pointwise, check=check)
+        where = f"register_base_loss({name!r})"
+        keys = check_names(reads, f"{where}: reads", "batch keys")
+        names = check_names(metrics, f"{where}: metrics", "metric names")
+        entry = BaseLoss(name, fn, keys, metrics=names, pointwise=pointwise, check=check)
         BASE_LOSSES.register(name, entry)
         return fn
 

@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 
 from lit_losses.choices import check_choice
-from lit_losses.errors import ConfigError
+from lit_losses.validation import check_names
 
 DType = Literal["float32", "bfloat16", "float16"]
 #: Tensor-parallel styles of `torch.distributed.tensor.parallel` a plan can name: ``colwise``
@@ -16,6 +16,8 @@ DType = Literal["float32", "bfloat16", "float16"]
 #: (``RowwiseParallel``: its input features), ``embedding`` (``RowwiseParallel`` over an ``nn.Embedding``'s
 #: rows, with replicated token ids: a vocabulary-parallel embedding).
 TPStyle = Literal["colwise", "rowwise", "embedding"]
+"""How a module is split over the tensor-parallel dimension (torch's ``ColwiseParallel``,
+``RowwiseParallel``, and the embedding's row split)."""
 
 
 @dataclass
@@ -69,10 +71,7 @@ class ParallelConfig:
                 check_choice(getattr(self, name), DType, f"model.parallel.{name}")
         for module, style in (self.tensor_parallel_plan or {}).items():
             check_choice(style, TPStyle, f"model.parallel.tensor_parallel_plan[{module!r}]")
-        if self.fsdp_modules is not None and not all(isinstance(p, str) for p in self.fsdp_modules):
-            raise ConfigError(
-                f"model.parallel.fsdp_modules must be a list of name patterns, got {self.fsdp_modules!r}"
-            )
+        check_names(self.fsdp_modules, "model.parallel.fsdp_modules", "name patterns", optional=True)
 
     @classmethod
     def coerce(cls, value: ParallelConfig | dict | None) -> ParallelConfig:

@@ -9,8 +9,10 @@ from typing import Any, Literal, get_args
 
 from lit_losses.errors import ConfigError
 from lit_losses.registry import Registry
+from lit_losses.validation import check_names
 
 Need = Literal["logprobs", "lse", "entropy", "hidden"]
+"""What a term may consume (`NEEDS`)."""
 NEEDS: tuple[str, ...] = get_args(Need)
 """What a term may consume: head outputs (``logprobs``, ``lse``, ``entropy``) and ``hidden`` states."""
 
@@ -47,6 +49,7 @@ REGISTRY: Registry[RegistryEntry] = Registry("regularizer", adapt=_as_entry, ide
 
 
 def check_needs(needs: Sequence[str], where: str) -> tuple[str, ...]:
+    needs = check_names(needs, where, "needs")
     unknown = [n for n in needs if n not in NEEDS]
     if unknown:
         raise ConfigError(f"{where}: unknown needs {unknown}; choose among {NEEDS}")

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from lit_losses.aggregation import LABELS_KEY, AggMode, aggregate, batch_mask
 from lit_losses.aggregation.stats import batch_segment_ids
-from lit_losses.errors import ConfigError
+from lit_losses.errors import BatchKeyError, ConfigError
 from lit_losses.loss.context import LossContext
 from lit_losses.regularizers.executors import TermExecutors
 from lit_losses.regularizers.scalar import scalar_value
@@ -101,6 +101,34 @@ class RegularizerSet:
 
     def mask_keys(self) -> tuple[str, ...]:
         return tuple(sorted({t.spec.mask_key for t in self.terms.values()} - {LABELS_KEY}))
+
+    def check_mask_keys(self, keys: Sequence[str], provider: str | None = None) -> None:
+        """Refuse a term whose ``mask_key`` is not among ``keys``: the keys of a batch, or (``provider``,
+        a data module's name) those of the micro-batches a data module provides, before training.
+
+        Raises:
+            BatchKeyError: naming the term, its mask key and the keys there are (a `ConfigError` and a
+                ``KeyError``).
+
+        Example:
+            >>> terms = RegularizerSet([{"name": "z_loss", "mask_key": "completion_mask"}])
+            >>> terms.check_mask_keys(["input_ids", "labels"])
+            Traceback (most recent call last):
+            ...
+            lit_losses.errors.BatchKeyError: regularizer 'z_loss' aggregates over its mask_key ...
+        """
+        for term in self.terms.values():
+            key = term.spec.mask_key
+            if key == LABELS_KEY or key in keys:
+                continue
+            where = (
+                f"is missing from the batch; the batch has keys {sorted(keys)}"
+                if provider is None
+                else f"{provider} never provides; its micro-batches have keys {sorted(keys)}"
+            )
+            raise BatchKeyError(
+                f"regularizer {term.name!r} aggregates over its mask_key {key!r}, which {where}"
+            )
 
     def effective_weight(self, name: str, step: int) -> float:
         return self.term(name).effective_weight(step)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from lit_losses import TinyLM
-from lit_losses.resume import option_changes
+from lit_losses.checkpoint.resume import option_changes
 
 
 def test_base_loss_options_are_run_options_a_resume_may_change():

@@ -187,7 +187,7 @@ BAD = [
     ({"loss_type": "grpoo"}, "model.grpo.loss_type 'grpoo' is not one of"),
     ({"loss_type": "luspo"}, "model.grpo.importance_sampling_level='token': loss_type 'luspo'"),
     ({"loss_type": "dr_grpo"}, "model.grpo.max_completion_length is required by loss_type 'dr_grpo'"),
-    ({"loss_type": "sapo", "delta": 2.0}, "model.grpo.delta=2.0: loss_type 'sapo' has no two-sided clipping"),
+    ({"loss_type": "sapo", "delta": 2.0}, "model.grpo.delta=2.0: loss_type 'sapo' ignores it (it applies to"),
     ({"beta": -0.1}, "model.grpo.beta must be a finite number >= 0, got -0.1"),
     ({"epsilon": 1.5}, "model.grpo.epsilon must be a finite number in [0, 1], got 1.5"),
     (
@@ -211,6 +211,74 @@ def test_bad_preset_options_are_one_error_naming_the_field(cfg, message):
     with pytest.raises(ConfigError) as info:
         Objective.from_options(grpo=cfg)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+# a value other than the default for each field of model.grpo (that every loss type takes when it reads it)
+CHANGED = {
+    "epsilon": 0.05,
+    "epsilon_high": 0.05,
+    "delta": 1.05,
+    "importance_sampling_level": "sequence",
+    "max_completion_length": 12,
+    "sapo_temperature_pos": 3.0,
+    "sapo_temperature_neg": 0.3,
+    "vespo_k_pos": 0.5,
+    "vespo_lambda_pos": 0.4,
+    "vespo_k_neg": 0.5,
+    "vespo_lambda_neg": 0.4,
+}
+NEEDED = {
+    "dr_grpo": {"max_completion_length": 9},
+    "luspo": {"importance_sampling_level": "sequence"},
+    "cispo": {"epsilon_high": 1.2},  # a cap that leaves some ratios below it
+}
+KL = {"beta": 0.04, "use_bias_correction_kl": True}
+
+
+@pytest.mark.parametrize("kl", [False, True], ids=["no_kl", "bias_corrected_kl"])
+@pytest.mark.parametrize("loss_type", get_args(TRLLossType))
+def test_a_field_the_loss_type_ignores_is_refused_and_one_it_reads_is_taken(loss_type, kl):
+    """TRL's loss (`trl_reference`) tells which fields a loss type reads: changing such a field changes
+    the loss, and the preset takes it; changing any other is refused, naming the field and its value."""
+    cases = []
+    for seed in range(4):  # a few micro-batches: one may leave a field without effect by chance
+        c = make_case(LENGTHS, seed=seed)
+        cases.append(
+            (policy_logprobs(c["x"], c["weight"], c["labels"]), c["old"], c["ref"], c["adv"], c["mask"])
+        )
+    base = {"loss_type": loss_type, **NEEDED.get(loss_type, {}), **(KL if kl else {})}
+
+    def trl(cfg: dict) -> list[float]:
+        return [float(trl_reference.trl_loss(*c, cfg)) for c in cases]
+
+    reference = trl(base)
+    for field, value in CHANGED.items():
+        if base.get(field, trl_reference.DEFAULTS[field]) == value:
+            continue
+        cfg = {**base, field: value}
+        if trl(cfg) != reference:  # TRL reads it: taken
+            GRPOPreset(**cfg)
+            continue
+        with pytest.raises(ConfigError) as info:
+            GRPOPreset(**cfg)
+        expected = f"model.grpo.{field}={value!r}: loss_type {loss_type!r} ignores it"
+        assert str(info.value).startswith(expected), str(info.value)
+
+
+def test_cispo_reads_epsilon_only_as_the_default_cap():
+    case = make_case(LENGTHS)
+    lp = policy_logprobs(case["x"], case["weight"], case["labels"])
+    args = (lp, case["old"], case["ref"], case["adv"], case["mask"])
+    cap = {"loss_type": "cispo", "epsilon_high": 0.9}
+    assert trl_reference.trl_loss(*args, {**cap, "epsilon": 0.05}) == trl_reference.trl_loss(*args, cap)
+    with pytest.raises(
+        ConfigError, match=r"model\.grpo\.epsilon=0\.05: loss_type 'cispo' ignores it \(its ratio"
+    ):
+        GRPOPreset(**cap, epsilon=0.05)
+    assert trl_reference.trl_loss(*args, {"loss_type": "cispo", "epsilon": 0.9}) != trl_reference.trl_loss(
+        *args, {"loss_type": "cispo"}
+    )
+    assert GRPOPreset("cispo", epsilon=0.9).options()["base_loss_args"]["clip_high_threshold"] == 0.9
 
 
 def test_a_preset_refuses_the_options_it_sets_and_a_second_kl_term():

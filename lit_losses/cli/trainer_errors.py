@@ -7,10 +7,11 @@ code 2.
 
 Lightning checks some trainer options only when a run sets up (``trainer.val_check_interval`` against the
 number of training batches, an accelerator that is not there, …) and raises a ``ValueError`` or a
-``MisconfigurationException`` with a message over several sentences. `lightning_config_error` turns such an
-exception into a `ConfigError` naming the option, if Lightning raised it in its own code (not through a
-model's, a data module's or a callback's code) before the run started (`RunStarted`); any other exception
-(a bug in a model, a data module, a callback, or anything raised once training runs) is left as it is.
+``MisconfigurationException`` (a ``TypeError`` for some values, ``devices=-2``) with a message over several
+sentences. `lightning_config_error` turns such an exception into a `ConfigError` naming the option and its
+value, if Lightning raised it in its own code (not through a model's, a data module's or a callback's
+code) before the run started (`RunStarted`); any other exception (a bug in a model, a data module, a
+callback, or anything raised once training runs) is left as it is.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from __future__ import annotations
 import inspect
 import re
 import sysconfig
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import lightning_utilities
@@ -92,10 +95,14 @@ def _raised_by_lightning(err: BaseException) -> bool:
     return all(_trusted(f) for f in frames[inside.index(True) :])
 
 
-def lightning_config_error(err: BaseException) -> ConfigError | None:
+def lightning_config_error(
+    err: BaseException, options: Mapping[str, Any] | None = None
+) -> ConfigError | None:
     """``err`` as one `ConfigError` line when it is Lightning refusing a trainer option (a
-    ``MisconfigurationException`` or ``ValueError`` raised in Lightning's own code), else ``None``.
-    Call it only for exceptions raised before the run started (`RunStarted`).
+    ``MisconfigurationException``, ``ValueError`` or ``TypeError`` raised in Lightning's own code), else
+    ``None``. Call it only for exceptions raised before the run started (`RunStarted`). With the trainer's
+    ``options`` (the parsed ``trainer`` section), the line gives the option's value too
+    (``trainer.devices=-2: …``).
 
     Example:
         >>> err = ValueError(" `val_check_interval` (125) must be less than or equal to the number of the "
@@ -107,8 +114,15 @@ def lightning_config_error(err: BaseException) -> ConfigError | None:
         ... except Exception as exc:
         ...     print(lightning_config_error(exc))  # doctest: +ELLIPSIS
         trainer.devices: `Trainer(devices=0)` value is not a valid input using cpu accelerator.
+        >>> try:
+        ...     Trainer(accelerator="cpu", devices=-2)
+        ... except Exception as exc:
+        ...     print(lightning_config_error(exc, {"accelerator": "cpu", "devices": -2}))
+        trainer.devices=-2: `devices` selected with `CPUAccelerator` should be an int > 0.
     """
-    if isinstance(err, ConfigError) or not isinstance(err, MisconfigurationException | ValueError):
+    if isinstance(err, ConfigError) or not isinstance(
+        err, MisconfigurationException | ValueError | TypeError
+    ):
         return None
     if not _raised_by_lightning(err):
         return None
@@ -125,4 +139,7 @@ def lightning_config_error(err: BaseException) -> ConfigError | None:
     words = re.findall(r"`(?:Trainer\()?(\w+)", message) + re.findall(r"\w+", message.lower())
     named = next((w for w in words if w in _TRAINER_OPTIONS and w != "self"), None)
     named = named or next((_OPTION_OF[w] for w in words if w in _OPTION_OF), None)
-    return ConfigError(f"trainer.{named}: {message}" if named else f"Lightning refused the run: {message}")
+    if not named:
+        return ConfigError(f"Lightning refused the run: {message}")
+    value = f"={options[named]}" if options and named in options else ""
+    return ConfigError(f"trainer.{named}{value}: {message}")

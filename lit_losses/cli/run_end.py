@@ -6,10 +6,12 @@
     {"reason": "max_steps" | "max_epochs" | "controller" | "stopped" | "preempted" | "interrupted" | "error",
      "detail": "...", "step": N, "epoch": E, "train_loss": x | null, "val_loss": x | null,
      "checkpoints": [...], "log_dir": "...", "controller": {"name", "step"} | null,
-     "exit_code": 143 | null, "controller_firings": [{"controller", "step", "event", "operations"}, ...]}
+     "exit_code": 143 | null, "controller_firings": [{"controller", "step", "event", "operations"}, ...],
+     "resume_command": "lit-losses fit --config <log_dir>/config.yaml --ckpt_path <checkpoint>" | null}
 
-and prints a summary (why it ended, the final losses, the run folder, the checkpoint, and the commands
-that show the run: ``tensorboard --logdir <log_dir>`` and ``lit-losses report <log_dir>``).
+and prints a summary (why it ended, the final losses, the run folder, the checkpoint, after a preemption
+or a stop the whole command that resumes the run, and the commands that show the run: ``tensorboard
+--logdir <log_dir>`` and ``lit-losses report <log_dir>``).
 
 While the fit runs, every firing of a `TrainingController` is also sent to the loggers as the scalar
 ``controller/<name>/fired`` (1.0 at the step it fired; ``controller/<name>/rollback`` for a spike
@@ -20,20 +22,25 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
 from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.cli import SaveConfigCallback
 
+from lit_losses.checkpoint.preemption import Preempted, PreemptionCheckpoint
 from lit_losses.controller import TrainingController
-from lit_losses.preemption import Preempted, PreemptionCheckpoint
 
 EndReason = Literal["max_steps", "max_epochs", "controller", "stopped", "preempted", "interrupted", "error"]
 """Why a fit ended."""
 
 RUN_END_FILE = "run_end.json"
 """The file name of the end record in the run's log folder."""
+
+RESUMABLE: tuple[EndReason, ...] = ("preempted", "stopped", "controller", "interrupted")
+"""The reasons after which the summary prints the command that resumes the run."""
 
 
 class RunRecord(L.Callback):
@@ -72,11 +79,17 @@ class RunRecord(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         log_firings(trainer, self._sent)
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self.record, self._stopped = None, None
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         log_firings(trainer, self._sent)
         self._stopped = stop_reason(trainer)  # written at teardown, after the last checkpoints are saved
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and self._stopped is None and self.record is None:
+            self._stopped = stop_reason(trainer)  # a fit with nothing to train (max_steps=0): no on_train_end
         if self._stopped is not None:
             reason, detail, controller = self._stopped
             self._stopped = None
@@ -91,6 +104,8 @@ class RunRecord(L.Callback):
         self._finish(trainer, record)
 
     def _finish(self, trainer: L.Trainer, record: dict[str, Any]) -> None:
+        if record["reason"] in RESUMABLE:
+            record["resume_command"] = resume_command(trainer, record["checkpoints"])
         self.record = record
         if not trainer.is_global_zero:
             return
@@ -175,7 +190,30 @@ def end_record(
         "controller": controller,
         "exit_code": None,
         "controller_firings": firings(trainer),
+        "resume_command": None,
     }
+
+
+def config_file(trainer: L.Trainer) -> Path | None:
+    """The config file that ``lit-losses`` saved for this run (LightningCLI's `SaveConfigCallback`: its
+    ``config_filename`` in ``trainer.log_dir``), if it was written."""
+    for saver in (c for c in trainer.callbacks if isinstance(c, SaveConfigCallback)):
+        if trainer.log_dir is not None:
+            path = Path(trainer.log_dir) / saver.config_filename
+            if path.is_file():
+                return path.resolve()
+    return None
+
+
+def resume_command(trainer: L.Trainer, checkpoints: list[str]) -> str | None:
+    """The whole command that resumes this run from its newest checkpoint: ``lit-losses fit --config
+    <run>/config.yaml --ckpt_path <checkpoint>`` (the run's saved config holds every option it was given;
+    ``--ckpt_path`` restores the weights, optimizer, schedule and data position). ``None`` without a
+    checkpoint or a saved config (a fit started from Python)."""
+    path = config_file(trainer)
+    if path is None or not checkpoints:
+        return None
+    return f"lit-losses fit --config {shlex.quote(str(path))} --ckpt_path {shlex.quote(checkpoints[-1])}"
 
 
 def checkpoint_paths(trainer: L.Trainer) -> list[Path]:
@@ -222,6 +260,7 @@ def summary_text(record: dict[str, Any]) -> str:
 
     log_dir = record["log_dir"]
     checkpoint = record["checkpoints"][-1] if record["checkpoints"] else "none written"
+    resume = [f"  resume with:  {record['resume_command']}"] if record.get("resume_command") else []
     return "\n".join(
         [
             f"lit-losses: fit ended at step {record['step']}: {record['detail']}",
@@ -229,6 +268,7 @@ def summary_text(record: dict[str, Any]) -> str:
             f"val/loss {fmt(record['val_loss'])}",
             f"  run folder:   {log_dir}",
             f"  checkpoint:   {checkpoint}",
+            *resume,
             f"  look at it:   tensorboard --logdir {log_dir}",
             f"                lit-losses report {log_dir}  (writes {log_dir}/report.html)",
         ]

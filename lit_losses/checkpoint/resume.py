@@ -24,11 +24,12 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from lit_losses.checkpoint.stopped_epoch import reopen_stopped_epoch
+from lit_losses.checkpoint.topology import Topology, follow_topology
 from lit_losses.errors import ConfigError
 from lit_losses.hparams import plain_data
 from lit_losses.optim import OptimizerConfig
 from lit_losses.regularizers import RegularizerSpec
-from lit_losses.stopped_epoch import reopen_stopped_epoch
 
 RUN_OPTIONS = (
     "head_backend",
@@ -186,7 +187,8 @@ def check_changes(
 
 def restore_checkpoint_state(module: Any, checkpoint: dict[str, Any]) -> None:
     """`RegularizedLM.on_load_checkpoint`: reopen an epoch that ``max_steps`` stopped early
-    (`reopen_stopped_epoch`), check the options against the checkpoint's, then restore the
+    (`reopen_stopped_epoch`), recount the data position for this run's data-parallel size
+    (`follow_topology`), check the options against the checkpoint's, then restore the
     regularizers' run-time weights and flags (those configured as in the checkpoint) and make the
     optimizer state about to be restored follow this run's optimizer options.
 
@@ -194,6 +196,9 @@ def restore_checkpoint_state(module: Any, checkpoint: dict[str, Any]) -> None:
         ConfigError: an architecture option differs from the checkpoint's.
     """
     reopen_stopped_epoch(checkpoint)
+    trainer = getattr(module, "_trainer", None)
+    if trainer is not None:
+        follow_topology(checkpoint, Topology.of(trainer))
     saved = checkpoint.get("hyper_parameters") or {}
     changes = option_changes(saved, dict(module.hparams), model_class=type(module)) if saved else []
     check_changes(changes, "checkpoint")

@@ -24,6 +24,9 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lit_losses.aggregation.window import window_ends
+from lit_losses.errors import ConfigError
+from lit_losses.registry import closest
+from lit_losses.validation import check_names
 
 
 class Preempted(SIGTERMException):
@@ -65,7 +68,7 @@ class PreemptionCheckpoint(Checkpoint):
 
     def __init__(self, signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")) -> None:
         super().__init__()
-        self.signals = tuple(signals)
+        self.signals = check_signals(signals)
         self.received: int | None = None
         """The signal received and not acted on yet."""
         self.checkpoint_path: Path | None = None
@@ -117,8 +120,7 @@ class PreemptionCheckpoint(Checkpoint):
         self.exit_code = preemption_exit_code(signum)
         rank_zero_info(
             f"lit-losses: preempted by {signal.Signals(signum).name} after step {trainer.global_step}; "
-            f"checkpoint {self.checkpoint_path}; resume with --ckpt_path {self.checkpoint_path}; exit code "
-            f"{self.exit_code}"
+            f"checkpoint {self.checkpoint_path}; exit code {self.exit_code}"
         )
 
     def on_train_batch_start(
@@ -148,6 +150,30 @@ class PreemptionCheckpoint(Checkpoint):
             if signal.getsignal(signum) == self._record:  # not replaced since
                 signal.signal(signum, previous)
         self._previous = {}
+
+
+def check_signals(signals: Any) -> tuple[str, ...]:
+    """``signals`` as a tuple of signal names that this platform has (``SIGTERM``, ``SIGUSR1``, …).
+
+    Raises:
+        ConfigError: one name given as a string (not a list), or a name without a signal.
+
+    Example:
+        >>> check_signals(["SIGTERM"])
+        ('SIGTERM',)
+        >>> check_signals(["SIGTREM"])
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: PreemptionCheckpoint.signals[0]='SIGTREM' is not a signal; ...
+    """
+    names = check_names(signals, "PreemptionCheckpoint.signals", "signal names")
+    known = [s.name for s in signal.Signals]
+    for i, name in enumerate(names):
+        if name not in known:
+            raise ConfigError(
+                f"PreemptionCheckpoint.signals[{i}]={name!r} is not a signal{closest(name, known)}"
+            )
+    return names
 
 
 def slurm_requeues(trainer: L.Trainer) -> bool:

@@ -6,10 +6,11 @@ is a `TextDataModule` or a subclass (``data.class_path``: `lit_losses.TextDataMo
 linked to ``model.init_args.vocab_size``.
 Closed options are typed as ``Literal`` so that ``--help`` lists their choices. Every configuration
 error, whether jsonargparse's, a `ConfigError` raised while building or training, or Lightning refusing a
-trainer option before the run started (`lit_losses.trainer_errors`), is reported as one
+trainer option before the run started (`lit_losses.cli.trainer_errors`), is reported as one
 ``lit-losses: error: …`` line naming the option's path, with exit code 2. Each run claims its own log
-folder and config file (`lit_losses.run_dir`). A preempted ``fit`` (``SIGTERM``, ``SIGUSR1``) ends after
-the optimizer step in flight with a checkpoint and exit code ``128 + signal`` (`lit_losses.preemption`).
+folder and config file (`lit_losses.cli.run_dir`). A preempted ``fit`` (``SIGTERM``, ``SIGUSR1``) ends
+after the optimizer step in flight with a checkpoint and exit code ``128 + signal``
+(`lit_losses.checkpoint.preemption`).
 """
 
 from __future__ import annotations
@@ -28,19 +29,17 @@ from jsonargparse import Path as ResolvedPath
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 import lit_losses
-from lit_losses.console import quiet_console, use_step_progress_bar
-from lit_losses.controller.operations import ControllerStop
-from lit_losses.data.text import TextDataModule
-from lit_losses.distributed import end_process_group
-from lit_losses.errors import ConfigError
-from lit_losses.import_hint import import_error_line
-from lit_losses.module import RegularizedLM
-from lit_losses.preemption import PreemptionCheckpoint
-from lit_losses.registry import closest
-from lit_losses.resume import check_changes, option_changes, read_checkpoint
-from lit_losses.run_dir import (
+from lit_losses.checkpoint.latest import checkpoint_folders, latest_checkpoint
+from lit_losses.checkpoint.preemption import PreemptionCheckpoint
+from lit_losses.checkpoint.resume import check_changes, option_changes, read_checkpoint
+from lit_losses.checkpoint.verified import VerifiedCheckpoints
+from lit_losses.checkpoint.verify import verify_checkpoint, warn_unverifiable
+from lit_losses.cli.console import quiet_console, use_step_progress_bar
+from lit_losses.cli.import_hint import import_error_line
+from lit_losses.cli.run_dir import (
     RunClaim,
     SharedLoggerVersions,
     auto_versions,
@@ -49,8 +48,15 @@ from lit_losses.run_dir import (
     is_global_zero,
     launched_logger_versions,
 )
-from lit_losses.run_end import add_run_callbacks
-from lit_losses.trainer_errors import RunStarted, lightning_config_error
+from lit_losses.cli.run_end import add_run_callbacks
+from lit_losses.cli.trainer_errors import RunStarted, lightning_config_error
+from lit_losses.cli.trainer_options import check_parallel_sizes, check_trainer_numbers
+from lit_losses.controller.operations import ControllerStop
+from lit_losses.data.text import TextDataModule
+from lit_losses.distributed import end_process_group
+from lit_losses.errors import ConfigError
+from lit_losses.module import RegularizedLM
+from lit_losses.registry import closest
 
 PUBLIC_API = {name: getattr(lit_losses, name) for name in lit_losses.__all__}
 """The public API, imported (``lit_losses`` imports lazily): jsonargparse resolves short class names such
@@ -103,7 +109,12 @@ def one_line_error(message: str) -> str:
 
 
 class LitLossesParser(LightningArgumentParser):
-    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback)."""
+    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback), and
+    whose usage lines name ``lit-losses`` however it was started (``python -m lit_losses.cli``, the docs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("prog", "lit-losses")
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
@@ -136,12 +147,23 @@ class LitLossesCLI(LightningCLI):
         try:
             super().__init__(*args, **kwargs)
         except Exception as err:
-            translated = None if self.run_started.started else lightning_config_error(err)
+            translated = (
+                None if self.run_started.started else lightning_config_error(err, self.trainer_options())
+            )
             refused = not self.run_started.started and (translated is not None or config_error_in(err))
             self.run_claim.release(written=bool(refused))
             if translated is not None:
                 raise translated from err
             raise
+
+    def trainer_options(self) -> dict[str, Any]:
+        """The parsed ``trainer`` options of the subcommand (empty before parsing)."""
+        config = getattr(self, "config", None)
+        if config is None:
+            return {}
+        sub = config.get("subcommand")
+        trainer = (config[sub] if sub else config).get("trainer")
+        return trainer.as_dict() if isinstance(trainer, Namespace) else {}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults(
@@ -180,17 +202,39 @@ class LitLossesCLI(LightningCLI):
 
     def after_instantiate_classes(self) -> None:
         self.trainer.callbacks.append(self.run_started)
+        if not any(isinstance(c, VerifiedCheckpoints) for c in self.trainer.callbacks):
+            self.trainer.callbacks.append(VerifiedCheckpoints())
         if self.subcommand == "fit" and not any(
             isinstance(c, PreemptionCheckpoint) for c in self.trainer.callbacks
         ):
             self.trainer.callbacks.append(PreemptionCheckpoint())
         if self.subcommand == "fit":
+            log_every_step_of_a_short_run(self.trainer)
             add_run_callbacks(self.trainer)
             use_step_progress_bar(self.trainer, self.config["fit"]["trainer"].get("callbacks"))
         claim_run_dir(self)
 
+    def before_fit(self) -> None:
+        resolve_last_checkpoint(self)
+
+    def before_validate(self) -> None:
+        resolve_last_checkpoint(self)
+
+    def before_test(self) -> None:
+        resolve_last_checkpoint(self)
+
+    def before_predict(self) -> None:
+        resolve_last_checkpoint(self)
+
 
 _SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+
+
+def log_every_step_of_a_short_run(trainer: Any) -> None:
+    """A fit of fewer optimizer steps (``max_steps``) than the logging interval logs every step, so that its
+    report and TensorBoard show a training loss (Lightning would log none before the interval)."""
+    if 0 < trainer.max_steps < trainer.log_every_n_steps:
+        trainer.log_every_n_steps = 1
 
 
 def check_config_files(args: Any) -> None:
@@ -219,8 +263,10 @@ def check_config_files(args: Any) -> None:
 
 
 def check_trainer_options(cli: LitLossesCLI) -> None:
-    """Refuse trainer options that would hang or do nothing, and a ``--ckpt_path`` that is no readable
-    checkpoint (checked right after parsing, before LightningCLI reads the checkpoint's hyper-parameters).
+    """Refuse trainer options that would hang or do nothing (`check_trainer_numbers`), a model-parallel
+    mesh other than the processes started (`check_parallel_sizes`), and a ``--ckpt_path`` that is no
+    readable checkpoint (checked right after parsing, before LightningCLI reads the checkpoint's
+    hyper-parameters).
 
     Raises:
         ConfigError: one line naming the option and its value.
@@ -228,14 +274,38 @@ def check_trainer_options(cli: LitLossesCLI) -> None:
     sub = cli.config.get("subcommand")
     config = cli.config[sub] if sub else cli.config
     trainer = config.get("trainer") or {}
-    for option in ("accumulate_grad_batches", "check_val_every_n_epoch"):
-        value = trainer.get(option)
-        if isinstance(value, int) and value < 1:
-            raise ConfigError(f"trainer.{option}={value} must be >= 1")
+    options = trainer.as_dict() if isinstance(trainer, Namespace) else trainer
+    check_trainer_numbers(options)
+    check_parallel_sizes(options)
     ckpt_path = config.get("ckpt_path")
     if ckpt_path and str(ckpt_path) not in _SPECIAL_CKPT_PATHS:
+        # global rank 0 hashes the files, the other ranks check their sizes
+        verified = verify_checkpoint(ckpt_path, hash_content=is_global_zero(), warn=False)
         read_checkpoint(ckpt_path)
+        warn_unverifiable(verified)
     check_run_dir(sub, config, trainer)
+
+
+def resolve_last_checkpoint(cli: LitLossesCLI) -> None:
+    """``--ckpt_path last``: the newest complete checkpoint of the run's checkpoint folders, verified
+    (`lit_losses.checkpoint.latest`), instead of Lightning's newest ``last*.ckpt``; none: the run starts
+    from scratch, with a warning (as Lightning's).
+
+    Raises:
+        ConfigError: the newest complete checkpoint does not match its manifest.
+    """
+    config = cli.config_init[cli.subcommand]
+    if str(config.get("ckpt_path")) != "last":
+        return
+    found = latest_checkpoint(checkpoint_folders(cli.trainer), hash_content=is_global_zero())
+    if found is None:
+        rank_zero_warn(
+            f"--ckpt_path last: no checkpoint in {', '.join(map(str, checkpoint_folders(cli.trainer)))}; "
+            "the run starts from scratch"
+        )
+    else:
+        rank_zero_info(f"lit-losses: --ckpt_path last: {found}")
+    config["ckpt_path"] = None if found is None else str(found)
 
 
 def check_run_dir(sub: str | None, config: Any, trainer: Any) -> None:
@@ -265,7 +335,7 @@ def slurm_requeue(root: Path) -> bool:
 
 
 def claim_run_dir(cli: LitLossesCLI) -> None:
-    """Give this run a log folder and a config file of its own (`lit_losses.run_dir`): on global rank 0, a
+    """Give this run a log folder and a config file of its own (`lit_losses.cli.run_dir`): on global rank 0, a
     version folder created with ``os.mkdir`` for each TensorBoard or CSV logger left to pick its version,
     and the config file (``config.yaml``) created with ``O_EXCL`` in the run's log folder. A ``fit`` whose
     folder already holds another run's config is refused unless it resumes (``--ckpt_path``) or
@@ -448,11 +518,17 @@ def stop_exit_code(cli: LitLossesCLI) -> int:
 
 def main() -> None:
     """Console-script entry point ``lit-losses`` (exit status: `cli_main`); ``lit-losses report …`` is
-    `lit_losses.report.report_main`, every other subcommand LightningCLI's."""
+    `lit_losses.cli.report.report_main`, ``lit-losses checkpoint …``
+    `lit_losses.cli.checkpoint.checkpoint_main`, every other subcommand LightningCLI's."""
     if sys.argv[1:2] == ["report"]:
-        from lit_losses.report import report_main  # matplotlib only when a report is asked for
+        from lit_losses.cli.report import report_main  # matplotlib only when a report is asked for
 
         report_main(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["checkpoint"]:
+        from lit_losses.cli.checkpoint import checkpoint_main
+
+        checkpoint_main(sys.argv[2:])
         return
     try:
         cli_main()
@@ -460,7 +536,3 @@ def main() -> None:
         end_process_group()
         raise
     end_process_group()
-
-
-if __name__ == "__main__":
-    main()
