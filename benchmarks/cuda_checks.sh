@@ -12,8 +12,11 @@
 #
 # The whole training step of a 1B Llama (benchmarks/train_step.py: this package, HF's loss, HF + Liger-Kernel,
 # each variant in its own process; Liger-Kernel from LIGER_DIR) runs as the named steps `train_step` (one
-# GPU) and `train_step_fsdp` (FSDP2 over one process), a few minutes each, e.g.
-#   bash benchmarks/cuda_checks.sh /tmp/cce /tmp/liger "train_step train_step_fsdp"
+# GPU) and `train_step_fsdp` (FSDP2 over one process), up to 400 s each (one per call of a 600 s limit;
+# rows that finished are in $OUT/train_step*.json even after a timeout), e.g.
+#   bash benchmarks/cuda_checks.sh /tmp/cce /tmp/liger train_step
+# `per_token_time` and `per_token_memory` (named only too) measure `chunked` against `blocked` for the
+# per-token outputs of an fp32 weight, which `auto` gives to `chunked` on CUDA until measured there.
 set -u
 out=${OUT:-cuda_checks}
 cce=${1:-}
@@ -61,5 +64,9 @@ step head_memory 60 python3 benchmarks/head_memory.py --device cuda --backends a
 step head_profile 40 python3 benchmarks/head_profile.py --device cuda --dtype bfloat16 --shape "$shape" \
     --variants blocked_ce chunked_ce --rows 10
 train=(python3 benchmarks/train_step.py --device cuda --steps 4 --warmup 2)
-step train_step 290 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --json "$out/train_step.json"
-step train_step_fsdp 290 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --fsdp --json "$out/train_step_fsdp.json"
+step train_step 400 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --json "$out/train_step.json"
+step train_step_fsdp 400 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --fsdp --json "$out/train_step_fsdp.json"
+step per_token_time 150 python3 benchmarks/fused_head.py --device cuda --dtype float32 --shapes "$shape" --repeats 3 \
+    --variants matmul3 chunked blocked chunked_entropy blocked_entropy
+step per_token_memory 60 python3 benchmarks/head_memory.py --device cuda --backends chunked blocked --dtypes float32 \
+    --paths per_token

@@ -282,7 +282,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 over one process")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--json", help="also write the rows to this JSON file (after each variant)")
     parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # internal: one variant here
     args = parser.parse_args(argv)
     if args.warmup < 1:
@@ -298,7 +298,13 @@ def main() -> None:
     import torch
 
     argv = sys.argv[1:]
-    results = [run_variant(v, argv) for v in args.variants]
+    results = []
+    for variant in args.variants:  # each row on stderr and in the JSON as it comes (a timeout keeps them)
+        results.append(run_variant(variant, argv))
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "rows": results}, f, indent=1)
     config = llama_config(args)
     params = next((r["params"] for r in results if "params" in r), 0)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.machine()
@@ -313,9 +319,6 @@ def main() -> None:
     )
     print(f"# command: python benchmarks/train_step.py {' '.join(argv)}\n")
     print(table(results), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -345,7 +345,11 @@ def test_compiled_entropy_kernels_against_float64(path, entropy_kernel):
                 torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-12)
     inputs32 = [x.detach().float().requires_grad_() for x in (hidden, weight * 80.0, b)]
     loss = _loss(
-        path, FusedLMHead(*inputs32[1:], chunk_size=8), inputs32[0], targets, [u.float() for u in upstream]
+        path,
+        FusedLMHead(*inputs32[1:], backend="chunked", chunk_size=8),
+        inputs32[0],
+        targets,
+        [u.float() for u in upstream],
     )
     grads = torch.autograd.grad(loss, inputs32)
     inputs64 = [x.detach().double().requires_grad_() for x in inputs32]
@@ -384,7 +388,7 @@ def test_compiled_entropy_at_a_production_vocabulary(path, compiled_kernels, mon
         """Relative errors of the fp32 chunked head against float64: entropy (uniform rows, other rows),
         loss, ∂/∂hidden, ∂/∂W."""
         h32, w32 = (x.clone().requires_grad_() for x in (hidden, weight))
-        head = FusedLMHead(w32, chunk_size=512)
+        head = FusedLMHead(w32, backend="chunked", chunk_size=512)
         entropy = head(h32, targets, ("entropy",)).entropy
         loss = _loss(path, head, h32, targets, [u.float() for u in upstream])
         grads = torch.autograd.grad(loss, (h32, w32))
@@ -414,7 +418,9 @@ def test_compiled_entropy_in_inference_mode(entropy_kernel):
     hidden, weight, b, targets = problem(n=21, v=192)
     ref = FusedLMHead(weight, b, backend="naive")(hidden, targets, ("entropy",)).entropy
     with torch.inference_mode():
-        got = FusedLMHead(weight.float(), b.float(), chunk_size=8)(hidden.float(), targets, ("entropy",))
+        got = FusedLMHead(weight.float(), b.float(), backend="chunked", chunk_size=8)(
+            hidden.float(), targets, ("entropy",)
+        )
     torch.testing.assert_close(got.entropy.double(), ref.detach(), rtol=1e-5, atol=1e-6)
 
 
@@ -445,7 +451,7 @@ def test_a_failed_compile_warns_once_and_the_eager_passes_take_over(
     ]
     ref = _loss(path, FusedLMHead(weight, b, backend="naive"), hidden, targets, upstream)
     ref_grads = torch.autograd.grad(ref, (hidden, weight, b))
-    head = FusedLMHead(weight, b, chunk_size=8)
+    head = FusedLMHead(weight, b, backend="chunked", chunk_size=8)
     with pytest.warns(
         RuntimeWarning,
         match=r"could not compile or run the entropy kernels on cpu \(RuntimeError: no C\+\+ "
@@ -513,10 +519,12 @@ def test_at_the_recompile_limit_the_eager_passes_take_those_inputs_only(compiled
     hidden, weight, b, targets = problem(n=30, v=192)
     ref = FusedLMHead(weight, b, backend="naive")(hidden, targets, ("entropy",)).entropy.detach()
     with pytest.warns(RuntimeWarning, match="reached torch.compile's recompile limit"):
-        got = FusedLMHead(weight, b, chunk_size=8)(hidden, targets, ("entropy",)).entropy
+        got = FusedLMHead(weight, b, backend="chunked", chunk_size=8)(hidden, targets, ("entropy",)).entropy
     torch.testing.assert_close(got.detach(), ref, rtol=1e-12, atol=1e-13)
     assert not entropy_kernels._failed and not compiled_kernels  # eager, and not switched off
-    FusedLMHead(weight.float(), b.float(), chunk_size=8)(hidden.float(), targets, ("entropy",))
+    FusedLMHead(weight.float(), b.float(), backend="chunked", chunk_size=8)(
+        hidden.float(), targets, ("entropy",)
+    )
     assert compiled_kernels  # fp32 inputs still take the kernels
 
 
