@@ -8,7 +8,12 @@
 # CCE_DIR, LIGER_DIR: where cut_cross_entropy and liger_kernel are installed (pip install --target), if
 # they are not installed in the environment: cut-cross-entropy is importable in every step, Liger-Kernel
 # in the `liger` step only (with it, `auto` takes Liger's kernel for the plain CE, which other tests
-# exclude). STEPS: the steps to run (default: all), e.g. "tests fused_head".
+# exclude). STEPS: the steps to run (default: all but the whole training steps), e.g. "tests fused_head".
+#
+# The whole training step of a 1B Llama (benchmarks/train_step.py: this package, HF's loss, HF + Liger-Kernel,
+# each variant in its own process; Liger-Kernel from LIGER_DIR) runs as the named steps `train_step` (one
+# GPU) and `train_step_fsdp` (FSDP2 over one process), a few minutes each, e.g.
+#   bash benchmarks/cuda_checks.sh /tmp/cce /tmp/liger "train_step train_step_fsdp"
 set -u
 out=${OUT:-cuda_checks}
 cce=${1:-}
@@ -55,3 +60,6 @@ step liger 90 env PYTHONPATH="/tmp/sm80:$PYTHONPATH:$liger" python3 -m pytest -m
 step head_memory 60 python3 benchmarks/head_memory.py --device cuda --backends auto
 step head_profile 40 python3 benchmarks/head_profile.py --device cuda --dtype bfloat16 --shape "$shape" \
     --variants blocked_ce chunked_ce --rows 10
+train=(python3 benchmarks/train_step.py --device cuda --steps 4 --warmup 2)
+step train_step 290 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --json "$out/train_step.json"
+step train_step_fsdp 290 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --fsdp --json "$out/train_step_fsdp.json"

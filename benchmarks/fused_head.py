@@ -21,10 +21,13 @@ Variants (per-token = a random upstream gradient on every requested output):
 
 Each (variant, shape) runs in a fresh subprocess so that its peak RSS is its own; peak memory is the
 process high-water mark minus the resident size once inputs are allocated. Time is the best of
-``--repeats`` after one warm-up.
+``--repeats`` after one warm-up, as wall-clock seconds and as the process's CPU seconds (all its threads):
+on a shared machine the CPU time is what the step itself costs, the wall time also what other processes
+took from it (compare CPU times at ``--threads 1``, where no thread waits for a descheduled other).
 
     python benchmarks/fused_head.py                      # CPU fp32, the shapes of the issue
     python benchmarks/fused_head.py --shapes 512x256x32000 --repeats 2
+    python benchmarks/fused_head.py --shapes 2048x512x128256 --threads 1 --variants matmul3 chunked blocked
     python benchmarks/fused_head.py --device cuda --dtype bfloat16 --shapes 8192x4096x128256   # all
 """
 
@@ -166,12 +169,19 @@ def run_one(
         if device == "cuda"
         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base_rss
     )
-    times = []
+    times, cpu_times = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
         times.append(time.perf_counter() - t0)
-    return {"variant": variant, "shape": f"{n}x{d}x{v}", "time_s": min(times), "peak_mb": peak / 2**20}
+        cpu_times.append(time.process_time() - c0)
+    return {
+        "variant": variant,
+        "shape": f"{n}x{d}x{v}",
+        "time_s": min(times),
+        "cpu_s": min(cpu_times),
+        "peak_mb": peak / 2**20,
+    }
 
 
 def main() -> None:
@@ -184,9 +194,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--chunk-size", type=int, default=None, help="head chunk size (default: the head's)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant in this process
     args = parser.parse_args()
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.variants is None:
         args.variants = list(VARIANTS if args.device == "cuda" else CPU_VARIANTS)
     if args.one:
@@ -216,6 +229,7 @@ def main() -> None:
                 "--device",
                 args.device,
                 *(["--chunk-size", str(args.chunk_size)] if args.chunk_size else []),
+                *(["--threads", str(args.threads)] if args.threads else []),
             ]
             out = subprocess.run(cmd, capture_output=True, text=True)
             if out.returncode != 0:
@@ -226,16 +240,20 @@ def main() -> None:
                     print(f"{variant} {shape}: {line.strip()}", file=sys.stderr)
             rows[variant] = json.loads(out.stdout.strip().splitlines()[-1])
         naive = rows.get("naive")
-        print(f"\n| {shape} | time (s) | peak MiB | time / naive | mem / naive | time / matmul3 |")
-        print("|---|---:|---:|---:|---:|---:|")
+        print(
+            f"\n| {shape} | time (s) | peak MiB | time / naive | mem / naive | time / matmul3 | CPU (s) "
+            "| CPU / matmul3 |"
+        )
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for variant, r in rows.items():
             t_ratio = r["time_s"] / naive["time_s"] if naive else float("nan")
             m_ratio = r["peak_mb"] / naive["peak_mb"] if naive else float("nan")
             mm = rows.get("matmul3")
             mm_ratio = r["time_s"] / mm["time_s"] if mm else float("nan")
+            cpu_ratio = r["cpu_s"] / mm["cpu_s"] if mm else float("nan")
             print(
                 f"| {variant} | {r['time_s']:.3f} | {r['peak_mb']:.0f} | {t_ratio:.2f} | {m_ratio:.2f} "
-                f"| {mm_ratio:.2f} |"
+                f"| {mm_ratio:.2f} | {r['cpu_s']:.3f} | {cpu_ratio:.2f} |"
             )
         sys.stdout.flush()
 

@@ -3,14 +3,18 @@
 The public API, by concept (everything else is importable from its subpackage):
 
 - models: `RegularizedLM` (subclass it), `TinyLM` (built-in), `HFCausalLM` (Hugging Face models),
-  `OptimizerConfig`, `Schedule`
+  `FrozenModel` (a frozen reference or teacher beside the policy), `OptimizerConfig`, `Schedule`
 - the loss of a step: `LossContext`, `LossOutput`, `Objective`
-- fused output head: `FusedLMHead`, `HeadOutput`; functional: `linear_logprobs`, `linear_cross_entropy`
+- fused output head: `FusedLMHead`, `HeadOutput`; functional: `linear_logprobs`, `linear_cross_entropy`;
+  distillation without logits: `linear_distillation`, `topk_distillation`
 - global-denominator aggregation: `GlobalStatsLoader`, `GlobalStats`, `AggMode`, `aggregate`
 - regularizers: `RegularizerSpec`, `RegularizerSet`, `RegularizerError`, `register_regularizer`
 - base losses by name (cross-entropy, Tinker's RL losses, SAPO, VESPO): `register_base_loss`;
   TRL's GRPO losses as one option: `GRPOPreset`
-- data: `TextDataModule`, `RLDataModule` (offline RL records)
+- preference losses (TRL's DPO family, KTO, CPO/SimPO, ORPO): `dpo_loss`, `kto_loss`, `cpo_loss`,
+  `simpo_loss`, `orpo_loss`, and their options `DPOPreset`, `KTOPreset`, `CPOPreset`, `ORPOPreset`
+- data: `TextDataModule` (text, prompt-completion SFT), `PreferenceDataModule` (TRL's preference
+  formats), `RLDataModule` (offline RL records)
 - training controller: `TrainingController`, `register_metric_handlers`, `register_operation_handlers`
 - preemption: `PreemptionCheckpoint` (``SIGTERM``: finish the step, checkpoint, exit ``128 + signal``)
 - extension points: `Registry`, `ConfigError`; custom gradients: the `autograd` subpackage
@@ -34,14 +38,35 @@ if TYPE_CHECKING:
         register_metric_handlers,
         register_operation_handlers,
     )
-    from lit_losses.data import RLDataModule, TextDataModule
+    from lit_losses.data import PreferenceDataModule, RLDataModule, TextDataModule
     from lit_losses.errors import ConfigError
-    from lit_losses.heads import FusedLMHead, HeadOutput, linear_cross_entropy, linear_logprobs
+    from lit_losses.heads import (
+        FusedLMHead,
+        HeadOutput,
+        linear_cross_entropy,
+        linear_distillation,
+        linear_logprobs,
+        topk_distillation,
+    )
     from lit_losses.loss import LossContext, LossOutput
     from lit_losses.loss.objective import Objective
-    from lit_losses.models import HFCausalLM, TinyLM
+    from lit_losses.models.frozen import FrozenModel
+    from lit_losses.models.hf import HFCausalLM
+    from lit_losses.models.tiny_lm import TinyLM
     from lit_losses.module import RegularizedLM
-    from lit_losses.objectives import GRPOPreset, register_base_loss
+    from lit_losses.objectives import (
+        CPOPreset,
+        DPOPreset,
+        GRPOPreset,
+        KTOPreset,
+        ORPOPreset,
+        cpo_loss,
+        dpo_loss,
+        kto_loss,
+        orpo_loss,
+        register_base_loss,
+        simpo_loss,
+    )
     from lit_losses.optim import OptimizerConfig
     from lit_losses.registry import Registry
     from lit_losses.regularizers import (
@@ -60,18 +85,24 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AggMode",
+    "CPOPreset",
     "ConfigError",
+    "DPOPreset",
+    "FrozenModel",
     "FusedLMHead",
     "GRPOPreset",
     "GlobalStats",
     "GlobalStatsLoader",
     "HFCausalLM",
     "HeadOutput",
+    "KTOPreset",
     "LossContext",
     "LossOutput",
+    "ORPOPreset",
     "Objective",
     "OptimizerConfig",
     "PreemptionCheckpoint",
+    "PreferenceDataModule",
     "RLDataModule",
     "Registry",
     "RegularizedLM",
@@ -84,12 +115,19 @@ __all__ = [
     "TrainingController",
     "aggregate",
     "autograd",
+    "cpo_loss",
+    "dpo_loss",
+    "kto_loss",
     "linear_cross_entropy",
+    "linear_distillation",
     "linear_logprobs",
+    "orpo_loss",
     "register_base_loss",
     "register_metric_handlers",
     "register_operation_handlers",
     "register_regularizer",
+    "simpo_loss",
+    "topk_distillation",
 ]
 
 #: The module each public name is imported from, on first access.
@@ -101,20 +139,33 @@ _EXPORTS = {
     "TrainingController": "lit_losses.controller",
     "register_metric_handlers": "lit_losses.controller",
     "register_operation_handlers": "lit_losses.controller",
+    "PreferenceDataModule": "lit_losses.data",
     "RLDataModule": "lit_losses.data",
     "TextDataModule": "lit_losses.data",
     "ConfigError": "lit_losses.errors",
     "FusedLMHead": "lit_losses.heads",
     "HeadOutput": "lit_losses.heads",
     "linear_cross_entropy": "lit_losses.heads",
+    "linear_distillation": "lit_losses.heads",
+    "topk_distillation": "lit_losses.heads",
     "linear_logprobs": "lit_losses.heads",
     "LossContext": "lit_losses.loss",
     "LossOutput": "lit_losses.loss",
     "Objective": "lit_losses.loss.objective",
-    "HFCausalLM": "lit_losses.models",
-    "TinyLM": "lit_losses.models",
+    "FrozenModel": "lit_losses.models.frozen",
+    "HFCausalLM": "lit_losses.models.hf",
+    "TinyLM": "lit_losses.models.tiny_lm",
     "RegularizedLM": "lit_losses.module",
     "GRPOPreset": "lit_losses.objectives",
+    "DPOPreset": "lit_losses.objectives",
+    "KTOPreset": "lit_losses.objectives",
+    "CPOPreset": "lit_losses.objectives",
+    "ORPOPreset": "lit_losses.objectives",
+    "dpo_loss": "lit_losses.objectives",
+    "kto_loss": "lit_losses.objectives",
+    "cpo_loss": "lit_losses.objectives",
+    "simpo_loss": "lit_losses.objectives",
+    "orpo_loss": "lit_losses.objectives",
     "register_base_loss": "lit_losses.objectives",
     "PreemptionCheckpoint": "lit_losses.checkpoint.preemption",
     "OptimizerConfig": "lit_losses.optim",

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities.rank_zero import WarningCache
-from torch import Tensor
+from torch import Tensor, nn
 
 from lit_losses.aggregation import (
     GLOBAL_STATS_KEY,
@@ -17,7 +20,9 @@ from lit_losses.aggregation import (
     check_window,
     configure_train_loaders,
 )
+from lit_losses.checkpoint.reshard import record_param_names
 from lit_losses.checkpoint.resume import restore_checkpoint_state
+from lit_losses.checkpoint.topology import record_topology
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
 from lit_losses.heads import Backend, FusedLMHead, check_backend_runs, head_for
@@ -26,9 +31,26 @@ from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.custom import CustomLossMixin
 from lit_losses.loss.objective import Objective, batch_tensor
 from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
+from lit_losses.models.frozen import (
+    DISABLED_ADAPTERS,
+    INITIAL_POLICY,
+    FrozenModel,
+    FrozenSource,
+    check_frozen_source,
+    load_frozen,
+)
 from lit_losses.non_finite import check_hidden_states, check_optimizer_step, non_finite_steps_handled
-from lit_losses.objectives import BaseLossName, GRPOPreset
-from lit_losses.objectives.inputs import check_provided
+from lit_losses.objectives import (
+    BaseLossName,
+    CPOPreset,
+    DPOPreset,
+    GRPOPreset,
+    KTOPreset,
+    ORPOPreset,
+    select_preset,
+)
+from lit_losses.objectives.distillation import DistillationConfig
+from lit_losses.objectives.inputs import OLD_LOGPROBS, check_provided
 from lit_losses.optim import OptimizerConfig, optimizer_and_schedule
 from lit_losses.parallel import ModelParallelMixin
 from lit_losses.regularizers import RegularizerSpec, TermResult
@@ -72,6 +94,22 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         base_loss_args: its parameters (Tinker's ``loss_fn_config``, e.g. ``clip_high_threshold``).
         loss_agg_norm: the constant ``C`` of ``loss_agg: seq-mean-token-sum-norm`` (required by it).
         grpo: TRL's GRPO loss by ``GRPOConfig``'s fields (`GRPOPreset`), setting the 4 options above.
+        dpo: TRL's DPO loss by ``DPOConfig``'s fields (`DPOPreset`): the base loss becomes the mean over the
+            step's pairs of each pair's loss (`lit_losses.loss.preference`; paired data,
+            `lit_losses.PreferenceDataModule`).
+        kto: TRL's KTO loss by ``KTOConfig``'s fields (`KTOPreset`): the mean over the step's sequences of
+            each one's loss (`lit_losses.loss.preference_unpaired`; unpaired data).
+        cpo: TRL's CPO loss by ``CPOConfig``'s fields (`CPOPreset`; SimPO, AlphaPO).
+        orpo: TRL's ORPO loss by ``ORPOConfig``'s fields (`ORPOPreset`).
+        ref_model: the frozen reference policy of ``dpo``/``kto`` when its log-probabilities do not come
+            with the data (`lit_losses.models.frozen`): a Hugging Face checkpoint directory, a
+            `RegularizedLM` checkpoint file, a ``transformers`` config dict, ``initial_policy`` or
+            ``disabled_adapters``; default (TRL's): ``disabled_adapters`` for a model with PEFT adapters,
+            else ``initial_policy``. Only this option is saved, never the reference's weights.
+        distillation: logit distillation from a teacher as the base loss (`DistillationConfig`: a frozen
+            ``teacher`` model, or offline top-k log-probabilities in the batches; ``loss``, ``beta``,
+            ``temperature``, ``weight``, ``ce_weight``), aggregated with ``loss_agg`` over the step's global
+            counts (`lit_losses.loss.distillation`). Only the teacher's source is saved, never its weights.
 
     Example:
         >>> import torch
@@ -105,8 +143,16 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         base_loss_args: dict[str, Any] | None = None,
         loss_agg_norm: float | None = None,
         grpo: GRPOPreset | None = None,
+        dpo: DPOPreset | None = None,
+        kto: KTOPreset | None = None,
+        cpo: CPOPreset | None = None,
+        orpo: ORPOPreset | None = None,
+        ref_model: FrozenSource | None = None,
+        distillation: DistillationConfig | None = None,
     ) -> None:
         super().__init__()
+        self.frozen_sources: dict[str, tuple[FrozenSource, str]] = {}
+        self.frozen_models: dict[str, FrozenModel] = {}
         self.head_backend = check_choice(head_backend, Backend, "model.head_backend")
         self.save_hyperparameters()
         self.head_chunk_size = chunk_size_option(head_chunk_size)
@@ -122,11 +168,22 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             base_loss_args=base_loss_args,
             loss_agg_norm=loss_agg_norm,
             grpo=grpo,
+            preference=select_preset(dpo=dpo, kto=kto, cpo=cpo, orpo=orpo),
+            distillation=distillation,
         )
         self.regularizer_set = self.objective.regularizers
         self.loss_agg = self.objective.loss_agg
         self.base_loss_weight = self.objective.base_loss_weight
-        self.val_telemetry = ValidationTelemetry(self.loss_agg)
+        self._reference_option(ref_model)
+        teacher = None if self.objective.distillation is None else self.objective.distillation.config.teacher
+        if teacher is not None:
+            self.add_frozen_model("teacher", teacher, where="model.distillation.teacher")
+        preference = self.objective.preference
+        self.val_telemetry = ValidationTelemetry(
+            self.loss_agg,
+            metric_names=self.objective.metric_names(),
+            units=None if preference is None else preference.units,
+        )
         self.step_telemetry = StepTelemetry()
         self._non_finite_handled: bool | None = None  # read at each trainer call's setup (`setup`)
 
@@ -169,6 +226,116 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             handled = non_finite_steps_handled(self._trainer)
         return self.check_finite and not handled
 
+    def add_frozen_model(self, name: str, source: FrozenSource, *, where: str) -> None:
+        """Name a frozen auxiliary model (a reference policy, a teacher; `lit_losses.models.frozen`): its
+        ``source`` is checked now (a `ConfigError` naming ``where``), the model loaded when a trainer sets
+        this module up for ``fit`` or ``validate`` (`setup`), or at the first `frozen_model` call. It is no
+        submodule: no optimizer state, nothing in the checkpoint but the option that names its source."""
+        self.frozen_sources[name] = (check_frozen_source(source, where), where)
+
+    def frozen_model(self, name: str) -> FrozenModel:
+        """The frozen model ``name`` (`add_frozen_model`), loaded if needed, on the device and in the dtype
+        of this module's output projection."""
+        if name not in self.frozen_models:
+            if name not in self.frozen_sources:
+                raise KeyError(f"no frozen model {name!r}; named ones: {sorted(self.frozen_sources)}")
+            source, where = self.frozen_sources[name]
+            self.frozen_models[name] = load_frozen(source, where=where, policy=self)
+        frozen = self.frozen_models[name]
+        frozen.follow(self.output_projection()[0])
+        return frozen
+
+    def initial_copy(self) -> nn.Module:
+        """A copy of this model with its current weights, for a frozen ``initial_policy``: rebuilt from the
+        hyper-parameters, then given this model's state. Override it for a model whose hyper-parameters do
+        not rebuild it (`HFCausalLM` copies its Hugging Face model)."""
+        hparams = {k: v for k, v in self.hparams.items() if not k.startswith("_")}
+        try:
+            copy = type(self)(**hparams)
+        except TypeError as err:
+            raise ConfigError(
+                f"{INITIAL_POLICY!r}: {type(self).__name__} cannot be rebuilt from its hyper-parameters "
+                f"({err}); override its initial_copy(), or give model.ref_model a checkpoint"
+            ) from err
+        wanted = copy.state_dict()
+        state = {k: v.detach().clone() for k, v in self.state_dict().items() if k in wanted}
+        copy.load_state_dict(state, assign=True)  # this model's values, dtypes and devices
+        return copy
+
+    def adapters_disabled(self, where: str) -> Callable[[], AbstractContextManager[Any]]:
+        """A context-manager factory in which this model computes without its PEFT adapters (a frozen
+        ``disabled_adapters`` source); `HFCausalLM` with ``lora`` has one.
+
+        Raises:
+            ConfigError: naming ``where``: this model has no adapters.
+        """
+        raise ConfigError(
+            f"{where}={DISABLED_ADAPTERS!r}: {type(self).__name__} has no PEFT adapters to disable; use "
+            "'initial_policy', a checkpoint or a Hugging Face checkpoint directory"
+        )
+
+    def _reference_option(self, ref_model: FrozenSource | None) -> None:
+        """Name the frozen reference of ``ref_model`` (checked now), or refuse it when the loss reads none."""
+        preference = self.objective.preference
+        if ref_model is None:
+            return
+        if preference is None or not preference.uses_reference_model:
+            reads = (
+                "no preference loss is set"
+                if preference is None
+                else f"{preference.where} reads no reference model (reference_free, "
+                "precompute_ref_log_probs, or a loss without a reference)"
+            )
+            raise ConfigError(f"model.ref_model={ref_model!r} is set but {reads}; remove it")
+        self.add_frozen_model("reference", ref_model, where="model.ref_model")
+
+    def has_adapters(self) -> bool:
+        """Whether the model has PEFT adapters to disable (`adapters_disabled`; `HFCausalLM` with lora)."""
+        return False
+
+    def reference_model(self) -> FrozenModel:
+        """The frozen reference policy of the preference loss (``model.ref_model``; by default
+        ``disabled_adapters`` for a model with adapters, else ``initial_policy``)."""
+        if "reference" not in self.frozen_sources:
+            source = DISABLED_ADAPTERS if self.has_adapters() else INITIAL_POLICY
+            self.add_frozen_model("reference", source, where="model.ref_model")
+        return self.frozen_model("reference")
+
+    def reference_logprobs(self, batch: dict[str, Any], labels: Tensor) -> Tensor:
+        """``log p_ref(labels)`` ``[B, T]`` under `reference_model` (no gradient; the head's options)."""
+        return self.reference_model().logprobs(
+            batch,
+            labels,
+            backend=self.head_backend,
+            chunk_size=self.head_chunk_size,
+            ignore_index=self.ignore_index,
+        )
+
+    def policy_logprobs(self, batch: dict[str, Any], labels: Tensor) -> Tensor:
+        """``log p(labels)`` ``[B, T]`` of this model, without gradient (KTO's KL rows)."""
+        with torch.no_grad():
+            return self.output_head()(self.hidden_states(batch), labels, ("logprobs",)).logprobs
+
+    def teacher_outputs(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The frozen distillation teacher's ``(hidden [B, T, Dt], weight [V, Dt], bias)`` for ``batch``
+        (no gradient, eval mode; ``model.distillation.teacher``)."""
+        teacher = self.frozen_model("teacher")
+        return (teacher.hidden_states(batch), *teacher.output_projection())
+
+    def check_teacher_vocabulary(self) -> None:
+        """Refuse a distillation teacher whose vocabulary is not the student's size (a `ConfigError`
+        naming both)."""
+        if "teacher" not in self.frozen_sources:
+            return
+        teacher = self.frozen_model("teacher").output_projection()[0]
+        student = self.output_projection()[0]
+        if teacher.shape[0] != student.shape[0]:
+            raise ConfigError(
+                f"model.distillation.teacher={self.frozen_models['teacher'].source!r} has a vocabulary of "
+                f"{teacher.shape[0]} tokens and the student ({type(self).__name__}) {student.shape[0]}: "
+                "distillation compares distributions over one vocabulary (the same tokenizer)"
+            )
+
     def forward_logits(self, batch: dict[str, Tensor]) -> Tensor:
         """Full logits ``[B, T, V]`` (inference)."""
         return self.output_head().forward_logits(self.hidden_states(batch))
@@ -199,10 +366,13 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     def compute_loss(self, batch: dict[str, Any], stage: Stage = "train") -> LossOutput:
         """Loss of one micro-batch, normalized by the global counts (before ``loss_scale``)."""
         batch_tensor(batch, "labels")
+        batch = self.objective.reject(batch, self.ignore_index)  # before the counts (rollout_rs)
         hidden = self.hidden_states(batch)
         if self._checks_hidden_states():
             check_hidden_states(hidden, where=f"{stage} batch at step {int(self.global_step)}")
         stats = self.global_stats(batch, stage)
+        preference = self.objective.preference
+        uses_reference = preference is not None and preference.uses_reference_model
         return self.objective(
             self.output_head(),
             hidden,
@@ -212,6 +382,9 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             stage=stage,
             needed=self.head_outputs_needed(),
             regularize=self.regularize,
+            reference=self.reference_logprobs if uses_reference else None,
+            policy=self.policy_logprobs,
+            teacher=self.teacher_outputs if "teacher" in self.frozen_sources else None,
         )
 
     def setup(self, stage: str) -> None:
@@ -221,11 +394,21 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         their keys with ``batch_keys()``, as `TextDataModule`),
         and an ``ignore_index`` other than the one the data module labels positions without a target with.
         Read whether a callback skips non-finite steps (once per trainer call, `_checks_hidden_states`).
+        Load the frozen models (`add_frozen_model`) for ``fit`` and ``validate``: before any weights are
+        restored from a checkpoint, so that an ``initial_policy`` copy is the weights the module was built
+        with.
         """
         self._non_finite_handled = non_finite_steps_handled(self._trainer)
         check_backend_runs(
             self.head_backend, self._trainer.strategy.root_device, where="model.init_args.head_backend"
         )
+        if stage in ("fit", "validate"):
+            preference = self.objective.preference
+            if preference is not None and preference.uses_reference_model:
+                self.reference_model()
+            for name in self.frozen_sources:
+                self.frozen_model(name)
+            self.check_teacher_vocabulary()
         data = getattr(self._trainer, "datamodule", None) if stage == "fit" else None
         data_ignore = getattr(data, "ignore_index", self.ignore_index)
         if isinstance(data_ignore, int) and data_ignore != self.ignore_index:
@@ -237,7 +420,15 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         provided = data.batch_keys() if callable(getattr(data, "batch_keys", None)) else ()
         if provided:
             self.regularizer_set.check_mask_keys(provided, provider=type(data).__name__)
-        if provided and self.objective.base_loss_weight > 0:
+        if provided and self.objective.preference is not None:
+            self.objective.preference.check_data(provided, source=type(data).__name__)
+        elif provided and self.objective.distillation is not None:
+            distillation = self.objective.distillation
+            reads = distillation.batch_keys()
+            check_provided(
+                reads=reads, provided=provided, reader=distillation.where, source=type(data).__name__
+            )
+        elif provided and self.objective.base_loss_weight > 0:
             reader = f"model.base_loss={self.objective.base_loss.name!r}"
             check_provided(
                 reads=self.objective.base_loss.entry.reads,
@@ -245,14 +436,30 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
                 reader=reader,
                 source=type(data).__name__,
             )
+        if self.objective.rejects:
+            self._check_rejection(provided, source=type(data).__name__)
+
+    def _check_rejection(self, provided: tuple[str, ...], source: str) -> None:
+        """A rollout rejection (``rollout_rs``) needs next-token labels (it changes them before they are
+        counted) and the data's ``old_logprobs``."""
+        where = f"model.base_loss_args.rollout_rs (base loss {self.objective.base_loss.name!r})"
+        if self.label_format != "next_token":
+            raise ConfigError(
+                f"{where} rejects tokens before the step is counted, which needs next-token labels; "
+                f"label_format={self.label_format!r} labels are shifted later (use label_format: next_token)"
+            )
+        if provided:
+            check_provided(reads=[OLD_LOGPROBS], provided=provided, reader=where, source=source)
 
     def on_train_start(self) -> None:
-        """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs."""
+        """Configure every `GlobalStatsLoader` of the fit with the trainer's and the loss terms' needs (a
+        rollout rejection is applied by the loader, before it counts the step)."""
         configure_train_loaders(
             self.trainer,
             mask_keys=self.mask_keys(),
             ignore_index=self.ignore_index,
             label_format=self.label_format,
+            transform=self.objective.reject if self.objective.rejects else None,
         )
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
@@ -278,10 +485,14 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         return optimizer_and_schedule(self, self.optimizer_config, self._trainer)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Save the regularizers' run-time weights and flags, hyper-parameters as plain data."""
+        """Save the regularizers' run-time weights and flags, hyper-parameters as plain data, the run's layout
+        (`lit_losses.checkpoint.topology`) and the names of the optimizer states' parameters
+        (`lit_losses.checkpoint.reshard`): what resuming on another layout needs."""
         checkpoint["lit_losses_regularizers"] = self.regularizer_set.state_dict()
         if "hyper_parameters" in checkpoint:
             checkpoint["hyper_parameters"] = plain_data(checkpoint["hyper_parameters"])
+        record_topology(checkpoint, self.trainer)
+        record_param_names(checkpoint, module=self, optimizers=self.trainer.optimizers)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Check this run's options against the checkpoint's; restore its run-time state (`resume`)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_losses.cli import cli_main
+from lit_losses.cli.app import cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"

@@ -20,8 +20,7 @@ from lit_losses import PreemptionCheckpoint, TextDataModule, TinyLM, register_ba
 from lit_losses.aggregation import GlobalStatsLoader, MaskStats, aggregate, count_masks
 from lit_losses.checkpoint.resume import read_checkpoint
 from lit_losses.choices import check_choice
-from lit_losses.cli import cli_main
-from lit_losses.cli.app import one_line
+from lit_losses.cli.app import cli_main, one_line
 from lit_losses.cli.report import write_report
 from lit_losses.controller import parse_config
 from lit_losses.controller.reach import VALIDATION_EVENTS, unreachable
@@ -785,6 +784,51 @@ CLI_CASES += [
         ("--config={tmp}/hf.yaml", f"{M}attn_implementation=flash_attention_2"),
         "model.init_args.attn_implementation=flash_attention_2: FlashAttention2 has been toggled on",
         files=(("hf.yaml", HF_TINY % 64),),
+    ),
+]
+
+# issue #32: preference records (PreferenceDataModule), refused at setup, before training
+PREF = (
+    "--data.class_path=lit_losses.PreferenceDataModule",
+    f"{D}paths=[{{tmp}}/pref.jsonl]",
+    f"{D}max_length=16",
+)
+PAIR = '{"prompt": "2 + 2 =", "chosen": " 4", "rejected": " 5"}'
+CHAT_PAIR = json.dumps(
+    {
+        "prompt": [{"role": "user", "content": "2 + 2?"}],
+        "chosen": [{"role": "assistant", "content": "4"}],
+        "rejected": [{"role": "assistant", "content": "5"}],
+    }
+)
+CLI_CASES += [
+    CliCase(
+        "preference_record_missing_rejected",
+        PREF,
+        "pref.jsonl:2: missing field 'rejected' (a paired preference record has 'chosen' and 'rejected'",
+        files=(("pref.jsonl", PAIR + '\n{"prompt": "3 + 3 =", "chosen": " 6"}\n'),),
+        corpus=False,
+    ),
+    CliCase(
+        "preference_conversational_without_chat_template",
+        PREF,
+        "pref.jsonl:1: a conversational record (message lists) is rendered with a chat template, and the "
+        "built-in BPE tokenizer has none",
+        files=(("pref.jsonl", CHAT_PAIR + "\n"),),
+        corpus=False,
+    ),
+    CliCase(
+        "preference_reference_in_some_records_only",
+        PREF,
+        "pref.jsonl:2: missing field 'ref_chosen_logps', which {tmp}/pref.jsonl:1 has; give the precomputed "
+        "reference log-probabilities in every record or in none",
+        files=(
+            (
+                "pref.jsonl",
+                PAIR[:-1] + ', "ref_chosen_logps": -3.5, "ref_rejected_logps": -4.0}\n' + PAIR + "\n",
+            ),
+        ),
+        corpus=False,
     ),
 ]
 

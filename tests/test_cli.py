@@ -9,7 +9,7 @@ import yaml
 from lightning.pytorch import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_losses.cli import cli_main as main
+from lit_losses.cli.app import cli_main as main
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "configs" / "tiny_lm.yaml")

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.cli_runs import MAIN_JOB, REPO, SHORT
 
 
@@ -37,3 +39,61 @@ def test_a_class_path_that_is_not_importable_says_how_to_make_it_importable(tmp_
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("lit-losses: error: model.class_path 'mypkg.MyLM': No module named 'mypkg'")
     assert "PYTHONPATH=" in proc.stderr and "pip install -e ." in proc.stderr
+
+
+def test_the_step_bar_of_a_later_epoch_rates_only_that_epochs_steps(tmp_path):
+    """A multi-epoch run with ``max_steps``: at the second epoch the bar stands at the run's step and its
+    rate counts from there (it used to divide every step of the run by the epoch's first milliseconds)."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader
+
+    from lit_losses.cli.console import StepProgressBar
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def training_step(self, batch, batch_idx):
+            return (self.w * batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    seen = []
+
+    class Probe(L.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            bar = trainer.progress_bar_callback.train_progress_bar
+            seen.append((trainer.current_epoch, bar.n, bar.format_dict["initial"], bar.total))
+
+    bar = StepProgressBar()
+    trainer = L.Trainer(
+        max_steps=6,
+        callbacks=[bar, Probe()],
+        logger=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        enable_model_summary=False,
+    )
+    trainer.fit(Tiny(), DataLoader(torch.ones(4, 1), batch_size=1))
+    assert seen == [(0, 0, 0, 6), (1, 4, 4, 6)]
+
+
+@pytest.mark.parametrize(
+    ("env", "kept"), [({}, True), ({"RANK": "0"}, True), ({"RANK": "1"}, False), ({"LOCAL_RANK": "1"}, False)]
+)
+def test_the_seed_line_prints_once_per_run_from_rank_zero(env, kept, monkeypatch):
+    import logging
+
+    from lit_losses.cli.console import PER_RANK_LOGGERS, quiet_console
+
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    quiet_console()
+    logger = logging.getLogger(PER_RANK_LOGGERS[0])
+    record = logger.makeRecord(logger.name, logging.INFO, "", 0, "[rank: 1] Seed set to 0", None, None)
+    assert logger.filter(record) is kept

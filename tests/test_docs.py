@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -62,5 +64,69 @@ def test_mkdocs_build_strict(tmp_path):
         "--resume_changes",
     ):
         assert option in cli_page, option
-    api_page = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
-    assert "GlobalStatsLoader" in api_page and "forward_backward_custom" in api_page
+    api_pages = "".join(p.read_text() for p in (tmp_path / "site" / "reference" / "api").rglob("*.html"))
+    assert "GlobalStatsLoader" in api_pages and "forward_backward_custom" in api_pages
+    check_built_pages(tmp_path / "site")
+
+
+CODE = re.compile(r"<(pre|code|script)\b.*?</\1>", re.S)
+EXTERNAL = re.compile(r"<(?:script|link)\b[^>]*(?:src|href)=\"(?:https?:)?//", re.I)
+
+
+def check_built_pages(site: Path) -> None:
+    """What a reader sees: maths rendered (no raw ``\\[``/``\\(`` outside code), nothing fetched from
+    outside the site (scripts, stylesheets, fonts), every usage line naming ``lit-losses``."""
+    html_pages = sorted(site.rglob("*.html"))
+    assert len(html_pages) > 20
+    for page in html_pages:
+        text = page.read_text(encoding="utf-8")
+        prose = CODE.sub("", text)
+        assert "\\[" not in prose and "\\(" not in prose, f"raw LaTeX in {page.relative_to(site)}"
+        assert not EXTERNAL.search(text), f"{page.relative_to(site)}: {EXTERNAL.search(text)[0]}"
+        assert "usage: __main__" not in text, page.relative_to(site)
+    aggregation = (site / "concepts" / "aggregation" / "index.html").read_text(encoding="utf-8")
+    assert aggregation.count("<math") >= 10
+    check_api_pages(site / "reference" / "api")
+    tutorial = (site / "tutorials" / "fused-head" / "index.html").read_text(encoding="utf-8")
+    assert (
+        'href="../../reference/api/head/#lit_losses.heads.FusedLMHead"' in tutorial
+    )  # names link to the API
+
+
+SUBPACKAGES = ("aggregation", "autograd", "controller", "data", "heads", "loss", "models", "objectives")
+SUBPACKAGES += ("parallel", "regularizers", "checkpoint", "cli")
+
+
+def check_api_pages(api: Path) -> None:
+    """Every public name (``lit_losses.__all__`` and each subpackage's ``__all__``) has an entry on an API
+    page; a class's entry shows its constructor's signature."""
+    import importlib
+
+    import lit_losses
+
+    pages = {p: p.read_text(encoding="utf-8") for p in api.rglob("*.html")}
+    ids = {i for text in pages.values() for i in re.findall(r'id="(lit_losses\.[^"]*)"', text)}
+    missing = [
+        name
+        for name in lit_losses.__all__
+        if not any(i.endswith(f".{name}") or i.startswith(f"lit_losses.{name}.") for i in ids)
+    ]
+    for sub in SUBPACKAGES:
+        names = importlib.import_module(f"lit_losses.{sub}").__all__
+        missing += [f"lit_losses.{sub}.{n}" for n in names if f"lit_losses.{sub}.{n}" not in ids]
+    assert not missing, f"public names without an API entry: {missing}"
+    head = re.sub(r"<[^>]+>", "", pages[api / "head" / "index.html"])
+    assert re.search(r"FusedLMHead\s*\(\s*weight: Tensor,\s*bias: Tensor \| None = None", head)
+
+
+def test_the_benchmark_charts_are_drawn_from_the_results_data(tmp_path):
+    """``benchmarks/charts.py`` redraws a chart per figure of ``current.yaml``; the docs hold each one."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / "charts.py"), "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    figures = yaml.safe_load((REPO / "benchmarks" / "current.yaml").read_text())["figures"]
+    for figure in figures:
+        drawn = tmp_path / f"{figure['id']}.png"
+        assert drawn.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", drawn
+        assert (DOCS / "assets" / "benchmarks" / drawn.name).is_file(), (
+            f"run benchmarks/charts.py ({drawn.name})"
+        )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_losses.cli import cli_main
+from lit_losses.cli.app import cli_main
 from lit_losses.data import stdlib_sources
 from tests.docs_blocks import DOCS, blocks, run_python_blocks, write_titled_blocks
 
@@ -86,3 +86,24 @@ def test_offline_ppo_recipe(tmp_path, monkeypatch):
         "train/base_loss/clip_fraction",
         "regularizers/kl_reference/value",
     } <= set(tags)
+
+
+@pytest.mark.slow
+def test_dpo_lora_recipe(tmp_path, monkeypatch):
+    pytest.importorskip("peft")
+    monkeypatch.chdir(tmp_path)
+    write_titled_blocks(DOCS / "recipes" / "dpo-lora-jsonl.md", tmp_path)
+    (example,) = blocks(DOCS / "recipes" / "dpo-lora-jsonl.md", "json")
+    shipped = (DOCS.parent / "data" / "preference" / "pairs.jsonl").read_text(encoding="utf-8")
+    (tmp_path / "my_pairs.jsonl").write_text(example.text.strip() + "\n" + shipped, encoding="utf-8")
+    small = [
+        "--data.init_args.vocab_size=320",
+        "--data.init_args.cache_dir=cache",
+        "--model.init_args.config.hidden_size=32",
+        "--model.init_args.config.intermediate_size=64",
+        "--model.init_args.config.num_hidden_layers=1",
+        "--trainer.check_val_every_n_epoch=1",
+    ]
+    record = fit_recipe(tmp_path, "dpo_lora.yaml", *small)
+    assert record["reason"] == "max_steps" and record["step"] == 3 and record["checkpoints"]
+    assert set(record["metrics"]) >= {"rewards/accuracies", "rewards/margins", "logps/chosen"}

@@ -193,7 +193,7 @@ def test_resume_from_the_main_jobs_periodic_checkpoint(tmp_path):
     """The main job (configs/tiny_lm.yaml, shrunk) with the controller: its checkpoint is the one written at
     each validation, in the middle of the epoch; the resumed run logs the same losses and ends with the
     same weights as the uninterrupted one."""
-    from lit_losses.cli import cli_main
+    from lit_losses.cli.app import cli_main
 
     def job(name, max_steps, *extra):
         root = tmp_path / name

@@ -12,7 +12,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_losses.cli import cli_main
+from lit_losses.cli.app import cli_main
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
 

@@ -15,7 +15,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.loops.fit_loop import _FitLoop
 
-from lit_losses.cli import cli_main
+from lit_losses.cli.app import cli_main
 from lit_losses.cli.run_dir import claim_file, claim_folder
 
 pytestmark = [pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter"), pytest.mark.timeout(120)]
@@ -212,7 +212,7 @@ def test_a_slurm_requeue_that_lightning_resumes_is_not_a_second_run(tmp_path, mo
     """An auto-requeued SLURM job runs again in the same folder without --ckpt_path: Lightning resumes it
     from ``hpc_ckpt_*.ckpt`` by itself, so its folder is its own (outside SLURM, or without such a
     checkpoint, the folder stays refused)."""
-    from lit_losses.cli import slurm_requeue
+    from lit_losses.cli.app import slurm_requeue
 
     (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"")
     assert not slurm_requeue(tmp_path)  # not under SLURM

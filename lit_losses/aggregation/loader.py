@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
@@ -26,6 +26,8 @@ from lit_losses.errors import ConfigError
 
 GLOBAL_STATS_KEY = "global_stats"
 """The batch key under which the loader attaches the `GlobalStats` of a micro-batch."""
+BatchTransform = Callable[[dict[str, Any], int], dict[str, Any]]
+"""``transform(batch, ignore_index) -> batch``: applied to each micro-batch before it is counted."""
 
 
 class GlobalStatsLoader(DataLoader):
@@ -100,6 +102,8 @@ class GlobalStatsLoader(DataLoader):
         self.label_format = label_format
         self.process_group = process_group
         self.max_batches: int | None = None
+        self.transform: BatchTransform | None = None
+        """Applied to every micro-batch before it is counted (`configure`; e.g. a rollout rejection)."""
         self.position = LoaderPosition()
         """Where the current pass is (what `state_dict` saves)."""
         self._resume: LoaderPosition | None = None
@@ -114,9 +118,12 @@ class GlobalStatsLoader(DataLoader):
         ignore_index: int,
         max_batches: int | float | None = None,
         label_format: LabelFormat = "next_token",
+        transform: BatchTransform | None = None,
     ) -> None:
         """Take the trainer's and the module's settings (called by `RegularizedLM.on_train_start`),
-        checked as the constructor's (`check_loader_options`; ``max_batches >= 0``)."""
+        checked as the constructor's (`check_loader_options`; ``max_batches >= 0``);
+        ``transform(batch, ignore_index)`` changes each micro-batch before it is counted (the module's
+        rejection of rollout tokens, whose labels leave the step's denominators)."""
         check_loader_options(
             accumulate_grad_batches=accumulate_grad_batches,
             mask_keys=mask_keys,
@@ -146,6 +153,7 @@ class GlobalStatsLoader(DataLoader):
         self.ignore_index = ignore_index
         finite = max_batches is not None and max_batches != float("inf")
         self.max_batches = int(max_batches) if finite else None
+        self.transform = transform
 
     def __iter__(self) -> Iterator[Any]:
         return self._pass()
@@ -213,6 +221,8 @@ class GlobalStatsLoader(DataLoader):
                     f"GlobalStatsLoader needs dict micro-batches (item {i} of a window is a "
                     f"{type(batch).__name__})"
                 )
+        if self.transform is not None:
+            window = [self.transform(batch, self.ignore_index) for batch in window]
         label_format = self.label_format or "next_token"
         local = [count_masks(batch, keys, self.ignore_index, label_format=label_format) for batch in window]
         totals, world_size = self._all_reduce(counts_to_tensor(sum_counts(local), keys))

@@ -11,14 +11,25 @@ from torchmetrics import Metric
 from lit_losses.aggregation.modes import AggMode, check_mode
 from lit_losses.aggregation.stats import MaskStats
 
+MAX_SUFFIX = "_max"
+"""A logged value whose name ends so is a maximum over the step, not a sum."""
+
 
 class StepSums(Metric):
     """Named values summed over the micro-batches of an optimizer step and over the ranks.
 
     Each micro-batch's loss is already normalized by the *global* counts of its step, so the
     global-batch loss is ``Σ_{ranks} Σ_{micro-batches} loss`` (sum semantics). One vector state with
-    ``dist_reduce_fx="sum"`` holds every key, so `compute` costs one collective for all of them.
-    The keys are fixed at construction so that every rank reduces the same vector.
+    ``dist_reduce_fx="sum"`` holds every key, so `compute` costs one collective for all of them; keys
+    ending in ``_max`` (`MAX_SUFFIX`) are maxima instead, in a second vector state reduced with ``max``.
+    The keys are fixed at construction so that every rank reduces the same vectors.
+
+    Example:
+        >>> sums = StepSums(("loss", "diff_max"))
+        >>> sums.update({"loss": 1.0, "diff_max": 0.5})
+        >>> sums.update({"loss": 2.0, "diff_max": 0.25})
+        >>> {k: float(v) for k, v in sums.compute().items()}
+        {'loss': 3.0, 'diff_max': 0.5}
     """
 
     full_state_update = False
@@ -28,21 +39,33 @@ class StepSums(Metric):
         if len(set(keys)) != len(keys):
             raise ValueError(f"StepSums keys must be unique, got {list(keys)}")
         self.keys = tuple(keys)
-        self.add_state("sums", default=torch.zeros(len(self.keys), dtype=torch.float64), dist_reduce_fx="sum")
+        self.sum_keys = tuple(k for k in self.keys if not k.endswith(MAX_SUFFIX))
+        self.max_keys = tuple(k for k in self.keys if k.endswith(MAX_SUFFIX))
+        self.add_state(
+            "sums", default=torch.zeros(len(self.sum_keys), dtype=torch.float64), dist_reduce_fx="sum"
+        )
+        lowest = torch.full((len(self.max_keys),), -torch.inf, dtype=torch.float64)
+        self.add_state("maxima", default=lowest, dist_reduce_fx="max")
 
     def update(self, values: Mapping[str, Tensor | float]) -> None:
         """Add one micro-batch's ``values`` (every key must be present)."""
         missing = set(self.keys) - set(values)
         if missing:
             raise KeyError(f"StepSums.update is missing keys {sorted(missing)}")
+        self.sums += self._row(values, self.sum_keys)
+        if self.max_keys:
+            self.maxima = torch.maximum(self.maxima, self._row(values, self.max_keys))
+
+    def _row(self, values: Mapping[str, Tensor | float], keys: Sequence[str]) -> Tensor:
         row = [
-            torch.as_tensor(values[k]).detach().to(self.sums.device, torch.float64).reshape(())
-            for k in self.keys
+            torch.as_tensor(values[k]).detach().to(self.sums.device, torch.float64).reshape(()) for k in keys
         ]
-        self.sums += torch.stack(row)
+        return torch.stack(row) if row else self.sums.new_zeros(0)
 
     def compute(self) -> dict[str, Tensor]:
-        return {k: self.sums[i] for i, k in enumerate(self.keys)}
+        out = {k: self.sums[i] for i, k in enumerate(self.sum_keys)}
+        out |= {k: self.maxima[i] for i, k in enumerate(self.max_keys)}
+        return {k: out[k] for k in self.keys}
 
 
 def mode_denominator(mode: AggMode, local: MaskStats) -> int:

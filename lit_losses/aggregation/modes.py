@@ -50,7 +50,9 @@ from lit_losses.choices import check_choice
 AggMode = Literal[
     "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ]
+"""An aggregation mode by its established name (the maths of each: this module's docstring)."""
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
+"""The names of `AggMode`, in order."""
 NORM_MODE = "seq-mean-token-sum-norm"
 """The mode that divides by a configured constant (`token_weights`'s ``norm``)."""
 

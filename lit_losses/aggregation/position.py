@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass, fields
 from itertools import islice
 from typing import Any
 
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from lit_losses.aggregation.stats import GlobalStats
@@ -91,6 +90,8 @@ class LoaderPosition:
                 "epoch-end checkpoint or with the same data options"
             )
         if self.index % accumulate:
+            from lightning.pytorch.utilities.rank_zero import rank_zero_warn  # Lightning only when it warns
+
             rank_zero_warn(
                 f"GlobalStatsLoader: the checkpoint was taken after micro-batch {self.index % accumulate} of "
                 f"an accumulation window of {accumulate}; its partial gradient is not in the checkpoint, so "

@@ -9,7 +9,12 @@ from typing import Any
 import lightning as L
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from lit_losses.aggregation.loader import GLOBAL_STATS_KEY, GlobalStatsLoader, data_parallel_group
+from lit_losses.aggregation.loader import (
+    GLOBAL_STATS_KEY,
+    BatchTransform,
+    GlobalStatsLoader,
+    data_parallel_group,
+)
 from lit_losses.aggregation.position import LoaderStats
 from lit_losses.aggregation.stats import GlobalStats, LabelFormat
 
@@ -78,10 +83,14 @@ def train_loaders(trainer: L.Trainer) -> list[GlobalStatsLoader]:
 
 
 def configure_train_loaders(
-    trainer: L.Trainer, mask_keys: Sequence[str], ignore_index: int, label_format: LabelFormat = "next_token"
+    trainer: L.Trainer,
+    mask_keys: Sequence[str],
+    ignore_index: int,
+    label_format: LabelFormat = "next_token",
+    transform: BatchTransform | None = None,
 ) -> None:
     """Configure every `GlobalStatsLoader` of ``trainer``'s fit (``A``, mask keys, batches per epoch, the
-    model's label format)."""
+    model's label format, the transform of its micro-batches before they are counted)."""
 
     for loader in train_loaders(trainer):
         loader.configure(
@@ -90,6 +99,7 @@ def configure_train_loaders(
             ignore_index=ignore_index,
             max_batches=trainer.num_training_batches,
             label_format=label_format,
+            transform=transform,
         )
         if loader.process_group is None:  # counts are summed over the data-parallel ranks only
             loader.process_group = data_parallel_group(trainer)

@@ -25,6 +25,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lit_losses.checkpoint.stopped_epoch import reopen_stopped_epoch
+from lit_losses.checkpoint.topology import Topology, follow_topology
 from lit_losses.errors import ConfigError
 from lit_losses.hparams import plain_data
 from lit_losses.optim import OptimizerConfig
@@ -44,6 +45,11 @@ RUN_OPTIONS = (
     "base_loss_args",
     "loss_agg_norm",
     "grpo",
+    "dpo",
+    "kto",
+    "cpo",
+    "orpo",
+    "ref_model",
 )
 """`RegularizedLM`'s own arguments: what a resumed run may change (the others are the architecture)."""
 
@@ -54,6 +60,11 @@ ADDED_OPTION_DEFAULTS = {
     "base_loss_args": None,
     "loss_agg_norm": None,
     "grpo": None,
+    "dpo": None,
+    "kto": None,
+    "cpo": None,
+    "orpo": None,
+    "ref_model": None,
 }
 
 ARCHITECTURE_HINT = (
@@ -186,7 +197,8 @@ def check_changes(
 
 def restore_checkpoint_state(module: Any, checkpoint: dict[str, Any]) -> None:
     """`RegularizedLM.on_load_checkpoint`: reopen an epoch that ``max_steps`` stopped early
-    (`reopen_stopped_epoch`), check the options against the checkpoint's, then restore the
+    (`reopen_stopped_epoch`), recount the data position for this run's data-parallel size
+    (`follow_topology`), check the options against the checkpoint's, then restore the
     regularizers' run-time weights and flags (those configured as in the checkpoint) and make the
     optimizer state about to be restored follow this run's optimizer options.
 
@@ -194,6 +206,9 @@ def restore_checkpoint_state(module: Any, checkpoint: dict[str, Any]) -> None:
         ConfigError: an architecture option differs from the checkpoint's.
     """
     reopen_stopped_epoch(checkpoint)
+    trainer = getattr(module, "_trainer", None)
+    if trainer is not None:
+        follow_topology(checkpoint, Topology.of(trainer))
     saved = checkpoint.get("hyper_parameters") or {}
     changes = option_changes(saved, dict(module.hparams), model_class=type(module)) if saved else []
     check_changes(changes, "checkpoint")

@@ -29,10 +29,14 @@ from jsonargparse import Path as ResolvedPath
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 import lit_losses
+from lit_losses.checkpoint.latest import checkpoint_folders, latest_checkpoint
 from lit_losses.checkpoint.preemption import PreemptionCheckpoint
 from lit_losses.checkpoint.resume import check_changes, option_changes, read_checkpoint
+from lit_losses.checkpoint.verified import VerifiedCheckpoints
+from lit_losses.checkpoint.verify import verify_checkpoint, warn_unverifiable
 from lit_losses.cli.console import quiet_console, use_step_progress_bar
 from lit_losses.cli.import_hint import import_error_line
 from lit_losses.cli.run_dir import (
@@ -105,7 +109,12 @@ def one_line_error(message: str) -> str:
 
 
 class LitLossesParser(LightningArgumentParser):
-    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback)."""
+    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback), and
+    whose usage lines name ``lit-losses`` however it was started (``python -m lit_losses.cli``, the docs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("prog", "lit-losses")
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
@@ -193,17 +202,39 @@ class LitLossesCLI(LightningCLI):
 
     def after_instantiate_classes(self) -> None:
         self.trainer.callbacks.append(self.run_started)
+        if not any(isinstance(c, VerifiedCheckpoints) for c in self.trainer.callbacks):
+            self.trainer.callbacks.append(VerifiedCheckpoints())
         if self.subcommand == "fit" and not any(
             isinstance(c, PreemptionCheckpoint) for c in self.trainer.callbacks
         ):
             self.trainer.callbacks.append(PreemptionCheckpoint())
         if self.subcommand == "fit":
+            log_every_step_of_a_short_run(self.trainer)
             add_run_callbacks(self.trainer)
             use_step_progress_bar(self.trainer, self.config["fit"]["trainer"].get("callbacks"))
         claim_run_dir(self)
 
+    def before_fit(self) -> None:
+        resolve_last_checkpoint(self)
+
+    def before_validate(self) -> None:
+        resolve_last_checkpoint(self)
+
+    def before_test(self) -> None:
+        resolve_last_checkpoint(self)
+
+    def before_predict(self) -> None:
+        resolve_last_checkpoint(self)
+
 
 _SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+
+
+def log_every_step_of_a_short_run(trainer: Any) -> None:
+    """A fit of fewer optimizer steps (``max_steps``) than the logging interval logs every step, so that its
+    report and TensorBoard show a training loss (Lightning would log none before the interval)."""
+    if 0 < trainer.max_steps < trainer.log_every_n_steps:
+        trainer.log_every_n_steps = 1
 
 
 def check_config_files(args: Any) -> None:
@@ -248,8 +279,33 @@ def check_trainer_options(cli: LitLossesCLI) -> None:
     check_parallel_sizes(options)
     ckpt_path = config.get("ckpt_path")
     if ckpt_path and str(ckpt_path) not in _SPECIAL_CKPT_PATHS:
+        # global rank 0 hashes the files, the other ranks check their sizes
+        verified = verify_checkpoint(ckpt_path, hash_content=is_global_zero(), warn=False)
         read_checkpoint(ckpt_path)
+        warn_unverifiable(verified)
     check_run_dir(sub, config, trainer)
+
+
+def resolve_last_checkpoint(cli: LitLossesCLI) -> None:
+    """``--ckpt_path last``: the newest complete checkpoint of the run's checkpoint folders, verified
+    (`lit_losses.checkpoint.latest`), instead of Lightning's newest ``last*.ckpt``; none: the run starts
+    from scratch, with a warning (as Lightning's).
+
+    Raises:
+        ConfigError: the newest complete checkpoint does not match its manifest.
+    """
+    config = cli.config_init[cli.subcommand]
+    if str(config.get("ckpt_path")) != "last":
+        return
+    found = latest_checkpoint(checkpoint_folders(cli.trainer), hash_content=is_global_zero())
+    if found is None:
+        rank_zero_warn(
+            f"--ckpt_path last: no checkpoint in {', '.join(map(str, checkpoint_folders(cli.trainer)))}; "
+            "the run starts from scratch"
+        )
+    else:
+        rank_zero_info(f"lit-losses: --ckpt_path last: {found}")
+    config["ckpt_path"] = None if found is None else str(found)
 
 
 def check_run_dir(sub: str | None, config: Any, trainer: Any) -> None:
@@ -462,11 +518,17 @@ def stop_exit_code(cli: LitLossesCLI) -> int:
 
 def main() -> None:
     """Console-script entry point ``lit-losses`` (exit status: `cli_main`); ``lit-losses report …`` is
-    `lit_losses.cli.report.report_main`, every other subcommand LightningCLI's."""
+    `lit_losses.cli.report.report_main`, ``lit-losses checkpoint …``
+    `lit_losses.cli.checkpoint.checkpoint_main`, every other subcommand LightningCLI's."""
     if sys.argv[1:2] == ["report"]:
         from lit_losses.cli.report import report_main  # matplotlib only when a report is asked for
 
         report_main(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["checkpoint"]:
+        from lit_losses.cli.checkpoint import checkpoint_main
+
+        checkpoint_main(sys.argv[2:])
         return
     try:
         cli_main()

@@ -2,12 +2,14 @@
 bar that counts optimizer steps.
 
 - `quiet_console` drops Lightning's ``💡 Tip: …`` lines (a `logging.Filter` on Lightning's rank-zero
-  logger) and torch's ``isinstance(treespec, LeafSpec)`` deprecation warning that Lightning's own
-  ``_pytree`` utilities trigger (a `warnings` filter on that message). Other warnings stay.
+  logger), the ``[rank: N] Seed set to …`` line of every process but rank 0, and torch's
+  ``isinstance(treespec, LeafSpec)`` deprecation warning that Lightning's own ``_pytree`` utilities
+  trigger (a `warnings` filter on that message). Other warnings stay.
 - `StepProgressBar`: Lightning's `TQDMProgressBar` whose bar counts optimizer steps against
   ``trainer.max_steps`` (or, without ``max_steps``, against the epoch's optimizer steps), not
   micro-batches: with ``accumulate_grad_batches=4`` and ``max_steps=20`` it reads ``20/20`` at the end,
-  where Lightning's reads ``80/20``.
+  where Lightning's reads ``80/20``. A later epoch starts the bar where the run stands and its rate
+  counts the steps taken since (not every step of the run over the epoch's first second).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import os
 import warnings
 from typing import Any
 
@@ -25,6 +28,17 @@ TIP_PREFIX = "💡 Tip:"
 """How Lightning's advertising tips start (``litlogger``, ``litmodels``)."""
 
 LIGHTNING_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+PER_RANK_LOGGERS = ("lightning.fabric.utilities.seed",)
+"""Lightning loggers that print on every process (``[rank: 1] Seed set to 0``): rank 0's line is enough."""
+
+
+class RankZeroOnly(logging.Filter):
+    """A logging filter that drops every record on a process other than global rank 0 (``RANK``, or
+    Lightning's ``LOCAL_RANK`` of a one-node launch)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+        return rank in ("", "0")
 
 
 class DropTips(logging.Filter):
@@ -42,7 +56,8 @@ class DropTips(logging.Filter):
 
 
 def quiet_console() -> None:
-    """Drop Lightning's tips and the ``LeafSpec`` deprecation warning from this process's console.
+    """Drop Lightning's tips, the seed line of ranks other than 0, and the ``LeafSpec`` deprecation warning
+    from this process's console.
 
     Example:
         >>> quiet_console()
@@ -53,6 +68,10 @@ def quiet_console() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, DropTips) for f in logger.filters):
             logger.addFilter(DropTips())
+    for name in PER_RANK_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RankZeroOnly) for f in logger.filters):
+            logger.addFilter(RankZeroOnly())
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
@@ -83,7 +102,7 @@ class StepProgressBar(TQDMProgressBar):
         super().on_train_epoch_start(trainer, *args)
         bar = self.train_progress_bar
         bar.total = self.steps_total(trainer)
-        bar.n = self.steps_done(trainer, -1)
+        bar.n = bar.initial = self.steps_done(trainer, -1)  # the rate counts this epoch's steps only
         bar.unit = "step"
         bar.refresh()
 

@@ -11,7 +11,9 @@ Panels, each drawn when its tags were logged (several runs overlay, e.g. an abla
 - **learning rate** (Lightning's `LearningRateMonitor`: ``lr-<optimizer>[/pg<i>]``);
 - **validation loss** (``val/loss``);
 - **gradient norms** (tags containing ``grad_norm``);
-- **RL telemetry** (``train/base_loss/<metric>``: clip fraction, ratio mean, approximate KL, ...).
+- **RL telemetry** (``train/base_loss/<metric>``: clip fraction, ratio mean, approximate KL, ...);
+- **preference rewards** (``train/rewards/…``: TRL's chosen, rejected, accuracies,
+  margins) and **sequence log-probabilities** (``train/logps/…``), with a preference loss.
 
 Works on a run still going (what the logger flushed so far). A folder with no event file and no
 ``metrics.csv`` is one error line and exit code 2. The telemetry schema: ``docs/concepts/telemetry.md``.
@@ -24,31 +26,38 @@ import base64
 import html
 import io
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from lit_losses.cli.report_data import RunScalars, finite, read_runs
+from lit_losses.cli.report_data import RunScalars, config_differences, final_values, finite, read_runs
 from lit_losses.errors import ConfigError
 
-LOSS_TAGS = ("train/loss_total", "train/base_loss", "train/regularizer_total")
+LOSS_TAGS = ("train/loss_total", "train/base_loss")
+VAL_TAGS = ("val/loss", "val/loss_total")
 MARKER_STYLES = {
     "fired": (":", "crimson"),
     "rollback": ("--", "darkorange"),
     "non_finite_step": ("-.", "black"),
 }
 """How the step axis marks a controller firing, a spike recovery, an optimizer step skipped for NaN/Inf."""
+LINE_STYLES = ("-", "--", ":", "-.")
+"""Overlaid runs: one colour per run, one line style per series."""
 
 
 @dataclass
 class Line:
-    """One plotted series: its label, steps and values (the logged values; non-finite ones left out)."""
+    """One plotted series: its label, steps and values (the logged values; non-finite ones left out), the
+    run it belongs to (its index in the report) and its series name (a tag, or tags that logged the same)."""
 
     label: str
     steps: list[int]
     values: list[float]
+    run: int = 0
+    name: str = ""
 
 
 @dataclass
@@ -60,20 +69,38 @@ class Panel:
     lines: list[Line] = field(default_factory=list)
     stacked: bool = False
     markers: list[Line] = field(default_factory=list)
+    runs: int = 1
 
 
-def line(run: RunScalars, tag: str, name: str | None = None, runs: int = 1) -> Line:
+def line(run: RunScalars, tag: str, name: str | None = None, runs: int = 1, index: int = 0) -> Line:
     """The line of ``tag`` in ``run``, labelled with the run's name when several runs overlay."""
     steps, values = finite(run.scalars[tag])
     label = name or tag
-    return Line(f"{run.label}: {label}" if runs > 1 else label, steps, values)
+    return Line(f"{run.label}: {label}" if runs > 1 else label, steps, values, run=index, name=label)
+
+
+def merge_identical(lines: list[Line], runs: list[RunScalars]) -> list[Line]:
+    """Series of one run that logged the same numbers at the same steps, drawn once and named together
+    (``train/loss_total = train/base_loss`` without regularizers, two learning-rate groups, ...)."""
+    merged: dict[tuple, Line] = {}
+    for ln in lines:
+        key = (ln.run, tuple(ln.steps), tuple(ln.values))
+        if key in merged:
+            kept = merged[key]
+            kept.name = f"{kept.name} = {ln.name}"
+            prefix = f"{runs[ln.run].label}: " if len(runs) > 1 else ""
+            kept.label = f"{prefix}{kept.name}"
+        else:
+            merged[key] = ln
+    return list(merged.values())
 
 
 def tag_panel(runs: list[RunScalars], title: str, ylabel: str, tags_of) -> Panel:
-    """A panel with the tags ``tags_of(run)`` of every run."""
-    panel = Panel(title, ylabel)
-    for run in runs:
-        panel.lines += [line(run, tag, runs=len(runs)) for tag in tags_of(run)]
+    """A panel with the tags ``tags_of(run)`` of every run, identical series of a run merged."""
+    panel = Panel(title, ylabel, runs=len(runs))
+    for index, run in enumerate(runs):
+        panel.lines += [line(run, tag, runs=len(runs), index=index) for tag in tags_of(run)]
+    panel.lines = merge_identical(panel.lines, runs)
     return panel
 
 
@@ -91,41 +118,118 @@ def controller_markers(runs: list[RunScalars]) -> list[Line]:
     return markers
 
 
-def panels(runs: list[RunScalars]) -> list[Panel]:
-    """What the report draws, in order; panels without any logged tag are left out."""
-    loss = tag_panel(
-        runs, "Training loss", "loss", tags_of=lambda r: [t for t in LOSS_TAGS if t in r.scalars]
-    )
-    loss.markers = controller_markers(runs)
-    drawn = [loss]
+def term_names(runs: list[RunScalars]) -> list[str]:
+    """The regularizers any run logged a value of, sorted."""
+    return sorted({t.split("/")[1] for r in runs for t in r.tags("regularizers/", "/value")})
+
+
+def scale_of(values: list[float]) -> int:
+    """The decade of a series' largest magnitude (``-2`` for values up to about 0.05), for grouping."""
+    largest = max((abs(v) for v in values), default=0.0)
+    return math.floor(math.log10(largest)) if largest > 0 else -99
+
+
+def scale_panels(runs: list[RunScalars], title: str, tags_of) -> list[Panel]:
+    """The tags ``tags_of(run)`` in panels of series of one decade each, so that none flattens another."""
+    by_scale: dict[int, list[str]] = {}
+    for run in runs:
+        for tag in tags_of(run):
+            by_scale.setdefault(scale_of(finite(run.scalars[tag])[1]), []).append(tag)
+    drawn = []
+    for scale in sorted(by_scale, reverse=True):
+        tags = set(by_scale[scale])
+        name = title if len(by_scale) == 1 else f"{title} (~1e{scale})"
+        drawn.append(
+            tag_panel(runs, name, "value", tags_of=lambda r, tags=tags: sorted(tags & set(r.scalars)))
+        )
+    return drawn
+
+
+def regularizer_panels(runs: list[RunScalars]) -> list[Panel]:
+    """The regularizer total on its own axis, each run's stacked contributions, one panel per term's value
+    (a z-loss of ~60 does not flatten a term of ~4), the weights, and each term's custom metrics."""
+    drawn = [
+        tag_panel(runs, "Regularizer total", "Σ w·r", tags_of=lambda r: r.tags("train/regularizer_total"))
+    ]
     for run in runs:
         stacked = Panel(f"Regularizer contributions (stacked): {run.label}", "w·r", stacked=True)
         stacked.lines = [
             line(run, tag, tag.split("/")[1]) for tag in run.tags("regularizers/", "/contribution")
         ]
         drawn.append(stacked)
+    for name in term_names(runs):
+        drawn.append(
+            tag_panel(
+                runs,
+                f"Regularizer {name}: value",
+                "r",
+                tags_of=lambda r, n=name: r.tags(f"regularizers/{n}/value"),
+            )
+        )
+    drawn.append(
+        tag_panel(runs, "Regularizer weights", "w", tags_of=lambda r: r.tags("regularizers/", "/weight"))
+    )
+    custom = sorted({t.split("/")[1] for r in runs for t in r.tags("regularizers/") if "/custom/" in t})
+    for name in custom:
+        drawn += scale_panels(
+            runs,
+            f"Regularizer {name}: custom metrics",
+            tags_of=lambda r, n=name: r.tags(f"regularizers/{n}/custom/"),
+        )
+    return drawn
+
+
+def other_tags(run: RunScalars, drawn: list[Panel]) -> list[str]:
+    """The tags of ``run`` that no panel draws (custom metrics a model logged itself, ...)."""
+    shown = {tag for panel in drawn for ln in panel.lines for tag in ln.name.split(" = ")}
+    return [
+        t
+        for t in run.tags()
+        if t not in shown
+        and t not in ("epoch", "train/non_finite_step")
+        and not t.startswith(("controller/", "regularizers/"))
+    ]
+
+
+def panels(runs: list[RunScalars]) -> list[Panel]:
+    """What the report draws, in order; panels without any logged tag are left out."""
+    loss = tag_panel(
+        runs, "Training loss", "loss", tags_of=lambda r: [t for t in LOSS_TAGS if t in r.scalars]
+    )
+    drawn = [loss, *regularizer_panels(runs)]
     drawn += [
-        tag_panel(runs, "Regularizer values", "r", tags_of=lambda r: r.tags("regularizers/", "/value")),
-        tag_panel(runs, "Regularizer weights", "w", tags_of=lambda r: r.tags("regularizers/", "/weight")),
         tag_panel(runs, "Learning rate", "lr", tags_of=lambda r: r.tags("lr-")),
-        tag_panel(runs, "Validation loss", "loss", tags_of=lambda r: r.tags("val/loss")),
+        tag_panel(runs, "Validation loss", "loss", tags_of=lambda r: [t for t in VAL_TAGS if t in r.scalars]),
         tag_panel(
             runs, "Gradient norms", "norm", tags_of=lambda r: [t for t in r.tags() if "grad_norm" in t]
         ),
-        tag_panel(runs, "RL telemetry", "value", tags_of=lambda r: r.tags("train/base_loss/")),
+        *scale_panels(runs, "RL telemetry", tags_of=lambda r: r.tags("train/base_loss/")),
+        *scale_panels(runs, "Preference rewards", tags_of=lambda r: r.tags("train/rewards/")),
+        *scale_panels(runs, "Sequence log-probabilities", tags_of=lambda r: r.tags("train/logps/")),
     ]
+    drawn += scale_panels(runs, "Other logged scalars", tags_of=lambda r: other_tags(r, drawn))
+    markers = controller_markers(runs)
+    for panel in drawn:
+        panel.runs = len(runs)
+        if not panel.stacked:
+            panel.markers = markers
     return [p for p in drawn if p.lines]
 
 
 def draw(panel: Panel) -> Figure:
-    """The panel as a matplotlib figure (no pyplot: nothing global, no display needed)."""
+    """The panel as a matplotlib figure (no pyplot: nothing global, no display needed). Overlaid runs
+    have one colour each and one line style per series; a single run one colour per series."""
     figure = Figure(figsize=(8, 3.4), layout="constrained")
     axes = figure.add_subplot()
     if panel.stacked:
         stack(axes, panel.lines)
     else:
+        names = list(dict.fromkeys(ln.name for ln in panel.lines))
         for ln in panel.lines:
-            axes.plot(ln.steps, ln.values, label=ln.label, marker="." if len(ln.steps) < 30 else None)
+            style = {"label": ln.label, "marker": "." if len(ln.steps) < 30 else None}
+            if panel.runs > 1:
+                style |= {"color": f"C{ln.run % 10}", "linestyle": LINE_STYLES[names.index(ln.name) % 4]}
+            axes.plot(ln.steps, ln.values, **style)
     for marker in panel.markers:
         style, color = MARKER_STYLES[marker.label.rpartition("/")[2]]
         for step in marker.steps:
@@ -171,21 +275,72 @@ def plotted_data(drawn: list[Panel]) -> list[dict]:
     ]
 
 
-def render_html(runs: list[RunScalars], drawn: list[Panel]) -> str:
-    """The self-contained page: run list, one image per panel, and the plotted numbers as JSON."""
-    items = "".join(
-        f"<li><code>{html.escape(str(r.folder))}</code> ({html.escape(r.label)})</li>" for r in runs
+FINAL_TAGS = ("train/loss_total", "train/base_loss", "train/regularizer_total", "val/loss")
+"""The final values the run table shows first (then every ``val/`` tag a run logged)."""
+
+
+def html_table(header: list[str], rows: list[list[str]]) -> str:
+    """A plain HTML table of already-escaped cells."""
+    head = "".join(f"<th>{h}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def cell(value: object) -> str:
+    """A value as table text: 4 significant digits for numbers, ``-`` for none."""
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else html.escape(str(value))
+
+
+def runs_table(runs: list[RunScalars]) -> str:
+    """Each run: its folder, why it ended and at which step (``run_end.json``), its final values."""
+    val_tags = sorted({t for r in runs for t in r.tags("val/")} - set(FINAL_TAGS))
+    finals = final_values(runs, (*FINAL_TAGS, *val_tags))
+    header = ["run", "folder", "ended", "step", *map(html.escape, finals)]
+    rows = [
+        [
+            html.escape(r.label),
+            f"<code>{html.escape(str(r.folder))}</code>",
+            cell(r.end.get("reason")),
+            cell(r.end.get("step")),
+            *(cell(values[i]) for values in finals.values()),
+        ]
+        for i, r in enumerate(runs)
+    ]
+    return html_table(header, rows)
+
+
+def differences_table(runs: list[RunScalars]) -> str:
+    """The options whose values differ between the runs (from each run's ``config.yaml``)."""
+    differences = config_differences(runs)
+    if len(runs) < 2:
+        return ""
+    if not differences:
+        return "<h2>Options that differ</h2><p>none (or no <code>config.yaml</code> in the run folders)</p>"
+    rows = [[f"<code>{html.escape(k)}</code>", *map(cell, values)] for k, values in differences.items()]
+    return "<h2>Options that differ</h2>" + html_table(
+        ["option", *(html.escape(r.label) for r in runs)], rows
     )
+
+
+def render_html(runs: list[RunScalars], drawn: list[Panel]) -> str:
+    """The self-contained page: the runs and their final values, the options that differ between them,
+    one image per panel, and the plotted numbers as JSON."""
     figures = "".join(
         f'<h2>{html.escape(p.title)}</h2><img alt="{html.escape(p.title)}" '
         f'src="data:image/png;base64,{png_base64(draw(p))}">'
         for p in drawn
     )
     data = json.dumps(plotted_data(drawn)).replace("</", "<\\/")
+    style = (
+        "body{font-family:sans-serif;max-width:900px;margin:auto}img{max-width:100%}"
+        "table{border-collapse:collapse;font-size:small}td,th{border:1px solid #ccc;padding:2px 6px}"
+    )
     return (
-        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>lit-losses report</title>'
-        "<style>body{font-family:sans-serif;max-width:900px;margin:auto}img{max-width:100%}</style>"
-        f"</head><body><h1>lit-losses report</h1><ul>{items}</ul>{figures}"
+        f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>lit-losses report</title><style>{style}'
+        f"</style></head><body><h1>lit-losses report</h1><h2>Runs</h2>{runs_table(runs)}"
+        f"{differences_table(runs)}{figures}"
         f'<script type="application/json" id="plotted-data">{data}</script></body></html>\n'
     )
 

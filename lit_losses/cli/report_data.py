@@ -9,10 +9,13 @@ the logger has flushed so far is read.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lit_losses.errors import ConfigError
@@ -32,6 +35,10 @@ class RunScalars:
     folder: Path
     label: str
     scalars: dict[str, Series] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    """The run's ``config.yaml`` as dotted option paths (``model.init_args.loss_agg``: value), or empty."""
+    end: dict[str, Any] = field(default_factory=dict)
+    """The run's ``run_end.json`` (why and where it ended); empty while it runs or without."""
 
     def tags(self, prefix: str = "", suffix: str = "") -> list[str]:
         """The logged tags that start with ``prefix`` and end with ``suffix``, sorted."""
@@ -85,8 +92,74 @@ def read_run(folder: Path, label: str | None = None) -> RunScalars:
             tag: {int(e.step): float(e.value) for e in accumulator.Scalars(tag)}
             for tag in accumulator.Tags()["scalars"]
         }
-        return RunScalars(folder, label, scalars)
-    return RunScalars(folder, label, read_csv(folder / "metrics.csv"))
+    else:
+        scalars = read_csv(folder / "metrics.csv")
+    return RunScalars(folder, label, scalars, config=read_config(folder), end=read_end(folder))
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """The run's ``config.yaml`` (written by ``lit-losses fit``) as dotted option paths, or ``{}``."""
+    path = folder / "config.yaml"
+    if not path.is_file():
+        return {}
+    loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return flatten(loaded) if isinstance(loaded, dict) else {}
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as ``{"a.b.c": value}``; lists (regularizers, callbacks) as one value each.
+
+    Example:
+        >>> flatten({"model": {"init_args": {"loss_agg": "token-mean", "regularizers": [{"name": "z"}]}}})
+        {'model.init_args.loss_agg': 'token-mean', 'model.init_args.regularizers': "[{'name': 'z'}]"}
+    """
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat |= flatten(value, f"{path}.")
+        else:
+            flat[path] = str(value) if isinstance(value, list) else value
+    return flat
+
+
+def read_end(folder: Path) -> dict[str, Any]:
+    """The run's ``run_end.json``; ``{}`` while the run goes on (or for a run of another tool)."""
+    path = folder / "run_end.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+RUN_SPECIFIC = ("default_root_dir", "save_dir", "version", "dirpath", "ckpt_path", "name")
+"""Option names whose values differ between any two runs (folders, versions): not a difference of setup."""
+
+
+def config_differences(runs: list[RunScalars]) -> dict[str, list[Any]]:
+    """The options whose values differ between the runs (``-`` where a run has no such option), folders and
+    versions left out.
+
+    Example:
+        >>> a = RunScalars(Path("a"), "a", config={"model.lr": 0.1, "trainer.default_root_dir": "a"})
+        >>> b = RunScalars(Path("b"), "b", config={"model.lr": 0.2, "trainer.default_root_dir": "b"})
+        >>> config_differences([a, b])
+        {'model.lr': [0.1, 0.2]}
+    """
+    keys = sorted({k for r in runs for k in r.config if k.rpartition(".")[2] not in RUN_SPECIFIC})
+    rows = {k: [r.config.get(k, "-") for r in runs] for k in keys}
+    return {k: values for k, values in rows.items() if len({repr(v) for v in values}) > 1}
+
+
+def final_values(runs: list[RunScalars], tags: tuple[str, ...]) -> dict[str, list[float | None]]:
+    """The last finite value of each tag in each run (``None`` where a run did not log it); tags that no
+    run logged are left out."""
+    table = {}
+    for tag in tags:
+        values = [finite(r.scalars[tag])[1][-1:] if tag in r.scalars else [] for r in runs]
+        if any(values):
+            table[tag] = [v[0] if v else None for v in values]
+    return table
 
 
 def read_csv(path: Path) -> dict[str, Series]:

@@ -192,7 +192,16 @@ def end_record(
         "exit_code": None,
         "controller_firings": firings(trainer),
         "resume_command": None,
+        "metrics": loss_metrics(trainer),
     }
+
+
+def loss_metrics(trainer: L.Trainer) -> dict[str, float | str | None]:
+    """The last step's metrics of the loss (``RegularizedLM.telemetry["metrics"]``: the preference losses'
+    ``rewards/accuracies``, ``rewards/margins``, …), empty for the other losses."""
+    telemetry = getattr(trainer.lightning_module, "telemetry", None)
+    metrics = telemetry.get("metrics") if isinstance(telemetry, dict) else None
+    return {name: _finite(value) for name, value in (metrics or {}).items()}
 
 
 def config_file(trainer: L.Trainer) -> Path | None:
@@ -262,11 +271,13 @@ def summary_text(record: dict[str, Any]) -> str:
     log_dir = record["log_dir"]
     checkpoint = record["checkpoints"][-1] if record["checkpoints"] else "none written"
     resume = [f"  resume with:  {record['resume_command']}"] if record.get("resume_command") else []
+    metrics = ", ".join(f"{k} {fmt(v)}" for k, v in (record.get("metrics") or {}).items())
     return "\n".join(
         [
             f"lit-losses: fit ended at step {record['step']}: {record['detail']}",
             f"  final losses: train/loss_total {fmt(record['train_loss'])}, "
             f"val/loss {fmt(record['val_loss'])}",
+            *([f"  last step:    {metrics}"] if metrics else []),
             f"  run folder:   {log_dir}",
             f"  checkpoint:   {checkpoint}",
             *resume,

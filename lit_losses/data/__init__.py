@@ -1,8 +1,10 @@
-"""Text and offline RL data: tokenizer, RL records, packing into token-budget micro-batches with loss masks.
+"""Text, preference, offline RL and offline distillation data: tokenizer, records, packing into
+token-budget micro-batches with loss masks.
 
 `lit_losses.data.rollouts` (the RL example's generator) imports the models and is not imported here.
 """
 
+from lit_losses.data.distillation import DistillationDataModule
 from lit_losses.data.packing import (
     EpochShuffleSampler,
     MicroBatchDataset,
@@ -11,14 +13,17 @@ from lit_losses.data.packing import (
     collate_rows,
     pack_rows,
 )
+from lit_losses.data.preference import PreferenceDataModule
 from lit_losses.data.rl import RLDataModule, rl_dataset
 from lit_losses.data.rl_records import parse_record, read_jsonl, write_jsonl
 from lit_losses.data.text import TextDataModule, stdlib_sources
 
 __all__ = [
+    "DistillationDataModule",
     "EpochShuffleSampler",
     "MicroBatchDataset",
     "Pieces",
+    "PreferenceDataModule",
     "RLDataModule",
     "TextDataModule",
     "batch_rows",

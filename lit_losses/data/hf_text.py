@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lit_losses.aggregation.stats import batch_segment_ids, shift_labels
-from lit_losses.data.packing import MicroBatchDataset, Pieces
+from lit_losses.data.encoding import TokenEncoder
 from lit_losses.data.text import TextDataModule
 from lit_losses.data.tokenizer import MIN_VOCAB_SIZE
 from lit_losses.errors import ConfigError
@@ -125,7 +125,9 @@ class HFTextDataModule(TextDataModule):
         add_special_tokens: let the tokenizer add its special tokens (e.g. BOS) to each document.
         append_eos: end each document with the tokenizer's EOS token.
         **kwargs: the other `TextDataModule` options (``text_field``, ``seq_len``, ``tokens_per_batch``,
-            ``packing``, ``val_fraction``, ``max_documents``, ``seed``, ``num_workers``).
+            ``packing``, ``val_fraction``, ``max_documents``, ``seed``, ``num_workers``, and for TRL's
+            prompt-completion and conversational records ``completion_only_loss`` and
+            ``assistant_only_loss``: conversations are rendered by this tokenizer's chat template).
 
     Example:
         >>> import pathlib, tempfile
@@ -167,13 +169,14 @@ class HFTextDataModule(TextDataModule):
         # the parent's lower bound on vocab_size is its own byte-level BPE's; this tokenizer is given
         super().__init__(paths=paths, vocab_size=max(size, MIN_VOCAB_SIZE), **kwargs)
         self.vocab_size = vocab_size
+        self.tokenizer_path = tokenizer
         self.add_special_tokens = add_special_tokens
         self.append_eos = append_eos
 
     def prepare_data(self) -> None:
         """Nothing to prepare: the tokenizer is already trained."""
 
-    def encode(self, documents: Sequence[str]) -> list[list[int]]:
+    def encode(self, documents: list[str]) -> list[list[int]]:
         """Token ids of each document (with the tokenizer's special tokens and EOS, as configured)."""
         tok = self.hf_tokenizer
         if self.append_eos and tok.eos_token_id is None:
@@ -182,18 +185,10 @@ class HFTextDataModule(TextDataModule):
         ids = tok(list(documents), add_special_tokens=self.add_special_tokens)["input_ids"]
         return [[*doc, *eos] for doc in ids]
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
-        train_docs, val_docs = self._split(self._read_documents())
-        tok = self.hf_tokenizer
-        self.pad_id = next(i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None)
-
-        def build(docs: list[str]) -> MicroBatchDataset:
-            pieces = Pieces.from_documents(self.encode(docs), self.seq_len)
-            return MicroBatchDataset(
-                pieces, self.seq_len, self.tokens_per_batch, packing=self.packing, pad_id=self.pad_id
-            )
-
-        self.train_set = build(train_docs)
-        self.val_set = build(val_docs) if val_docs else None
+    def token_encoder(self, train_docs: list) -> TokenEncoder:
+        """The Hugging Face tokenizer (already trained: ``train_docs`` are not read)."""
+        return TokenEncoder(
+            self.hf_tokenizer,
+            f"data.tokenizer {self.tokenizer_path!r}",
+            add_special_tokens=self.add_special_tokens,
+        )

@@ -13,17 +13,32 @@ Row layout, for pieces ``a`` then ``b``::
     position_ids  0  1  2  0  1  0
 
 Pieces built with explicit ``labels`` (`Pieces.from_sequences`, e.g. RL records whose prompt tokens have
-no target) use them instead of the next tokens, and their per-token float ``fields`` (e.g.
-``advantages``) travel with the tokens into ``[B, T]`` float32 batch keys, 0.0 outside the pieces.
+no target) use them instead of the next tokens, and their per-token ``fields`` (e.g. ``advantages``)
+travel with the tokens into ``[B, T]`` float32 batch keys, 0.0 outside the pieces; a field of ``k`` values
+per token (a teacher's top-k) becomes a ``[B, T, k]`` key, int64 for integer values (token ids).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import accumulate
+from typing import Any
 
 import torch
 from torch import Tensor
+
+
+def field_tensor(values: list[Any]) -> Tensor:
+    """Per-token values as a tensor: ``[n]`` float32 for numbers; ``[n, k]`` for lists of ``k``, int64 when
+    they are integers (token ids), else float32.
+
+    Example:
+        >>> field_tensor([0.5, 1.0]).dtype, field_tensor([[3, 4], [0, 0]]).dtype
+        (torch.float32, torch.int64)
+    """
+    first = values[0] if values else 0.0
+    integers = isinstance(first, list) and bool(first) and all(type(v) is int for v in first)
+    return torch.tensor(values, dtype=torch.int64 if integers else torch.float32)
 
 
 @dataclass
@@ -31,8 +46,8 @@ class Pieces:
     """Pieces as ``(start, length)`` into one flat token tensor.
 
     ``labels`` (optional, aligned with ``tokens``): the target of each position, ``-100`` where there is
-    none; without it a position's target is the next token of its piece. ``fields``: per-token float
-    tensors aligned with ``tokens`` (the value at position ``i`` describes its target).
+    none; without it a position's target is the next token of its piece. ``fields``: per-token tensors
+    ``[n]`` or ``[n, k]`` aligned with ``tokens`` (the value at position ``i`` describes its target).
     """
 
     tokens: Tensor
@@ -59,9 +74,10 @@ class Pieces:
 
     @classmethod
     def from_sequences(
-        cls, inputs: list[list[int]], labels: list[list[int]], fields: dict[str, list[list[float]]]
+        cls, inputs: list[list[int]], labels: list[list[int]], fields: dict[str, list[list[Any]]]
     ) -> Pieces:
-        """One piece per sequence (never cut), with its own ``labels`` and per-token ``fields``.
+        """One piece per sequence (never cut), with its own ``labels`` and per-token ``fields``: a number per
+        token (float32), or a list of ``k`` per token (int64 for integers, else float32).
 
         Example:
             >>> adv = {"advantages": [[0.0, 1.5], [-1.0]]}
@@ -76,7 +92,7 @@ class Pieces:
             torch.tensor([0, *accumulate(lengths)][:-1], dtype=torch.int64),
             torch.tensor(lengths, dtype=torch.int64),
             torch.tensor([t for seq in labels for t in seq], dtype=torch.int32),
-            {k: torch.tensor(values, dtype=torch.float32) for k, values in flat_fields.items()},
+            {k: field_tensor(values) for k, values in flat_fields.items()},
         )
 
     def __len__(self) -> int:
@@ -122,7 +138,7 @@ def collate_rows(pieces: Pieces, rows: list[list[int]], pad_id: int, ignore_inde
     labels = torch.full((B, T), ignore_index, dtype=torch.long)
     segment_ids = torch.zeros((B, T), dtype=torch.long)
     position_ids = torch.zeros((B, T), dtype=torch.long)
-    fields = {key: torch.zeros((B, T), dtype=torch.float32) for key in pieces.fields}
+    fields = {key: torch.zeros((B, T, *v.shape[1:]), dtype=v.dtype) for key, v in pieces.fields.items()}
     for b, row in enumerate(rows):
         col = 0
         for seg, p in enumerate(row, start=1):

@@ -10,6 +10,8 @@ A record takes one of two forms.
      "completion_mask": [0, 0, 1, 1, 1],             # optional; default: where "logprobs" is not null
      "weights": [0, 0, 1.0, 1.0, 0.5],               # optional, Tinker's per-token weights
      "ref_logprobs": [null, null, -2.0, -0.5, -1.2], # optional: a reference policy's log-probabilities
+     "old_logprobs": [null, null, -2.0, -0.4, -1.4], # optional: the trainer's, when "logprobs" are an
+                                                     # inference engine's (π_old beside π_rollout)
      "sample_weight": 1.0}                           # optional: the sequence's weight (ROLL's weights=)
 
 **Tinker's Datum form** (target-aligned, as `tinker.Datum`: position ``t`` of ``model_input`` predicts
@@ -18,7 +20,7 @@ A record takes one of two forms.
     {"model_input": [3, 9, 4, 7],    # or {"chunks": [{"tokens": [...]}, ...]}
      "loss_fn_inputs": {"target_tokens": [9, 4, 7, 1], "logprobs": [0, -2.1, -0.4, -1.3],
                         "advantages": [0, 0.8, 0.8, 0.8], "weights": [0, 1, 1, 1],  # and/or "mask"
-                        "ref_logprobs": [...]},                                    # optional
+                        "ref_logprobs": [...], "old_logprobs": [...]},             # optional
      "sample_weight": 1.0}                                                          # optional
 
 The row of a record (`RLRow`) is ``input_ids = tokens[:-1]`` and, at input position ``t``, the target
@@ -26,14 +28,16 @@ The row of a record (`RLRow`) is ``input_ids = tokens[:-1]`` and, at input posit
 (Datum form: ``model_input`` and ``target_tokens[t]`` where ``mask``/``weights`` are ≠ 0); the per-token
 fields of the RL batch contract are shifted the same way and are 0.0 where there is no target:
 ``sampling_logprobs`` (from ``logprobs``), ``advantages``, ``loss_weights`` (from ``weights``),
-``sample_weights`` (``sample_weight`` at every target) and ``ref_logprobs``. A position with weight 0 has
-no target: it is neither trained on nor counted by the aggregation's denominators.
+``sample_weights`` (``sample_weight`` at every target), ``ref_logprobs`` and ``old_logprobs``. A position
+with weight 0 has no target: it is neither trained on nor counted by the aggregation's denominators.
 
 Every error names where the record came from (``file:line`` or ``records[i]``) and the field: a missing
 field, lengths that differ, a token id outside ``[0, vocab_size)``, a non-finite value, a log-probability
 > 0, a completion token without a log-probability, a record without a completion token or longer than
-``seq_len``, a misspelt optional field, a field of the other form (``mask`` in the flat form, ...). Other
-fields (``reward``, ids, text) are ignored.
+``seq_len``, a misspelt optional field, a field of the other form (``mask`` in the flat form, ...),
+``old_logprobs`` of another length than ``logprobs``; and, naming the first record with and the first
+without, ``ref_logprobs`` or ``old_logprobs`` in some records only. Other fields (``reward``, ids, text)
+are ignored.
 """
 
 from __future__ import annotations
@@ -51,7 +55,16 @@ from lit_losses.errors import ConfigError
 
 IGNORE_INDEX = -100
 #: The batch keys an RL row carries besides ``input_ids`` and ``labels``, in this order.
-RL_FIELDS = ("sampling_logprobs", "advantages", "loss_weights", "sample_weights", "ref_logprobs")
+RL_FIELDS = (
+    "sampling_logprobs",
+    "advantages",
+    "loss_weights",
+    "sample_weights",
+    "ref_logprobs",
+    "old_logprobs",
+)
+#: The optional per-token log-probability fields: in every record of a data set or in none.
+ALL_OR_NONE = ("ref_logprobs", "old_logprobs")
 #: Fields a record may hold (flat form, then the Datum form); any other field is ignored unless it looks
 #: like a misspelling of one of these.
 FLAT_KEYS = (
@@ -62,10 +75,11 @@ FLAT_KEYS = (
     "completion_mask",
     "weights",
     "ref_logprobs",
+    "old_logprobs",
     "sample_weight",
 )
 DATUM_KEYS = ("model_input", "loss_fn_inputs", "sample_weight")
-DATUM_INPUTS = ("target_tokens", "logprobs", "advantages", "weights", "mask", "ref_logprobs")
+DATUM_INPUTS = ("target_tokens", "logprobs", "advantages", "weights", "mask", "ref_logprobs", "old_logprobs")
 #: Fields of the other form, refused with a hint rather than ignored.
 FLAT_FOREIGN = {
     "mask": "the flat form's mask is 'completion_mask'",
@@ -226,10 +240,23 @@ def _flat_record(f: _Fields, vocab_size: int | None) -> Converted:
     columns = {"sampling_logprobs": ("logprobs", logprobs), "advantages": ("advantages", advantages)}
     if weights is not None:
         columns["loss_weights"] = ("weights", weights)
-    ref = f.floats("ref_logprobs", n, required=False, logprob=True)
-    if ref is not None:
-        columns["ref_logprobs"] = ("ref_logprobs", ref)
+    _optional_logprobs(f, columns, n)
     return _shifted(f, tokens[:-1], tokens[1:], chosen=targets[1:], columns=columns, offset=1)
+
+
+def _optional_logprobs(f: _Fields, columns: Columns, n: int) -> None:
+    """``ref_logprobs`` and ``old_logprobs`` into ``columns`` when the record has them (``old_logprobs``
+    aligned like ``logprobs``: as many entries)."""
+    old = f.get("old_logprobs", required=False)
+    if isinstance(old, list) and len(old) != n:
+        raise f.fail(
+            f"field 'old_logprobs' has {len(old)} entries but 'logprobs' has {n}: old_logprobs is aligned "
+            "like logprobs (one per position)"
+        )
+    for key in ALL_OR_NONE:
+        values = f.floats(key, n, required=False, logprob=True)
+        if values is not None:
+            columns[key] = (key, values)
 
 
 def _datum_record(f: _Fields, vocab_size: int | None) -> Converted:
@@ -259,9 +286,7 @@ def _datum_record(f: _Fields, vocab_size: int | None) -> Converted:
     }
     if weights is not None:
         columns["loss_weights"] = ("weights", weights)
-    ref = g.floats("ref_logprobs", n, required=False, logprob=True)
-    if ref is not None:
-        columns["ref_logprobs"] = ("ref_logprobs", ref)
+    _optional_logprobs(g, columns, n)
     return _shifted(g, tokens, targets_ids, chosen=targets, columns=columns, offset=0)
 
 
@@ -358,18 +383,19 @@ def parse_records(
 
 def complete_fields(rows: list[tuple[RLRow, str]]) -> list[RLRow]:
     """Give every row the same fields: ``loss_weights`` and ``sample_weights`` (1.0 at targets) where some
-    record has them; ``ref_logprobs`` must be in every record or in none.
+    record has them; ``ref_logprobs`` and ``old_logprobs`` must be in every record or in none.
 
     Raises:
-        ConfigError: naming the first record with ``ref_logprobs`` and the first one without.
+        ConfigError: naming the first record without ``ref_logprobs`` (``old_logprobs``) and the first
+            one with it.
     """
-    has_ref = [w for row, w in rows if "ref_logprobs" in row.fields]
-    if has_ref and len(has_ref) < len(rows):
-        missing = next(w for row, w in rows if "ref_logprobs" not in row.fields)
-        raise ConfigError(
-            f"{missing}: missing field 'ref_logprobs', which {has_ref[0]} has; give it in every record "
-            "or in none"
-        )
+    for key in ALL_OR_NONE:
+        having = [w for row, w in rows if key in row.fields]
+        if having and len(having) < len(rows):
+            missing = next(w for row, w in rows if key not in row.fields)
+            raise ConfigError(
+                f"{missing}: missing field {key!r}, which {having[0]} has; give it in every record or in none"
+            )
     present = {name for row, _ in rows for name in row.fields}
     for row, _ in rows:
         ones = [1.0 if lab != IGNORE_INDEX else 0.0 for lab in row.labels]

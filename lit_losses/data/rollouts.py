@@ -2,6 +2,8 @@
 log-probabilities and a rule-based reward, written as JSONL records (`lit_losses.data.rl_records`).
 
     python -m lit_losses.data.rollouts --out data/rollouts.jsonl --num-prompts 96 --group-size 4 --seed 0
+    python -m lit_losses.data.rollouts --out data/rollouts_fp8.jsonl --num-prompts 48 \
+        --engine-dtype float8_e4m3fn
 
 - **Vocabulary** (characters, `VOCAB_SIZE` = 32): ``0`` end of completion (also the padding input of
   `RLDataModule`, ``pad_id=0``), ``1..26`` ``a..z``, then space, ``.``, ``,``, ``?``, ``!``.
@@ -12,6 +14,11 @@ log-probabilities and a rule-based reward, written as JSONL records (`lit_losses
 - **Completions**: ``group_size`` per prompt, sampled at temperature 1 until the end token or
   ``max_new_tokens``; ``logprobs`` holds ``log π(token | prefix)`` of each sampled token (null for the
   prompt), ``ref_logprobs`` the same initial model's (the reference policy of ``kl_reference``).
+- **An inference engine** (``engine_dtype``, default none): the completions are sampled from an engine
+  that serves the policy with weights rounded to ``engine_dtype`` (e.g. ``float8_e4m3fn``; computed in
+  float64), whose log-probabilities are ``logprobs`` (π_rollout); the trainer's own, the float64 policy's,
+  are ``old_logprobs`` (π_old) and ``ref_logprobs``: the rollout–training mismatch of
+  `lit_losses.objectives.correction`, with a known cause.
 - **Reward**: the fraction of the completion's characters that occur in the prompt's word (0 for an empty
   completion). **Advantage** (GRPO): ``(r − mean of the group) / (std of the group + 1e-6)`` with the
   unbiased std, broadcast over the completion's tokens.
@@ -70,6 +77,35 @@ def sampling_policy(seed: int = 0) -> TinyLM:
     return model.double().eval()
 
 
+def inference_engine(seed: int = 0, dtype: str = "float8_e4m3fn") -> TinyLM:
+    """`sampling_policy` ``(seed)`` as an engine that stores its weights in ``dtype`` serves it: every
+    weight rounded to ``dtype`` (a torch dtype's name) and computed in float64.
+
+    Example:
+        >>> engine = inference_engine(0, "bfloat16")
+        >>> weight, trainer = engine.body.embed.weight, sampling_policy(0).body.embed.weight
+        >>> torch.equal(weight, weight.to(torch.bfloat16).double()), torch.equal(weight, trainer)
+        (True, False)
+    """
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
+        raise ConfigError(f"engine dtype {dtype!r} is not a floating-point torch dtype (e.g. float8_e4m3fn)")
+    model = sampling_policy(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(parameter.to(torch_dtype).double())
+    return model
+
+
+@torch.no_grad()
+def trainer_logprobs(model: TinyLM, tokens: Sequence[int], start: int) -> list[float]:
+    """``log π(tokens[i] | tokens[:i])`` under ``model`` for ``i ≥ start`` (one forward of the sequence)."""
+    ids = torch.tensor([list(tokens)])
+    logprobs = torch.log_softmax(model.forward_logits({"input_ids": ids})[0, :-1], dim=-1)
+    targets = ids[0, 1:, None]
+    return logprobs.gather(1, targets)[start - 1 :, 0].tolist()
+
+
 def reward(prompt: Sequence[int], completion: Sequence[int]) -> float:
     """Fraction of the completion's characters (the end token excluded) that occur in the prompt's word.
 
@@ -117,16 +153,24 @@ def sample_group(
 
 
 def generate_rollouts(
-    num_prompts: int = 96, group_size: int = 4, max_new_tokens: int = 16, seed: int = 0
+    num_prompts: int = 96,
+    group_size: int = 4,
+    max_new_tokens: int = 16,
+    seed: int = 0,
+    engine_dtype: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The example's records (flat form), ``group_size`` consecutive records per prompt.
+    """The example's records (flat form), ``group_size`` consecutive records per prompt; with
+    ``engine_dtype`` sampled by `inference_engine` and with the trainer's ``old_logprobs``.
 
     Example:
         >>> records = generate_rollouts(num_prompts=2, group_size=2, max_new_tokens=4)
         >>> len(records), sorted(records[0])
         (4, ['advantage', 'logprobs', 'ref_logprobs', 'reward', 'text', 'tokens'])
+        >>> sorted(generate_rollouts(num_prompts=1, group_size=2, engine_dtype="bfloat16")[0])
+        ['advantage', 'logprobs', 'old_logprobs', 'ref_logprobs', 'reward', 'text', 'tokens']
     """
-    model = sampling_policy(seed)
+    trainer = sampling_policy(seed)
+    model = trainer if engine_dtype is None else inference_engine(seed, engine_dtype)
     generator = torch.Generator().manual_seed(seed)
     records = []
     for _ in range(num_prompts):
@@ -138,16 +182,12 @@ def generate_rollouts(
         for (completion, logprobs), r, adv in zip(group, rewards, group_advantages(rewards), strict=True):
             lps = [None] * len(prompt) + [round(lp, DIGITS) for lp in logprobs]
             tokens, advantage = prompt + completion, round(adv, DIGITS)
-            records.append(
-                {
-                    "tokens": tokens,
-                    "logprobs": lps,
-                    "ref_logprobs": list(lps),
-                    "advantage": advantage,
-                    "reward": r,
-                    "text": decode(tokens),
-                }
-            )
+            record = {"tokens": tokens, "logprobs": lps, "ref_logprobs": list(lps)}
+            if engine_dtype is not None:  # the trainer's log-probabilities: π_old and the reference
+                old = trainer_logprobs(trainer, tokens, start=len(prompt))
+                record["ref_logprobs"] = [None] * len(prompt) + [round(lp, DIGITS) for lp in old]
+                record["old_logprobs"] = list(record["ref_logprobs"])
+            records.append({**record, "advantage": advantage, "reward": r, "text": decode(tokens)})
     return records
 
 
@@ -195,11 +235,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--group-size", type=int, default=4, help="completions per prompt (GRPO group)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--engine-dtype",
+        default=None,
+        help="sample from the policy with weights in this dtype (old_logprobs)",
+    )
     args = parser.parse_args(argv)
     for name in ("num_prompts", "group_size", "max_new_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
-    records = generate_rollouts(args.num_prompts, args.group_size, args.max_new_tokens, seed=args.seed)
+    dtype = getattr(torch, args.engine_dtype or "float64", None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        parser.error(
+            f"--engine-dtype={args.engine_dtype} is not a floating-point torch dtype (float8_e4m3fn)"
+        )
+    records = generate_rollouts(
+        args.num_prompts, args.group_size, args.max_new_tokens, seed=args.seed, engine_dtype=args.engine_dtype
+    )
     write_jsonl(records, args.out)
     mean_reward = math.fsum(r["reward"] for r in records) / len(records)
     print(f"wrote {len(records)} records to {args.out} (mean reward {mean_reward:.3f})")

@@ -1,4 +1,5 @@
-"""`TextDataModule`: text files or JSONL → byte-level BPE → packed micro-batches of a token budget."""
+"""`TextDataModule`: text files or JSONL (text, or TRL's prompt-completion and conversational SFT records) →
+byte-level BPE → packed micro-batches of a token budget."""
 
 from __future__ import annotations
 
@@ -13,11 +14,19 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from lit_losses.aggregation.loader import GlobalStatsLoader
+from lit_losses.data.encoding import TokenEncoder
 from lit_losses.data.packing import EpochShuffleSampler, MicroBatchDataset, Pieces
+from lit_losses.data.sft_records import (
+    SFTRecord,
+    check_generation_markers,
+    check_sft_records,
+    is_sft_record,
+    parse_sft_record,
+    sft_row,
+)
 from lit_losses.data.tokenizer import (
     EOS_TOKEN,
     MIN_VOCAB_SIZE,
-    PAD_TOKEN,
     corpus_fingerprint,
     load_or_train_tokenizer,
 )
@@ -54,14 +63,21 @@ def read_text_file(src: str) -> str:
         raise ConfigError(f"data.paths: {src} is not UTF-8 text (byte {err.start}: {err.reason})") from None
 
 
-def jsonl_text(line: str, text_field: str, where: str) -> str:
-    """The ``text_field`` string of one JSONL line; ``where`` (``file:line``) names it in every error."""
+def jsonl_text(line: str, text_field: str, where: str) -> str | SFTRecord:
+    """The ``text_field`` string of one JSONL line, or the `SFTRecord` of a line with TRL's
+    prompt-completion or conversational fields (``prompt``/``completion``, ``messages``) and no
+    ``text_field``; ``where`` (``file:line``) names it in every error."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as err:
         raise ConfigError(f"data.paths: {where} is not valid JSON ({err.msg}, column {err.colno})") from None
+    if is_sft_record(record) and text_field not in record:
+        return parse_sft_record(record, where)
     if not isinstance(record, dict) or text_field not in record:
-        raise ConfigError(f"data.paths: {where} has no field data.text_field={text_field!r}")
+        raise ConfigError(
+            f"data.paths: {where} has no field data.text_field={text_field!r} (nor 'prompt' and "
+            "'completion', nor 'messages')"
+        )
     if not isinstance(record[text_field], str):
         kind = type(record[text_field]).__name__
         raise ConfigError(f"data.paths: {where} field {text_field!r} is a {kind}, not a string")
@@ -107,6 +123,14 @@ class TextDataModule(L.LightningDataModule):
     ``seq_len`` tokens, packed into rows and grouped into micro-batches of at most ``tokens_per_batch``
     tokens (padding included). See `lit_losses.data.packing` for the row layout.
 
+    **Supervised fine-tuning on prompt-completion data**: JSONL lines in TRL's prompt-completion
+    (``prompt``/``completion``) or conversational (``messages``, or ``prompt``/``completion`` as message
+    lists) formats are records, one row piece each, truncated to ``seq_len`` tokens (never cut into
+    several pieces), whose labels leave out the prompt with ``completion_only_loss`` (TRL's default for
+    prompt-completion records) and keep only the assistant's turns with ``assistant_only_loss`` (the
+    chat template's ``{% generation %}`` markers; conversations need a Hugging Face tokenizer with a
+    chat template, `HFTextDataModule`). See `lit_losses.data.sft_records`.
+
     Args:
         paths: file globs (text files or ``.jsonl``); default: the standard library sources.
         text_field: JSONL field holding the text.
@@ -120,6 +144,9 @@ class TextDataModule(L.LightningDataModule):
         cache_dir: where the tokenizer is cached (default ``$LIT_LOSSES_CACHE`` or
             ``~/.cache/lit_losses``).
         num_workers: DataLoader workers.
+        completion_only_loss: train prompt-completion records on their completion tokens only; ``None``
+            (TRL's default): ``true`` for prompt-completion records.
+        assistant_only_loss: train conversational records on the assistant's turns only.
 
     Example:
         >>> import pathlib, tempfile
@@ -147,6 +174,8 @@ class TextDataModule(L.LightningDataModule):
         seed: int = 0,
         cache_dir: str | None = None,
         num_workers: int = 0,
+        completion_only_loss: bool | None = None,
+        assistant_only_loss: bool = False,
     ) -> None:
         super().__init__()
         if vocab_size < MIN_VOCAB_SIZE:
@@ -177,9 +206,12 @@ class TextDataModule(L.LightningDataModule):
         self.max_documents = max_documents
         self.seed = seed
         self.num_workers = num_workers
+        self.completion_only_loss = completion_only_loss
+        self.assistant_only_loss = assistant_only_loss
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.sources = self._resolve_sources()
         self.tokenizer = None
+        self.encoder: TokenEncoder | None = None
         self.train_set: MicroBatchDataset | None = None
         self.val_set: MicroBatchDataset | None = None
 
@@ -192,8 +224,8 @@ class TextDataModule(L.LightningDataModule):
             sources.extend(matching_files(pattern))
         return sources
 
-    def _read_documents(self) -> list[str]:
-        documents: list[str] = []
+    def _read_documents(self) -> list[str | SFTRecord]:
+        documents: list[str | SFTRecord] = []
         for src in self.sources:
             text = read_text_file(src)
             if src.endswith(".jsonl"):
@@ -202,16 +234,36 @@ class TextDataModule(L.LightningDataModule):
                         documents.append(jsonl_text(line, self.text_field, f"{src}:{lineno}"))
             else:
                 documents.append(text)
-        documents = [d for d in documents if d.strip()]
+        documents = [d for d in documents if not isinstance(d, str) or d.strip()]
         if not documents:
             named = ", ".join(self.sources[:3]) + (
                 f" and {len(self.sources) - 3} more" if len(self.sources) > 3 else ""
             )
             raise ConfigError(f"data.paths: the corpus is empty: no non-blank document in {named}")
+        self._check_records(documents)
         random.Random(self.seed).shuffle(documents)
         return documents[: self.max_documents] if self.max_documents else documents
 
-    def _split(self, documents: list[str]) -> tuple[list[str], list[str]]:
+    def _check_records(self, documents: list[str | SFTRecord]) -> None:
+        """SFT records are not mixed with text documents, and take the loss options they allow."""
+        records = [d for d in documents if isinstance(d, SFTRecord)]
+        if records and len(records) < len(documents):
+            raise ConfigError(
+                f"data.paths: {records[0].where} is a {records[0].form} record, but the corpus also holds "
+                f"text documents (data.text_field={self.text_field!r}, or text files); one format per corpus"
+            )
+        if not records and (self.completion_only_loss or self.assistant_only_loss):
+            option = "completion_only_loss" if self.completion_only_loss else "assistant_only_loss"
+            raise ConfigError(
+                f"data.{option}=true needs prompt-completion or conversational JSONL records; the corpus is "
+                f"text documents ({self.sources[0]}, ...)"
+            )
+        if records:
+            check_sft_records(
+                records, self.completion_only_loss, assistant_only_loss=self.assistant_only_loss
+            )
+
+    def _split(self, documents: list) -> tuple[list, list]:
         n_val = round(len(documents) * self.val_fraction)
         if self.val_fraction > 0 and len(documents) > 1:
             n_val = max(1, n_val)
@@ -222,30 +274,68 @@ class TextDataModule(L.LightningDataModule):
         return self.cache_dir / "tokenizers" / f"bpe-{self.vocab_size}-{key}.json"
 
     # ---- Lightning hooks ---------------------------------------------------------------------
+    # ---- tokenization ------------------------------------------------------------------------
+    def token_encoder(self, train_docs: list[str | SFTRecord]) -> TokenEncoder:
+        """The byte-level BPE trained on ``train_docs`` (or loaded from the cache)."""
+        texts = [t for d in train_docs for t in ([d] if isinstance(d, str) else d.texts())]
+        self.tokenizer = load_or_train_tokenizer(texts, self.vocab_size, self._tokenizer_cache_file())
+        return TokenEncoder(self.tokenizer, "the built-in BPE tokenizer")
+
+    def encode(self, documents: list[str]) -> list[list[int]]:
+        """Token ids of each document, followed by the end-of-text token."""
+        eos = self.tokenizer.token_to_id(EOS_TOKEN)
+        return [[*enc.ids, eos] for enc in self.tokenizer.encode_batch(documents)]
+
+    def sft_pieces(self, records: list[SFTRecord]) -> Pieces:
+        """One piece per record, with the labels of `lit_losses.data.sft_records.sft_row`."""
+        if self.assistant_only_loss:
+            check_generation_markers(self.encoder, records[0].where)
+        completion_only = self.completion_only_loss
+        if completion_only is None:  # TRL's default: the completion of prompt-completion records
+            completion_only = records[0].messages is None
+        rows = [
+            sft_row(
+                record,
+                self.encoder,
+                self.seq_len,
+                completion_only_loss=completion_only,
+                assistant_only_loss=self.assistant_only_loss,
+                eos=self.append_eos,
+            )
+            for record in records
+        ]
+        return Pieces.from_sequences([ids for ids, _ in rows], [labels for _, labels in rows], {})
+
+    def build_dataset(self, documents: list[str | SFTRecord]) -> MicroBatchDataset:
+        """Packed micro-batches of ``documents`` (text documents, or SFT records)."""
+        if documents and isinstance(documents[0], SFTRecord):
+            pieces = self.sft_pieces(documents)
+        else:
+            pieces = Pieces.from_documents(self.encode(documents), self.seq_len)
+        return MicroBatchDataset(
+            pieces, self.seq_len, self.tokens_per_batch, packing=self.packing, pad_id=self.pad_id
+        )
+
+    # ---- Lightning hooks ---------------------------------------------------------------------
     def prepare_data(self) -> None:
         """Train and cache the tokenizer once (rank 0)."""
         train_docs, _ = self._split(self._read_documents())
-        load_or_train_tokenizer(train_docs, self.vocab_size, self._tokenizer_cache_file())
+        self.token_encoder(train_docs)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         train_docs, val_docs = self._split(self._read_documents())
-        self.tokenizer = load_or_train_tokenizer(train_docs, self.vocab_size, self._tokenizer_cache_file())
-        eos, self.pad_id = self.tokenizer.token_to_id(EOS_TOKEN), self.tokenizer.token_to_id(PAD_TOKEN)
-
-        def build(docs: list[str]) -> MicroBatchDataset:
-            ids = [[*enc.ids, eos] for enc in self.tokenizer.encode_batch(docs)]
-            pieces = Pieces.from_documents(ids, self.seq_len)
-            return MicroBatchDataset(
-                pieces, self.seq_len, self.tokens_per_batch, packing=self.packing, pad_id=self.pad_id
-            )
-
-        self.train_set = build(train_docs)
-        self.val_set = build(val_docs) if val_docs else None
+        self.encoder = self.token_encoder(train_docs)
+        self.pad_id = self.encoder.pad_id
+        self.train_set = self.build_dataset(train_docs)
+        self.val_set = self.build_dataset(val_docs) if val_docs else None
 
     ignore_index: int = -100
     """The label value of positions without a target in this module's micro-batches."""
+
+    append_eos: bool = True
+    """Documents, and the completions of standard prompt-completion records, end with the EOS token."""
 
     def batch_keys(self) -> tuple[str, ...]:
         """The keys of this module's training micro-batches (after `setup`; empty before), so that a

@@ -7,7 +7,9 @@ that compute it: `HeadBackend` s registered in `HEAD_BACKENDS` (``chunked``, ``b
 ``torch``, ``liger``, ``liger_scaled``, ``cce``), one module each, among which `select_backend` (the one
 dispatcher) picks for a call.
 `VocabParallelHead` (the ``vocab_parallel`` backend) computes the same over an output projection sharded
-along the vocabulary (tensor parallel).
+along the vocabulary (tensor parallel). `linear_distillation` (two heads streamed together: a per-token
+divergence between a student's and a teacher's distributions) and `topk_distillation` (a teacher given as
+top-k log-probabilities) never materialize logits either (`lit_losses.heads.divergence`).
 """
 
 from lit_losses.heads.backend import (
@@ -17,6 +19,8 @@ from lit_losses.heads.backend import (
     register_backend,
     select_backend,
 )
+from lit_losses.heads.distillation import linear_distillation
+from lit_losses.heads.divergence import DistillationLoss
 from lit_losses.heads.functional import (
     BACKEND_OUTPUTS,
     BACKENDS,
@@ -27,6 +31,7 @@ from lit_losses.heads.functional import (
 )
 from lit_losses.heads.fused_head import FusedLMHead
 from lit_losses.heads.output import HEAD_OUTPUTS, HeadOutput
+from lit_losses.heads.topk_distillation import topk_distillation
 from lit_losses.heads.vocab_parallel import VocabParallelHead, head_for
 from lit_losses.heads.vocab_shard import VocabShard
 
@@ -36,6 +41,7 @@ __all__ = [
     "HEAD_BACKENDS",
     "HEAD_OUTPUTS",
     "Backend",
+    "DistillationLoss",
     "FusedLMHead",
     "HeadBackend",
     "HeadOutput",
@@ -44,8 +50,10 @@ __all__ = [
     "check_backend_runs",
     "head_for",
     "linear_cross_entropy",
+    "linear_distillation",
     "linear_logprobs",
     "linear_pointwise_loss",
     "register_backend",
     "select_backend",
+    "topk_distillation",
 ]

@@ -56,7 +56,8 @@ Task = Literal["per_token", "weighted_ce", "pointwise"]
 #: The backend of ``backend="auto"`` (and of the losses a backend without per-token outputs delegates).
 DEFAULT_BACKEND = "chunked"
 
-#: The backend of ``backend="auto"`` for a weight narrower than the compute dtype (`select_backend`).
+#: The backend of ``backend="auto"`` for a weight narrower than the compute dtype, and for per-token outputs
+#: off CUDA (`select_backend`).
 LEAN_BACKEND = "blocked"
 
 
@@ -152,6 +153,7 @@ def _identity(backend: HeadBackend) -> str:
 
 #: Every backend a head can use, by name (``auto`` is a choice among them, not an entry).
 HEAD_BACKENDS: Registry[HeadBackend] = Registry("head backend", adapt=_adapt, identity=_identity)
+"""The head backends by name (`register_backend` adds one; `select_backend` chooses among them)."""
 
 
 def register_backend(backend: HeadBackend) -> HeadBackend:
@@ -218,6 +220,11 @@ def _backend(name: str, narrow_weight: bool = False) -> HeadBackend:
     return HEAD_BACKENDS[LEAN_BACKEND if narrow_weight else DEFAULT_BACKEND]
 
 
+def _per_token_backend(name: str, narrow_weight: bool, on_cuda: bool) -> HeadBackend:
+    """``auto``'s backend for per-token outputs: `LEAN_BACKEND` for a narrow weight or off CUDA."""
+    return _backend(name, narrow_weight=narrow_weight or (name == "auto" and not on_cuda))
+
+
 def _auto_ce_backend(uniform: bool, on_cuda: bool, narrow_weight: bool) -> HeadBackend:
     """``auto``'s backend for the plain CE: `LEAN_BACKEND` for a narrow weight; else the first ``auto_ce``
     backend whose fused path applies, else `DEFAULT_BACKEND`."""
@@ -249,18 +256,28 @@ def select_backend(
 ) -> Route:
     """The backend (and path) that computes one head call — the only place a backend is chosen.
 
-    ``auto`` means `DEFAULT_BACKEND` (``chunked``: token chunks, the plain cross-entropy's gradients in
-    forward with three matmuls, a ``V × D`` gradient accumulator in the compute dtype) unless the weight is
-    narrower than the compute dtype (``narrow_weight``: a bf16/fp16 weight, fp32 compute), where it means
-    `LEAN_BACKEND` (``blocked``: vocabulary blocks, no ``V × D`` temporary, one more matmul for the plain
-    cross-entropy). The accumulator of ``chunked`` is the weight's gradient itself when the weight is in
-    the compute dtype, so its speed costs no memory there; beside a bf16 weight it is an fp32 copy twice
-    the gradient's size, plus an fp32 copy of the weight on CPU (measured, `benchmarks/head_memory.py`).
-    The same rule holds on every device, but on CUDA the plain cross-entropy of a weight in the compute
-    dtype goes to Liger's kernel first (where it is installed): for a bf16 weight ``blocked`` is both
-    faster and leaner than Liger with the fp32 weight-gradient accumulation the head's precision asks for
-    (one H200, 8192 × 4096 × 128256: 55 ms and 1.7 GiB, where Liger accumulating in bf16 takes 54 ms
-    and 1.1 GiB, and in fp32 about 1.5× that time and 3 GiB; `benchmarks/RESULTS.md`).
+    ``auto`` means `DEFAULT_BACKEND` (``chunked``: token chunks, the plain cross-entropy's and the pointwise
+    losses' gradients in forward with three matmuls, a ``V × D`` gradient accumulator in the compute dtype)
+    unless the weight is narrower than the compute dtype (``narrow_weight``: a bf16/fp16 weight, fp32
+    compute), where it means `LEAN_BACKEND` (``blocked``: vocabulary blocks, no ``V × D`` temporary, one
+    more matmul for the plain cross-entropy). The accumulator of ``chunked`` is the weight's gradient itself
+    when the weight is in the compute dtype, so its speed costs no memory there; beside a bf16 weight it is
+    an fp32 copy twice the gradient's size, plus an fp32 copy of the weight on CPU (measured,
+    `benchmarks/head_memory.py`). On CUDA the plain cross-entropy of a weight in the compute dtype goes to
+    Liger's kernel first (where it is installed): for a bf16 weight ``blocked`` is both faster and leaner
+    than Liger with the fp32 weight-gradient accumulation the head's precision asks for (one H200,
+    8192 × 4096 × 128256: 55 ms and 1.7 GiB, where Liger accumulating in bf16 takes 54 ms and 1.1 GiB, and
+    in fp32 about 1.5× that time and 3 GiB; `benchmarks/RESULTS.md`).
+
+    Per-token outputs (``per_token``) take four ``N·D·V`` matmuls on either backend, and off CUDA
+    ``auto`` takes ``blocked`` for them whatever the weight's dtype: it writes each block of the weight's
+    gradient once where ``chunked`` adds every token chunk into the whole ``V × D`` gradient. Measured on
+    CPU (2026-11-27, 2 x86_64 cores, torch 2.13, fp32): at 2048 × 512 × 128256, CPU time on one thread /
+    the three bare matmuls: ``blocked`` 1.32 (``chunked`` 1.37) for ``logprobs``, 1.27 (1.40) with the
+    entropy; at 1024 × 1024 × 65536, chunk 256, memory above the inputs / (weight gradient + two fp32
+    chunks): 0.80 (0.85) for ``logprobs`` + entropy (`benchmarks/fused_head.py`,
+    `benchmarks/head_memory.py`). On CUDA a weight in the compute dtype keeps ``chunked`` for them (not
+    measured there).
 
     * ``per_token``: the requested backend (``auto``: as above), which must give ``outputs``.
     * ``weighted_ce``: for ``auto``, ``blocked`` for a narrow weight; otherwise the first registered
@@ -270,14 +287,15 @@ def select_backend(
       its per-token ``logprobs``.
     * ``pointwise``: the backend's ``fused_pointwise`` if it has one; else its per-token ``outputs``
       (``logprobs``, ``lse``, and ``entropy`` if asked), which it must give; a backend without per-token
-      outputs (``liger``) delegates to `DEFAULT_BACKEND`'s fused path.
+      outputs (``liger``) delegates to `DEFAULT_BACKEND`'s fused path. ``auto``: ``chunked``'s fused path
+      (three matmuls) unless the weight is narrow.
 
     Args:
         requested: the head's ``backend`` (``auto`` or a registered name).
         task: ``"per_token"``, ``"weighted_ce"`` or ``"pointwise"``.
         outputs: the per-token outputs the call needs (``per_token``, ``pointwise``).
         uniform: ``weighted_ce``: one float weight for every token (not a tensor of weights).
-        on_cuda: ``weighted_ce``: the hidden states are on a CUDA device.
+        on_cuda: the hidden states are on a CUDA device (``weighted_ce``, ``per_token``).
         narrow_weight: the weight's dtype is narrower than the compute dtype (see above).
 
     Returns:
@@ -295,9 +313,11 @@ def select_backend(
         False
         >>> select_backend("auto", "per_token", outputs=("logprobs",), narrow_weight=True).backend.name
         'blocked'
+        >>> select_backend("auto", "per_token", outputs=("logprobs",), on_cuda=True).backend.name
+        'chunked'
     """
     if task == "per_token":
-        backend = _backend(requested, narrow_weight)
+        backend = _per_token_backend(requested, narrow_weight=narrow_weight, on_cuda=on_cuda)
         _check_outputs(backend, outputs)
         return Route(backend, fused=False)
     if task == "weighted_ce":

@@ -2,9 +2,9 @@
 
 It runs on CPU and CUDA, gives every per-token output (``logprobs``, ``lse``, ``entropy``; recompute in
 backward, four ``N·D·V`` matmuls) and has fused paths, gradients computed in forward (three matmuls),
-for the plain cross-entropy with any token weights and for pointwise losses. It is the backend of
-``auto``. The autograd Functions are in `lit_losses.heads.functions`, the per-chunk kernels and the
-maths in `lit_losses.heads.chunked_ops`.
+for the plain cross-entropy with any token weights and for pointwise losses. ``auto`` takes those fused
+paths for a weight in the compute dtype (and its per-token outputs on CUDA). The autograd Functions are
+in `lit_losses.heads.functions`, the per-chunk kernels and the maths in `lit_losses.heads.chunked_ops`.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def chunked_pointwise(
     )
 
 
-#: The ``chunked`` backend (also the one ``auto`` uses).
+#: The ``chunked`` backend (``auto``'s fused paths for a weight in the compute dtype).
 CHUNKED = register_backend(
     HeadBackend(
         name="chunked",

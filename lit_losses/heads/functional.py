@@ -57,9 +57,11 @@ from lit_losses.heads.precision import MatmulPrecision, compute_dtype, in_comput
 
 #: The head backends a configuration can name (``auto`` picks among the registered ones).
 Backend = Literal["auto", "chunked", "blocked", "naive", "torch", "liger", "liger_scaled", "cce"]
+"""A head backend by name (``auto``: `select_backend` chooses)."""
 BACKENDS: tuple[str, ...] = get_args(Backend)
-#: Per-token outputs each registered backend can give (a live view of `HEAD_BACKENDS`).
+"""The names of `Backend`, in order."""
 BACKEND_OUTPUTS = BackendOutputs()
+"""Per-token outputs each registered backend can give (a live view of `HEAD_BACKENDS`)."""
 #: How `linear_cross_entropy` reduces the weighted per-token losses.
 Reduction = Literal["mean", "sum"]
 
@@ -191,7 +193,11 @@ class HeadSettings:
         outputs = normalize_outputs(outputs)
         self.check_inputs(hidden, targets)
         route = select_backend(
-            self.backend, "per_token", outputs=outputs, narrow_weight=self.narrow_weight(hidden)
+            self.backend,
+            "per_token",
+            outputs=outputs,
+            on_cuda=hidden.is_cuda,
+            narrow_weight=self.narrow_weight(hidden),
         )
         with self.computing(hidden, route.backend) as (head, h):
             return route.backend.per_token(head, h, targets, outputs)
@@ -288,9 +294,9 @@ def linear_logprobs(
         targets: ``[...]`` token ids (``ignore_index`` where none).
         bias: ``[V]`` or ``None``.
         outputs: one or more of ``"logprobs"``, ``"lse"``, ``"entropy"``.
-        backend: ``auto`` (``chunked``; ``blocked`` for a weight narrower than the compute dtype, see
-            `select_backend`), ``chunked``, ``blocked``, ``naive``, ``torch`` (``logprobs`` only), or a
-            registered name (`HEAD_BACKENDS`).
+        backend: ``auto`` (``blocked`` off CUDA or for a weight narrower than the compute dtype, else
+            ``chunked``, see `select_backend`), ``chunked``, ``blocked``, ``naive``, ``torch``
+            (``logprobs`` only), or a registered name (`HEAD_BACKENDS`).
         chunk_size: tokens per chunk (default: from a memory budget, `default_chunk_size`).
         ignore_index: target value of positions without a label.
         accum_dtype: the least precise dtype of logits, statistics and gradients (`heads.precision`).

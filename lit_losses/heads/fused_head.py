@@ -48,10 +48,10 @@ class FusedLMHead:
             blocks: no ``V × D`` temporary), ``naive`` (materializes logits; the reference), ``torch``
             (`F.linear_cross_entropy`, logprobs only), ``liger`` (CUDA, plain CE with one token weight),
             ``liger_scaled`` (CUDA, Liger's logprobs + entropy, no bias), ``cce`` (CUDA, cut-cross-entropy's
-            logprobs and plain CE, bf16/fp16, no bias; ``auto`` never picks these two), ``auto`` (chunked,
-            or blocked for a weight narrower than the compute dtype; liger for the plain CE with one token
-            weight, on CUDA, of a weight in the compute dtype, when installed; `select_backend` gives the
-            reasons), or a registered name.
+            logprobs and plain CE, bf16/fp16, no bias; ``auto`` never picks these two), ``auto`` (blocked
+            for per-token outputs off CUDA and for a weight narrower than the compute dtype, else chunked;
+            liger for the plain CE with one token weight, on CUDA, of a weight in the compute dtype, when
+            installed; `select_backend` gives the reasons), or a registered name.
         chunk_size: tokens per chunk (default: about 512 MiB of fp32 logits per chunk; on CPU about
             128 MiB and at most 1024 tokens, see `default_chunk_size`).
         ignore_index: target value of positions without a label.
@@ -137,12 +137,15 @@ class FusedLMHead:
 
     def resolve_backend(self, outputs: Sequence[str], hidden: Tensor | None = None) -> str:
         """The name of the backend that computes the per-token ``outputs`` of ``hidden`` (for ``auto``:
-        ``chunked``, or ``blocked`` for a weight narrower than the compute dtype; without ``hidden``, the
-        compute dtype of the weight and ``accum_dtype``); a `ValueError` naming those that can when it
-        cannot give them."""
+        ``blocked`` off CUDA or for a weight narrower than the compute dtype, else ``chunked``; without
+        ``hidden``, the weight's device and compute dtype with ``accum_dtype``); a `ValueError` naming
+        those that can when it cannot give them."""
         probe = self.weight[:0] if hidden is None else hidden
         narrow = self.settings().narrow_weight(probe)
-        return select_backend(self.backend, "per_token", outputs=outputs, narrow_weight=narrow).backend.name
+        route = select_backend(
+            self.backend, "per_token", outputs=outputs, on_cuda=probe.is_cuda, narrow_weight=narrow
+        )
+        return route.backend.name
 
     def __call__(
         self, hidden: Tensor, targets: Tensor, outputs: str | Sequence[str] = ("logprobs",)

@@ -12,6 +12,7 @@ from lit_losses.validation import check_finite_weight
 
 #: The per-token outputs a head can give.
 HEAD_OUTPUTS = ("logprobs", "lse", "entropy")
+"""The per-token outputs a head call can give (`HeadOutput`'s fields)."""
 
 
 @dataclass

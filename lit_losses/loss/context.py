@@ -85,7 +85,9 @@ class LossOutput:
     ``total = base_loss_weight · base + regularizer_total``; ``terms`` holds each regularizer's
     `TermResult` (``value``, ``weight``, ``contribution``, ``error``, ``custom``, ``grad_norm_sq``);
     ``base_metrics`` the base loss's telemetry (e.g. ``clip_fraction``), each already a share of the
-    step's mean (logged as ``<stage>/base_loss/<name>``).
+    step's mean (logged as ``<stage>/base_loss/<name>``); ``metrics`` a loss's telemetry under the names its
+    users know (the preference losses: TRL's ``rewards/chosen``, …), likewise shares of the step's mean,
+    logged as ``<stage>/<name>``.
 
     Example:
         >>> import torch
@@ -101,13 +103,14 @@ class LossOutput:
     terms: dict[str, Any] = field(default_factory=dict)
     num_tokens: int = 0
     base_metrics: dict[str, Tensor] = field(default_factory=dict)
+    metrics: dict[str, Tensor] = field(default_factory=dict)
 
     def logged_values(self, stage: str) -> dict[str, Tensor]:
         """Flat telemetry whose global value is a sum over micro-batches and ranks.
 
         Per term: ``value``, ``contribution``, ``error`` (a count, logged as 0/1) and, when computed,
         ``grad_norm_sq`` (squared norms add up over micro-batches and ranks; logged as ``grad_norm``);
-        the base loss's ``base_metrics`` as ``<stage>/base_loss/<name>``.
+        the base loss's ``base_metrics`` as ``<stage>/base_loss/<name>``, ``metrics`` as ``<stage>/<name>``.
         """
         values = {
             f"{stage}/loss_total": self.total.detach(),
@@ -116,6 +119,8 @@ class LossOutput:
         }
         for name, value in self.base_metrics.items():
             values[f"{stage}/base_loss/{name}"] = value.detach()
+        for name, value in self.metrics.items():
+            values[f"{stage}/{name}"] = value.detach()
         for name, term in self.terms.items():
             for key in TELEMETRY_KEYS:
                 if term[key] is not None:

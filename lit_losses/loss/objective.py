@@ -16,11 +16,24 @@ from lit_losses.aggregation.stats import batch_segment_ids
 from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.loss.context import LossContext, LossOutput, Stage
-from lit_losses.objectives import LOSS_WEIGHTS, SAMPLE_WEIGHTS, BaseLossBatch, BoundBaseLoss, token_values
+from lit_losses.loss.distillation import Distillation, Teacher
+from lit_losses.loss.preference import PreferenceLoss, Reference, check_preference_options
+from lit_losses.loss.preference_unpaired import PolicyNoGrad, UnpairedPreferenceLoss
+from lit_losses.objectives import (
+    LOSS_WEIGHTS,
+    SAMPLE_WEIGHTS,
+    BaseLossBatch,
+    BoundBaseLoss,
+    KTOPreset,
+    PreferencePreset,
+    token_values,
+)
+from lit_losses.objectives.inputs import ROLLOUT_VALID
+from lit_losses.objectives.distillation import DistillationConfig, check_distillation_options
 from lit_losses.objectives.presets import GRPOPreset, apply_preset
 from lit_losses.regularizers import FusedTerms, RegularizerError, RegularizerSet, RegularizerSpec, TermResult
 
-LossPath = Literal["plain_ce", "fused", "general"]
+LossPath = Literal["plain_ce", "fused", "general", "preference", "distillation"]
 Regularize = Callable[[LossContext], tuple[Tensor, dict[str, TermResult]]]
 
 
@@ -47,6 +60,13 @@ class Objective:
     - ``general``: anything else (validation; a base loss that needs whole sequences, e.g. GSPO's
       sequence ratios): per-token head outputs with autograd, then the terms on a `LossContext`. Both
       pointwise paths evaluate the base loss with the same code on the valid tokens (row-major).
+    - ``preference``: a preference preset (``model.dpo``, ``model.cpo``, ``model.orpo``, ``model.kto``) is
+      the base loss: per-token head outputs with autograd, the preset's loss of each pair (or sequence)
+      over the step's pairs (`PreferenceLoss`; sequences: `UnpairedPreferenceLoss`), then the terms on a
+      `LossContext` as on the general path.
+    - ``distillation``: ``model.distillation`` is the base loss: the divergence to a teacher (and the
+      hard-label cross-entropy) aggregated with ``loss_agg`` (`Distillation`), then the terms on a
+      `LossContext` as on the general path.
 
     Args:
         regularizers: the loss terms.
@@ -56,6 +76,8 @@ class Objective:
         base_loss_args: its parameters (Tinker's ``loss_fn_config`` names, e.g. ``clip_low_threshold``).
         loss_agg_norm: the constant ``C`` of ``seq-mean-token-sum-norm`` (required when the base loss or a
             regularizer aggregates with it); it applies to the regularizers as well.
+        preference: a preference preset whose loss replaces ``base_loss`` (`PreferenceLoss`).
+        distillation: logit distillation from a teacher, replacing ``base_loss`` (`Distillation`).
 
     Raises:
         ConfigError: bad options, each naming its ``model.…`` path.
@@ -90,6 +112,8 @@ class Objective:
         base_loss: str = "cross_entropy",
         base_loss_args: Mapping[str, Any] | None = None,
         loss_agg_norm: float | None = None,
+        preference: PreferencePreset | None = None,
+        distillation: DistillationConfig | None = None,
     ) -> None:
         check_mode(loss_agg, "model.loss_agg")
         if not isinstance(base_loss_weight, int | float) or isinstance(base_loss_weight, bool):
@@ -106,6 +130,8 @@ class Objective:
         self.base_loss_weight = float(base_loss_weight)
         self.base_loss = BoundBaseLoss.resolve(base_loss, base_loss_args)
         self.loss_agg_norm = regularizers.agg_norm = agg_norm_option(loss_agg_norm, loss_agg, regularizers)
+        self.preference = preference_loss(preference)
+        self.distillation = None if distillation is None else Distillation(distillation)
         self._warnings = WarningCache()
 
     @classmethod
@@ -119,9 +145,27 @@ class Objective:
         base_loss_args: Mapping[str, Any] | None = None,
         loss_agg_norm: float | None = None,
         grpo: GRPOPreset | Mapping[str, Any] | None = None,
+        preference: PreferencePreset | None = None,
+        distillation: DistillationConfig | Mapping[str, Any] | None = None,
     ) -> Objective:
         """The objective of `RegularizedLM`'s options, every one checked (a `ConfigError` naming
-        ``model.<option>``); ``grpo`` (`apply_preset`) sets the base loss, its aggregation and KL term."""
+        ``model.<option>``); ``grpo`` (`apply_preset`) sets the base loss, its aggregation and KL term;
+        ``preference`` replaces the base loss (`check_preference_options`), and so does ``distillation``
+        (`check_distillation_options`)."""
+        distillation = DistillationConfig.coerce(distillation)
+        if distillation is not None:
+            check_distillation_options(
+                base_loss=base_loss, base_loss_args=base_loss_args, grpo=grpo, preference=preference
+            )
+        if preference is not None:
+            check_preference_options(
+                preference,
+                base_loss=base_loss,
+                base_loss_args=base_loss_args,
+                loss_agg=loss_agg,
+                loss_agg_norm=loss_agg_norm,
+                grpo=grpo,
+            )
         if grpo is not None:
             given = {"base_loss": base_loss, "base_loss_args": base_loss_args, "loss_agg": loss_agg}
             preset = GRPOPreset.coerce(grpo)
@@ -136,11 +180,17 @@ class Objective:
             base_loss=base_loss,
             base_loss_args=base_loss_args,
             loss_agg_norm=loss_agg_norm,
+            preference=preference,
+            distillation=distillation,
         )
 
     def head_outputs_needed(self) -> tuple[str, ...]:
         """Head outputs consumed by the loss terms (empty: ``cross_entropy`` alone, the fast path)."""
         needed = tuple(n for n in self.regularizers.needs() if n != "hidden")
+        if self.distillation is not None:  # the base loss computes its own; the hard CE fused when alone
+            return needed
+        if self.preference is not None:
+            return ("logprobs", *[n for n in needed if n != "logprobs"])
         if not self.base_loss.plain_ce and self.base_loss_weight > 0 and "logprobs" not in needed:
             return ("logprobs", *needed)
         if self.base_loss_weight == 0 and not needed:
@@ -148,16 +198,45 @@ class Objective:
         return needed
 
     def mask_keys(self) -> tuple[str, ...]:
-        """Mask keys whose global counts the loss terms need (``"labels"``: ``labels != ignore_index``)."""
-        return (LABELS_KEY, *self.regularizers.mask_keys())
+        """Mask keys whose global counts the loss terms need (``"labels"``: ``labels != ignore_index``;
+        ``"rollout_valid"``: the completion tokens before a rollout rejection, `rejects`)."""
+        if self.preference is not None:
+            return tuple(dict.fromkeys((*self.preference.mask_keys(), *self.regularizers.mask_keys())))
+        rollout = (ROLLOUT_VALID,) if self.rejects else ()
+        return (LABELS_KEY, *rollout, *self.regularizers.mask_keys())
 
-    def path(self, stage: Stage, needed: tuple[str, ...]) -> LossPath:
-        """Which computation `__call__` takes (see the class docstring)."""
+    def metric_names(self) -> tuple[str, ...]:
+        """The names of the loss's `LossOutput.metrics` (the preference losses' TRL metrics), or none."""
+        if self.distillation is not None:
+            return self.distillation.metric_names()
+        return () if self.preference is None else self.preference.metric_names()
+
+    @property
+    def rejects(self) -> bool:
+        """The base loss rejects rollout tokens (verl's ``rollout_rs``): batches go through `reject`
+        before their tokens are counted."""
+        correction = self.base_loss.correction
+        return correction is not None and correction.rejects
+
+    def reject(self, batch: dict[str, Any], ignore_index: int = -100) -> dict[str, Any]:
+        """``batch`` with the rejected rollout tokens' labels set to ``ignore_index`` (and their mask of
+        before as ``rollout_valid``): what the step's counts and loss must see (`BoundBaseLoss.reject`;
+        ``batch`` itself without a rejection, or when it was applied already)."""
+        return self.base_loss.reject(batch, ignore_index)
+
+    def path(self, stage: Stage, needed: tuple[str, ...], batch: Mapping[str, Any] | None = None) -> LossPath:
+        """Which computation `__call__` takes (see the class docstring); ``batch``: the micro-batch, when
+        known (a sequence-level rollout correction is pointwise on a batch with ``old_logprobs``)."""
+        if self.distillation is not None:
+            return "distillation"
+        if self.preference is not None:
+            return "preference"
         if stage != "train":
             return "general"
         if not needed:
             return "plain_ce"
-        if not torch.is_grad_enabled() or not self.base_loss.pointwise:
+        pointwise = self.base_loss.pointwise if batch is None else self.base_loss.pointwise_for(batch)
+        if not torch.is_grad_enabled() or not pointwise:
             return "general"
         if self.regularizers.active():
             return "fused" if self.regularizers.fusable() else "general"
@@ -174,6 +253,9 @@ class Objective:
         stage: Stage,
         needed: tuple[str, ...] | None = None,
         regularize: Regularize | None = None,
+        reference: Reference | None = None,
+        policy: PolicyNoGrad | None = None,
+        teacher: Teacher | None = None,
     ) -> LossOutput:
         """The `LossOutput` of one micro-batch (before ``stats.loss_scale``).
 
@@ -186,7 +268,28 @@ class Objective:
             stage: ``train``, ``val`` or ``predict``.
             needed: head outputs the terms consume (default: `head_outputs_needed`).
             regularize: the general path's terms (default: the `RegularizerSet`).
+            reference: a frozen reference's log-probabilities, for a preference loss that reads them.
+            policy: the policy's log-probabilities without gradient (KTO's KL rows).
+            teacher: the frozen teacher's hidden states and output projection, for ``distillation``.
         """
+        if self.distillation is not None:
+            ctx = self.distillation_context(
+                head, hidden, batch=batch, stats=stats, step=step, stage=stage, needed=needed, teacher=teacher
+            )
+            return self.general_output(ctx, regularize=regularize)
+        if self.preference is not None:
+            ctx = self.preference_context(
+                head,
+                hidden,
+                batch=batch,
+                stats=stats,
+                step=step,
+                stage=stage,
+                needed=needed,
+                reference=reference,
+                policy=policy,
+            )
+            return self.general_output(ctx, regularize=regularize)
         labels = batch_tensor(batch, "labels")
         mask = labels != head.ignore_index
         needed = self.head_outputs_needed() if needed is None else needed
@@ -198,7 +301,7 @@ class Objective:
                 "its loss is 0 with zero gradients"
             )
         num_tokens = stats.get_local(LABELS_KEY).num_tokens
-        path = self.path(stage, needed)
+        path = self.path(stage, needed, batch)
         base_batch = None if self.base_loss.plain_ce else self.base_loss.for_batch(batch, mask, accum_dtype)
         if path == "fused":  # the base loss and the terms chunk by chunk inside the head
             fused = FusedTerms(
@@ -239,6 +342,71 @@ class Objective:
             base_metrics=base_metrics(base_batch, stats),
         )
 
+    def preference_context(
+        self,
+        head: FusedLMHead,
+        hidden: Tensor,
+        batch: Mapping[str, Any],
+        stats: GlobalStats,
+        step: int,
+        stage: Stage,
+        needed: tuple[str, ...] | None,
+        reference: Reference | None,
+        policy: PolicyNoGrad | None = None,
+    ) -> LossContext:
+        """The preference loss of the micro-batch (`PreferenceLoss`), as a `LossContext` whose ``cache``
+        holds its ``base`` value and ``metrics`` for `general_output`."""
+        needed = self.head_outputs_needed() if needed is None else needed
+        pref = self.preference(head, hidden, batch, stats, reference=reference, needed=needed, policy=policy)
+        mask = batch["labels"] != head.ignore_index
+        ctx = LossContext(
+            dict(batch), head=pref.head, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage
+        )
+        ctx.cache["base"], ctx.cache["metrics"] = pref.base, pref.metrics
+        return ctx
+
+    def distillation_context(
+        self,
+        head: FusedLMHead,
+        hidden: Tensor,
+        batch: Mapping[str, Any],
+        stats: GlobalStats,
+        step: int,
+        stage: Stage,
+        needed: tuple[str, ...] | None,
+        teacher: Teacher | None,
+    ) -> LossContext:
+        """The distillation loss of the micro-batch (`Distillation`, aggregated with ``loss_agg``'s global
+        weights), as a `LossContext` whose ``cache`` holds its ``base`` value and ``metrics``."""
+        needed = self.head_outputs_needed() if needed is None else needed
+        mask = batch_tensor(batch, LABELS_KEY) != head.ignore_index
+        weights = self.base_weights(
+            batch, mask=mask, stats=stats, dtype=torch.promote_types(hidden.dtype, torch.float32)
+        )
+        out = self.distillation(head, hidden, batch, weights, teacher=teacher, needed=needed)
+        ctx = LossContext(
+            dict(batch), head=out.head, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage
+        )
+        ctx.cache["base"], ctx.cache["metrics"] = out.base, out.metrics
+        return ctx
+
+    def general_output(self, ctx: LossContext, regularize: Regularize | None) -> LossOutput:
+        """``w_base · base + Σ_i w_i r_i`` with the base value in ``ctx.cache`` and the terms on ``ctx``."""
+        reg_total, terms = (regularize or self.regularizers)(ctx)
+        base = ctx.cache["base"]
+        if ctx.stage == "train" and self.base_loss_weight == 0 and torch.is_grad_enabled():
+            check_something_to_optimize(reg_total, terms, f"step {ctx.step}")
+        total = (base if self.base_loss_weight == 1.0 else self.base_loss_weight * base) + reg_total
+        return LossOutput(
+            total,
+            base=base,
+            regularizer_total=reg_total,
+            stats=ctx.stats,
+            terms=terms,
+            num_tokens=ctx.stats.get_local(LABELS_KEY).num_tokens,
+            metrics=ctx.cache.get("metrics", {}),
+        )
+
     def base_weights(
         self, batch: Mapping[str, Any], mask: Tensor, stats: GlobalStats, dtype: torch.dtype
     ) -> Tensor:
@@ -262,6 +430,14 @@ class Objective:
             loss_weights = token_values(batch, key=LOSS_WEIGHTS, mask=mask, reader=where)
             weights = weights * torch.where(mask, loss_weights.to(dtype), 0.0)
         return weights
+
+
+def preference_loss(preset: PreferencePreset | None) -> PreferenceLoss | UnpairedPreferenceLoss | None:
+    """The loss path of a preference preset: `UnpairedPreferenceLoss` for KTO, `PreferenceLoss` for the
+    paired ones."""
+    if preset is None:
+        return None
+    return UnpairedPreferenceLoss(preset) if isinstance(preset, KTOPreset) else PreferenceLoss(preset)
 
 
 def agg_norm_option(norm: Any, loss_agg: AggMode, regularizers: RegularizerSet) -> float | None:
@@ -288,8 +464,12 @@ def base_value(base_batch: BaseLossBatch | None, weights: Tensor, logprobs: Tens
 
 
 def base_metrics(base_batch: BaseLossBatch | None, stats: GlobalStats) -> dict[str, Tensor]:
-    """The base loss's telemetry of one micro-batch, normalized by the step's valid tokens."""
-    return {} if base_batch is None else base_batch.metrics(stats.get(LABELS_KEY).num_tokens)
+    """The base loss's telemetry of one micro-batch, normalized by the step's valid tokens (a rollout
+    correction's by its completion tokens before a rejection)."""
+    if base_batch is None:
+        return {}
+    rollout = stats.get(ROLLOUT_VALID).num_tokens if ROLLOUT_VALID in stats.masks else None
+    return base_batch.metrics(stats.get(LABELS_KEY).num_tokens, rollout_tokens=rollout)
 
 
 def check_something_to_optimize(total: Tensor, terms: Mapping[str, TermResult], where: str) -> None:

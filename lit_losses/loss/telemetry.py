@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
 from lit_losses.aggregation import AggMode, StepSums, accumulation_factor, mode_denominator, window_ends
+from lit_losses.aggregation.metrics import MAX_SUFFIX
 from lit_losses.loss.context import LossOutput
 from lit_losses.regularizers import RegularizerSet, TermResult
 
@@ -21,15 +22,18 @@ class StepTelemetry(nn.Module):
     (``÷A``) and DDP (``÷D``) make of its loss; the sum over the step is then the global value. A
     squared gradient norm adds ``‖g‖² × share²`` (the step's gradient w.r.t. a micro-batch's head
     outputs is ``share × g``, and the micro-batches' outputs are disjoint), so ``grad_norm`` is exact
-    with any loader. The sums live in one torchmetrics state (`StepSums`, ``dist_reduce_fx="sum"``: one
-    collective per step), created at the first update. `compute` returns the values to log
+    with any loader; a value named ``…_max`` is a maximum over the micro-batches and ranks (unscaled).
+    The sums live in one torchmetrics state (`StepSums`, ``dist_reduce_fx="sum"``: one collective per
+    step, one more for maxima), created at the first update. `compute` returns the values to log
     (``…/grad_norm_sq`` as ``…/grad_norm``, ``…/error`` as 0/1, each term's weight and custom metrics,
     ``train/base_loss_weight``) and stores the nested `nested` dict:
     ``{loss_total, base_loss: {value, weight, custom}, regularizers: {name: {value, weight,
     contribution, custom, error[, grad_norm]}}, regularizer_total}`` with
     ``loss_total = base_loss.weight × base_loss.value + regularizer_total``; ``base_loss.custom`` holds
     the base loss's telemetry (``train/base_loss/<name>``: ``clip_fraction``, ``ratio_mean``,
-    ``approx_kl``, ``advantage_mean``, …), exact means over the step's valid tokens.
+    ``approx_kl``, ``advantage_mean``, …), exact means over the step's valid tokens. A loss's own
+    metrics (`LossOutput.metrics`: the preference losses' ``rewards/chosen``, …, exact means over the step's
+    pairs) are logged as ``train/<name>`` and nested under ``metrics``.
 
     Example:
         >>> import torch
@@ -44,6 +48,7 @@ class StepTelemetry(nn.Module):
         super().__init__()
         self.sums: StepSums | None = None
         self.last_terms: Mapping[str, TermResult] = {}
+        self.metric_names: tuple[str, ...] = ()
         self.nested: dict[str, Any] = {}
         """The last step as the nested dict of the class docstring."""
 
@@ -57,7 +62,10 @@ class StepTelemetry(nn.Module):
             raise RuntimeError(f"the logged loss terms changed during training: {self.sums.keys} -> {keys}")
         squared = share * share
         self.sums.update(
-            {k: v * (squared if k.endswith("/grad_norm_sq") else share) for k, v in values.items()}
+            {
+                k: v if k.endswith(MAX_SUFFIX) else v * (squared if k.endswith("/grad_norm_sq") else share)
+                for k, v in values.items()
+            }
         )
         self.last_terms = terms
 
@@ -65,6 +73,7 @@ class StepTelemetry(nn.Module):
         """`update` with one training micro-batch of ``module`` (its share: ``loss_scale / (A × D)``) and,
         when Lightning steps the optimizer after it, `log_step`."""
         share = out.stats.loss_scale / accumulation_factor(module._trainer)
+        self.metric_names = tuple(out.metrics)
         self.update(out.logged_values("train"), share, out.terms)
         if window_ends(module._trainer, batch_idx):
             self.log_step(module, getattr(module, "regularizer_set", None), module.global_step)
@@ -96,14 +105,16 @@ class StepTelemetry(nn.Module):
         for name, term in self.last_terms.items():
             for key, value in term["custom"].items():
                 values[f"regularizers/{name}/custom/{key}"] = torch.tensor(value, dtype=torch.float64)
-        self.nested = nested_telemetry(values, self.last_terms)
+        self.nested = nested_telemetry(values, self.last_terms, self.metric_names)
         return values
 
 
-def nested_telemetry(values: Mapping[str, Tensor], last_terms: Mapping[str, TermResult]) -> dict[str, Any]:
+def nested_telemetry(
+    values: Mapping[str, Tensor], last_terms: Mapping[str, TermResult], metric_names: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The flat logged values as the nested dict users read (`RegularizedLM.telemetry`; the
     schema of ``docs/concepts/telemetry.md``, see `StepTelemetry`). The base loss's weight is 1 unless
-    ``train/base_loss_weight`` says."""
+    ``train/base_loss_weight`` says; ``metric_names`` (``train/<name>``) go under ``metrics``."""
 
     def get(key: str) -> float:
         return float(values[key]) if key in values else 0.0
@@ -124,12 +135,15 @@ def nested_telemetry(values: Mapping[str, Tensor], last_terms: Mapping[str, Term
     base_weight = float(values["train/base_loss_weight"]) if "train/base_loss_weight" in values else 1.0
     prefix = "train/base_loss/"
     base_custom = {k.removeprefix(prefix): float(v) for k, v in values.items() if k.startswith(prefix)}
-    return {
+    nested = {
         "loss_total": get("train/loss_total"),
         "base_loss": {"value": get("train/base_loss"), "weight": base_weight, "custom": base_custom},
         "regularizer_total": get("train/regularizer_total"),
         "regularizers": regularizers,
     }
+    if metric_names:
+        nested["metrics"] = {name: get(f"train/{name}") for name in metric_names}
+    return nested
 
 
 class ValidationTelemetry(nn.Module):
@@ -137,7 +151,9 @@ class ValidationTelemetry(nn.Module):
 
     Each micro-batch's value (normalized by its own counts) is weighted by the count it was divided by
     (`mode_denominator`), so ``Σ value·count / Σ count`` with torchmetrics' weighted `MeanMetric` (sum
-    states) is the global value, exact under DDP.
+    states) is the global value, exact under DDP. A loss that is a mean over other units (``units``: the
+    preference losses' pairs or sequences, from the micro-batch's rows with a label) is weighted by them,
+    and its ``metric_names`` (`LossOutput.metrics`) are logged as ``val/<name>`` the same way.
 
     Example:
         >>> import torch
@@ -150,11 +166,16 @@ class ValidationTelemetry(nn.Module):
         tensor(1.5000)
     """
 
-    def __init__(self, loss_agg: AggMode) -> None:
+    def __init__(
+        self, loss_agg: AggMode, metric_names: tuple[str, ...] = (), units: Callable[[int], int] | None = None
+    ) -> None:
         super().__init__()
         self.loss_agg = loss_agg
+        self.units = units
         self.loss = MeanMetric()
         self.loss_total = MeanMetric()
+        self.metric_names = tuple(metric_names)
+        self.metrics = nn.ModuleList(MeanMetric() for _ in self.metric_names)
 
     def record(self, module: Any, out: LossOutput) -> None:
         """`update` with one validation micro-batch and log ``val/loss`` (on the progress bar) and
@@ -162,10 +183,15 @@ class ValidationTelemetry(nn.Module):
         self.update(out)
         module.log("val/loss", self.loss, prog_bar=True, on_step=False, on_epoch=True)
         module.log("val/loss_total", self.loss_total, on_step=False, on_epoch=True)
+        for name, metric in zip(self.metric_names, self.metrics, strict=True):
+            module.log(f"val/{name}", metric, on_step=False, on_epoch=True)
 
     def update(self, out: LossOutput) -> None:
         """Add one validation micro-batch."""
-        weight = mode_denominator(self.loss_agg, out.stats.get_local())
+        local = out.stats.get_local()
+        weight = self.units(local.num_sequences) if self.units else mode_denominator(self.loss_agg, local)
         if weight:
             self.loss.update(out.base.detach(), weight=weight)
             self.loss_total.update(out.total.detach(), weight=weight)
+            for name, metric in zip(self.metric_names, self.metrics, strict=True):
+                metric.update(out.metrics[name].detach(), weight=weight)

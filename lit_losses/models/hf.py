@@ -10,10 +10,11 @@ states (logit soft-capping, logit scaling) or whose output layer is not a plain 
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -24,13 +25,16 @@ from lit_losses.aggregation.stats import batch_segment_ids
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
 from lit_losses.loss.context import LossOutput, Stage
+from lit_losses.models.frozen import DISABLED_ADAPTERS, CausalLMRunner
 from lit_losses.models.hf_batch import (
     LabelFormat,
     body_inputs,
     check_label_format,
     packing_leak,
+    packing_tolerance,
     shift_labels,
 )
+from lit_losses.models.hf_load import causal_lm_of, check_plain_head, import_transformers, refused_as
 from lit_losses.module import RegularizedLM
 from lit_losses.optim import check_trainable_dtypes
 from lit_losses.parallel import ParallelConfig
@@ -40,18 +44,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-
-#: Relative difference between packed and separate documents above which a model is said to leak.
-PACKING_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
-LOW_PRECISION_PACKING_TOLERANCE = 3e-2
-
-
-def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError as err:  # pragma: no cover - depends on the optional extra
-        raise ConfigError("HFCausalLM needs the optional extra: pip install 'lit_losses[hf]'") from err
-    return transformers
 
 
 def build_causal_lm(
@@ -63,7 +55,7 @@ def build_causal_lm(
 ) -> PreTrainedModel:
     """A ``transformers`` causal LM from a local checkpoint directory or from a config dict (random
     weights); nothing is downloaded. Errors name the option (``model.init_args.<name>``)."""
-    transformers = _transformers()
+    transformers = import_transformers("HFCausalLM")
     options: dict[str, Any] = {}
     if attn_implementation is not None:
         options["attn_implementation"] = attn_implementation
@@ -107,45 +99,6 @@ def build_causal_lm(
         return transformers.AutoModelForCausalLM.from_config(hf_config, **options)
 
 
-OPTION_WORDS = {
-    "attn_implementation": (
-        "attn_implementation",
-        "attention implementation",
-        "flashattention",
-        "flash_attention",
-        "flex_attention",
-        "scaled_dot_product_attention",
-        "sdpa",
-    ),
-    "dtype": ("dtype", "float16", "bfloat16", "half precision"),
-}
-"""Words of a ``transformers`` refusal that tell which option it is about (lower case)."""
-
-
-@contextlib.contextmanager
-def refused_as(option: str, options: dict[str, Any]) -> Iterator[None]:
-    """Re-raise what ``transformers`` or ``peft`` refuse (their own exception types, often on several lines)
-    as one-line `ConfigError` s naming the option the user gave: ``option``, or ``attn_implementation`` /
-    ``dtype`` with its value when the message is about them (`OPTION_WORDS`: ``FlashAttention2 has been
-    toggled on, but …`` is about ``attn_implementation=flash_attention_2``)."""
-    try:
-        yield
-    except ConfigError:
-        raise
-    except Exception as err:  # their types vary (ValueError, huggingface_hub's validation errors, ...)
-        message = (
-            " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
-        )
-        lowered = message.lower()
-        named = [n for n in options if any(w in lowered for w in OPTION_WORDS.get(n, (n,)))]
-        where = option
-        if named:
-            value = options[named[0]]
-            value = str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
-            where = f"model.init_args.{named[0]}={value}"
-        raise ConfigError(f"{where}: {message}") from err
-
-
 def add_lora(model: PreTrainedModel, lora: dict[str, Any]) -> nn.Module:
     """``peft.get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))``."""
     try:
@@ -155,58 +108,6 @@ def add_lora(model: PreTrainedModel, lora: dict[str, Any]) -> nn.Module:
     with refused_as("model.init_args.lora", {}):
         config = peft.LoraConfig(task_type="CAUSAL_LM", **lora)
         return peft.get_peft_model(model, config)
-
-
-def causal_lm_of(model: nn.Module) -> nn.Module:
-    """The ``transformers`` causal LM inside ``model`` (``model`` itself, or a ``peft`` model's base)."""
-    if hasattr(model, "peft_config"):
-        if (
-            getattr(model, "active_peft_config", None) is not None
-            and model.active_peft_config.is_prompt_learning
-        ):
-            raise ConfigError(
-                "HFCausalLM: prompt-learning peft adapters (prompt/prefix tuning) change the inputs and "
-                "are not supported; use LoRA-style adapters"
-            )
-        return model.get_base_model()
-    return model
-
-
-def check_plain_head(model: nn.Module) -> None:
-    """Raise a `ConfigError` unless the logits of ``model`` are ``linear(base hidden states, W, b)`` with
-    ``get_output_embeddings()`` a plain ``nn.Linear`` (checked on a 4-token probe, in eval mode)."""
-    lm = causal_lm_of(model)
-    head = lm.get_output_embeddings()
-    if type(head) is not nn.Linear:
-        raise ConfigError(
-            f"HFCausalLM: the output layer of {type(lm).__name__} is a {type(head).__name__}, not a plain "
-            "nn.Linear (e.g. a LoRA adapter on lm_head): leave lm_head out of the adapter's target_modules"
-        )
-    body = lm.base_model
-    if body is lm:
-        raise ConfigError(f"HFCausalLM: {type(lm).__name__} has no base model separate from its head")
-    ids = torch.arange(4, device=head.weight.device)[None] % head.weight.shape[0]
-    training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            hidden = body(input_ids=ids, use_cache=False).last_hidden_state
-            logits = model(input_ids=ids, use_cache=False).logits
-            expected = nn.functional.linear(hidden, head.weight, head.bias).float()
-    finally:
-        model.train(training)
-    error = float((logits.float() - expected).abs().max() / expected.abs().max().clamp_min(1e-12))
-    if error > 1e-3:
-        hints = [
-            a
-            for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")
-            if getattr(lm.config, a, None)
-        ]
-        raise ConfigError(
-            f"HFCausalLM: the logits of {type(lm).__name__} are not linear(hidden, lm_head) (relative "
-            f"difference {error:.1e} on a probe{'; config sets ' + ', '.join(hints) if hints else ''}): "
-            "the fused head would compute another loss"
-        )
 
 
 def check_context_length(config: Any, seq_len: int, where: str = "model.init_args.config") -> None:
@@ -401,8 +302,7 @@ class HFCausalLM(RegularizedLM):
         body = self.body
         dtype = next(body.parameters()).dtype
         leak = packing_leak(body, self.output_projection()[0].shape[0], self.attn_implementation, dtype=dtype)
-        low = dtype not in PACKING_TOLERANCE or torch.is_autocast_enabled(next(body.parameters()).device.type)
-        if leak <= (LOW_PRECISION_PACKING_TOLERANCE if low else PACKING_TOLERANCE[dtype]):
+        if leak <= packing_tolerance(body):
             return ""
         return (
             f"HFCausalLM: with attn_implementation={self.attn_implementation!r}, packed documents of this "
@@ -465,6 +365,29 @@ class HFCausalLM(RegularizedLM):
         super().on_train_start()
         if self._packing_problem is None:  # every rank at once (a probe forward in a sharded model)
             self._packing_problem = self.probe_packing()
+
+    def initial_copy(self) -> nn.Module:
+        """A copy of the wrapped model (with its adapters, when it has some) as a frozen runner
+        (`CausalLMRunner`), for a frozen ``initial_policy``."""
+        return CausalLMRunner(copy.deepcopy(self.model), where="initial_policy")
+
+    def has_adapters(self) -> bool:
+        """Whether the wrapped model has PEFT adapters (``lora``)."""
+        return hasattr(self.model, "disable_adapter")
+
+    def adapters_disabled(self, where: str) -> Callable[[], AbstractContextManager[Any]]:
+        """``peft_model.disable_adapter``: the base model without a second copy in memory (a frozen
+        ``disabled_adapters`` source; TRL's reference for a PEFT policy).
+
+        Raises:
+            ConfigError: naming ``where``: the model has no adapters (no ``lora``).
+        """
+        if not self.has_adapters():
+            raise ConfigError(
+                f"{where}={DISABLED_ADAPTERS!r}: the model has no PEFT adapters (set model.init_args.lora, "
+                "or use 'initial_policy', a checkpoint or a Hugging Face checkpoint directory)"
+            )
+        return self.model.disable_adapter
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped model's ``generate`` (e.g. ``model.generate(input_ids, max_new_tokens=20)``)."""

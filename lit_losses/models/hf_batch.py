@@ -31,11 +31,14 @@ __all__ = [
     "check_label_format",
     "packed_attention_mask",
     "packing_leak",
+    "packing_tolerance",
     "segment_positions",
     "shift_labels",
 ]
 
-#: How a batch's labels relate to its ``input_ids`` (see the module docstring).
+#: Relative difference between packed and separate documents above which a model is said to leak.
+PACKING_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
+LOW_PRECISION_PACKING_TOLERANCE = 3e-2
 
 
 def check_label_format(batch: Mapping[str, Any], label_format: LabelFormat, ignore_index: int = -100) -> bool:
@@ -158,3 +161,11 @@ def packing_leak(body: nn.Module, vocab_size: int, attn_implementation: str, dty
     finally:
         body.train(training)
     return float((together - alone).abs().max() / alone.abs().max().clamp_min(1e-12))
+
+
+def packing_tolerance(body: nn.Module) -> float:
+    """The largest `packing_leak` of ``body`` that is rounding: by its parameters' dtype, looser in a low
+    precision or under autocast."""
+    param = next(body.parameters())
+    low = param.dtype not in PACKING_TOLERANCE or torch.is_autocast_enabled(param.device.type)
+    return LOW_PRECISION_PACKING_TOLERANCE if low else PACKING_TOLERANCE[param.dtype]

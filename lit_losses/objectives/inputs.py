@@ -12,6 +12,10 @@ loss_weights        optional, Tinker's per-token ``weights`` (absent: 1 at every
 sample_weights      optional, the per-sequence weight of ROLL's ``agg_loss(..., weights=)``, stored
                     per token (constant over a sequence's tokens, so that packing keeps it)
 ref_logprobs        optional, reference-policy log-probabilities (the ``kl_reference`` regularizer)
+old_logprobs        optional, ``log π_old(y_t)``: the trainer's log-probability of the label at the time
+                    of sampling (recomputed by the trainer, where ``sampling_logprobs`` is the
+                    inference engine's); the denominator of the policy-gradient ratio and, with
+                    ``sampling_logprobs``, of the rollout corrections (`lit_losses.objectives.correction`)
 ==================  ==========================================================================
 """
 
@@ -26,15 +30,29 @@ from torch import Tensor
 from lit_losses.errors import BatchKeyError
 
 SAMPLING_LOGPROBS = "sampling_logprobs"
+"""Batch key: the sampler's log-probability of each token ``[B, T]``."""
 ADVANTAGES = "advantages"
+"""Batch key: the advantage of each token ``[B, T]``."""
 LOSS_WEIGHTS = "loss_weights"
+"""Batch key: a weight per token ``[B, T]`` multiplying the base loss."""
 SAMPLE_WEIGHTS = "sample_weights"
+"""Batch key: a weight per token ``[B, T]`` (one per sequence, repeated), multiplying the base loss."""
 REF_LOGPROBS = "ref_logprobs"
-RL_KEYS = (SAMPLING_LOGPROBS, ADVANTAGES, LOSS_WEIGHTS, SAMPLE_WEIGHTS, REF_LOGPROBS)
+"""Batch key: the reference policy's log-probability of each token ``[B, T]`` (the KL term's)."""
+OLD_LOGPROBS = "old_logprobs"
+"""Batch key: π_old's log-probability of each token ``[B, T]`` (the trainer's, beside the engine's)."""
+RL_KEYS = (SAMPLING_LOGPROBS, ADVANTAGES, LOSS_WEIGHTS, SAMPLE_WEIGHTS, REF_LOGPROBS, OLD_LOGPROBS)
 """The per-token float keys of an RL micro-batch (padded with 0.0, packed like ``labels``)."""
 SEQUENCE_INDEX = "sequence_index"
 """Not a batch key: the ``inputs`` entry of a base loss that is not pointwise, the sequence of each valid
 token (a (row, segment) pair in packed rows), numbered densely from 0."""
+ROLLOUT_IS_WEIGHTS = "rollout_is_weights"
+"""Not a batch key: the ``inputs`` entry of a base loss that takes the rollout correction's importance
+weight inside its own formula (``vespo``) instead of having its loss multiplied by it."""
+ROLLOUT_VALID = "rollout_valid"
+"""The boolean ``[B, T]`` batch key that the rejection of rollout tokens (verl's ``rollout_rs``) adds: the
+labels mask before the rejection, counted by the loader so that the correction's telemetry is a mean
+over every completion token, the rejected ones included."""
 
 
 def token_values(batch: Mapping[str, Any], key: str, mask: Tensor, reader: str) -> Tensor:

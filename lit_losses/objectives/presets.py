@@ -37,6 +37,7 @@ from typing import Any, Literal
 from lit_losses.aggregation.modes import AggMode
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
+from lit_losses.objectives.correction import RolloutCorrectionOptions
 from lit_losses.objectives.ratios import ImportanceSamplingLevel
 from lit_losses.registry import closest
 
@@ -72,13 +73,18 @@ READS: dict[str, tuple[str, ...]] = {
 }
 """The fields of `GRPOPreset` that each loss type reads, beside ``loss_type``, ``beta`` and
 ``use_bias_correction_kl`` (every type's; the bias-corrected KL also reads ``importance_sampling_level``)."""
+CORRECTION_FIELDS = tuple(f.name for f in fields(RolloutCorrectionOptions))
+"""The rollout-correction fields (`RolloutCorrectionOptions`), which every loss type reads."""
 POSITIVE = ("delta", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg")
 NON_NEGATIVE = ("epsilon_high", "beta", "vespo_k_pos", "vespo_k_neg")
 
 
 @dataclass(frozen=True)
-class GRPOPreset:
+class GRPOPreset(RolloutCorrectionOptions):
     """TRL's GRPO loss by its ``GRPOConfig`` fields; `options` are the lit_losses options it sets.
+
+    The rollout-correction fields (`RolloutCorrectionOptions`: TRL's ``vllm_importance_sampling_*`` and
+    ``off_policy_mask_threshold``, verl's ``rollout_is``/``rollout_rs``) pass on to ``base_loss_args``.
 
     Attributes:
         loss_type: TRL's ``loss_type`` (default ``dapo``, as TRL's).
@@ -100,7 +106,8 @@ class GRPOPreset:
 
     Raises:
         ConfigError: naming ``model.grpo.<field>``: an unknown choice, ``luspo`` without sequence
-            ratios, ``dr_grpo`` without ``max_completion_length``, an option the loss type ignores.
+            ratios, ``dr_grpo`` without ``max_completion_length``, an option the loss type ignores, a bad
+            rollout correction (`RolloutCorrectionOptions.resolve`).
 
     Example:
         >>> options = GRPOPreset("dr_grpo", epsilon_high=0.28, beta=0.04, max_completion_length=256).options()
@@ -152,16 +159,24 @@ class GRPOPreset:
             raise ConfigError(
                 f"{WHERE}.use_bias_correction_kl=True corrects the KL term, which beta=0 disables"
             )
+        correction = self.resolve(WHERE)
+        if self.loss_type == "vespo" and correction is not None and correction.level == "sequence":
+            field_name = "vllm_importance_sampling_mode" if correction.vllm_mode else "rollout_is"
+            raise ConfigError(
+                f"{WHERE}.{field_name}={getattr(self, field_name)!r}: loss_type 'vespo' takes the importance "
+                "weight into its sequence ratio token by token (TRL requires token_truncate or token_mask)"
+            )
 
     def fields_read(self) -> tuple[str, ...]:
-        """The fields this loss type reads (`READS`): ``cispo`` reads ``epsilon`` only as the default of
-        ``epsilon_high``, and the bias-corrected KL reads ``importance_sampling_level`` for every type.
+        """The fields this loss type reads (`READS`, and every type the rollout-correction fields):
+        ``cispo`` reads ``epsilon`` only as the default of ``epsilon_high``, and the bias-corrected KL reads
+        ``importance_sampling_level`` for every type.
 
         Example:
-            >>> GRPOPreset("cispo", epsilon_high=5.0).fields_read()
-            ('beta', 'epsilon_high', 'importance_sampling_level', 'loss_type', 'use_bias_correction_kl')
+            >>> [f for f in GRPOPreset("cispo", epsilon_high=5.0).fields_read() if f not in CORRECTION_FIELDS]
+            ['beta', 'epsilon_high', 'importance_sampling_level', 'loss_type', 'use_bias_correction_kl']
         """
-        read = {"loss_type", "beta", "use_bias_correction_kl", *READS[self.loss_type]}
+        read = {"loss_type", "beta", "use_bias_correction_kl", *READS[self.loss_type], *CORRECTION_FIELDS}
         if self.use_bias_correction_kl:
             read.add("importance_sampling_level")
         if self.loss_type == "cispo" and self.epsilon_high is not None:
@@ -229,7 +244,25 @@ class GRPOPreset:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
     def base_loss(self) -> tuple[str, dict[str, Any]]:
-        """``(base_loss, base_loss_args)`` of the loss type."""
+        """``(base_loss, base_loss_args)`` of the loss type (with the rollout-correction fields given)."""
+        name, args = self.loss_args()
+        return name, {**args, **self.correction_args()}
+
+    def correction_args(self) -> dict[str, Any]:
+        """The rollout-correction fields that differ from their defaults (the deprecated cap as
+        ``vllm_importance_sampling_clip_max``, its current name)."""
+        given = RolloutCorrectionOptions.given(self)
+        if "vllm_importance_sampling_cap" in given:
+            given["vllm_importance_sampling_clip_max"] = given.pop("vllm_importance_sampling_cap")
+        return given
+
+    def uses_old(self) -> bool:
+        """The rollout correction reads π_old (`RolloutCorrection.uses_old`)."""
+        correction = RolloutCorrectionOptions.from_mapping(self.correction_args()).resolve(WHERE)
+        return correction is not None and correction.uses_old
+
+    def loss_args(self) -> tuple[str, dict[str, Any]]:
+        """``(base_loss, base_loss_args)`` of the loss type, without a rollout correction."""
         level = self.importance_sampling_level
         if self.loss_type in CLIPPED:
             args = {"epsilon_low": self.epsilon, "epsilon_high": self.upper_epsilon, "delta": self.delta}
@@ -263,6 +296,8 @@ class GRPOPreset:
                 "estimator": "k3",
                 "bias_correction": self.use_bias_correction_kl,
                 "importance_sampling_level": level,
+                # TRL's ratio: π_old, the current policy detached when a correction has no old_logprobs
+                "old_detached": self.use_bias_correction_kl and self.uses_old(),
             },
         }
 

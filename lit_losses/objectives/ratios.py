@@ -1,6 +1,9 @@
 """Importance ratios of the policy-gradient base losses: per token, or per sequence (GSPO).
 
-``importance_sampling_level: token`` keeps ``log r_t = ℓ_t − q_t``; ``sequence`` gives every token of a
+The ratio's denominator ``q_t`` is `old_logprobs` of the inputs: ``π_old``, the batch's ``old_logprobs``
+when it has them (or the current policy detached under a rollout correction without them), else the
+sampler's ``sampling_logprobs`` (Tinker's definition). ``importance_sampling_level: token`` keeps
+``log r_t = ℓ_t − q_t``; ``sequence`` gives every token of a
 sequence ``s`` the sequence's ratio ``log r_s = mean_{u∈s} (ℓ_u − q_u)`` over its valid tokens (GSPO,
 "Group Sequence Policy Optimization"; TRL's and Liger-Kernel's ``importance_sampling_level="sequence"``).
 A sequence is a row, or a (row, segment) pair in packed rows. A base loss with sequence-level ratios is
@@ -16,7 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from lit_losses.objectives.inputs import SAMPLING_LOGPROBS, SEQUENCE_INDEX
+from lit_losses.objectives.inputs import OLD_LOGPROBS, SAMPLING_LOGPROBS, SEQUENCE_INDEX
 
 ImportanceSamplingLevel = Literal["token", "sequence"]
 """Where the importance ratio is formed: each token's own, or its sequence's geometric mean (GSPO)."""
@@ -52,9 +55,21 @@ def sequence_mean(values: Tensor, index: Tensor) -> Tensor:
     return sequence_sum(values, index) / counts[index].to(values.dtype)
 
 
+def old_logprobs(inputs: Mapping[str, Tensor]) -> Tensor:
+    """The ratio's denominator: ``inputs["old_logprobs"]`` when given, else ``inputs["sampling_logprobs"]``.
+
+    Example:
+        >>> import torch
+        >>> old_logprobs({"sampling_logprobs": torch.tensor([-1.0]), "old_logprobs": torch.tensor([-0.5])})
+        tensor([-0.5000])
+    """
+    return inputs[OLD_LOGPROBS] if OLD_LOGPROBS in inputs else inputs[SAMPLING_LOGPROBS]
+
+
 def log_ratio(logprobs: Tensor, inputs: Mapping[str, Tensor], level: ImportanceSamplingLevel) -> Tensor:
-    """``log r`` at each token: ``ℓ_t − q_t`` (``token``) or its sequence's mean (``sequence``)."""
-    per_token = logprobs - inputs[SAMPLING_LOGPROBS]
+    """``log r`` at each token: ``ℓ_t − q_t`` (``token``) or its sequence's mean (``sequence``), ``q_t``
+    from `old_logprobs`."""
+    per_token = logprobs - old_logprobs(inputs)
     if level == "token":
         return per_token
     if SEQUENCE_INDEX not in inputs:

@@ -15,8 +15,14 @@ import torch
 from torch import Tensor
 
 from lit_losses.objectives.builtins import POLICY_INPUTS
-from lit_losses.objectives.inputs import ADVANTAGES, SAMPLING_LOGPROBS, SEQUENCE_INDEX
-from lit_losses.objectives.ratios import ImportanceSamplingLevel, log_ratio, sequence_sum, token_level
+from lit_losses.objectives.inputs import ADVANTAGES, ROLLOUT_IS_WEIGHTS, SEQUENCE_INDEX
+from lit_losses.objectives.ratios import (
+    ImportanceSamplingLevel,
+    log_ratio,
+    old_logprobs,
+    sequence_sum,
+    token_level,
+)
 from lit_losses.objectives.registry import BaseLossArgError, register_base_loss
 
 VESPO_LOG_W_MIN = math.log(1e-8)
@@ -77,9 +83,14 @@ def check_gamma(params: Mapping[str, Any]) -> None:
 def gamma_weight(
     inputs: Mapping[str, Tensor], log_ratio_tokens: Tensor, params: Mapping[str, float]
 ) -> Tensor:
-    """VESPO's ``φ(w_s) = exp(λ + k · log w_s − λ · w_s)`` at every token of ``s`` (no gradient)."""
+    """VESPO's ``φ(w_s) = exp(λ + k · log w_s − λ · w_s)`` at every token of ``s`` (no gradient); a rollout
+    correction's token weights ``ρ̃_t`` (``inputs["rollout_is_weights"]``) join the sequence ratio as TRL
+    joins them: ``log w_s += Σ_{t∈s} clip(log ρ̃_t, log 1e-8, 20)``."""
     with torch.no_grad():
         summed = sequence_sum(log_ratio_tokens.clamp(-20.0, 20.0), inputs[SEQUENCE_INDEX])
+        if ROLLOUT_IS_WEIGHTS in inputs:
+            log_is = torch.log(inputs[ROLLOUT_IS_WEIGHTS]).clamp(VESPO_LOG_W_MIN, 20.0)
+            summed = summed + sequence_sum(log_is, inputs[SEQUENCE_INDEX])
         log_w = summed.clamp(VESPO_LOG_W_MIN, 20.0)
         nonneg = inputs[ADVANTAGES] >= 0
         k = by_sign(nonneg, params["k_pos"], params["k_neg"], like=log_w)
@@ -107,5 +118,5 @@ def vespo(
     (TRL's ``vespo/phi_seq_mean`` is a mean over sequences).
     """
     params = {"k_pos": k_pos, "lambda_pos": lambda_pos, "k_neg": k_neg, "lambda_neg": lambda_neg}
-    phi = gamma_weight(inputs, logprobs.detach() - inputs[SAMPLING_LOGPROBS], params)
+    phi = gamma_weight(inputs, logprobs.detach() - old_logprobs(inputs), params)
     return -phi * logprobs * inputs[ADVANTAGES], {"phi_mean": phi}

@@ -16,6 +16,8 @@ DType = Literal["float32", "bfloat16", "float16"]
 #: (``RowwiseParallel``: its input features), ``embedding`` (``RowwiseParallel`` over an ``nn.Embedding``'s
 #: rows, with replicated token ids: a vocabulary-parallel embedding).
 TPStyle = Literal["colwise", "rowwise", "embedding"]
+"""How a module is split over the tensor-parallel dimension (torch's ``ColwiseParallel``,
+``RowwiseParallel``, and the embedding's row split)."""
 
 
 @dataclass

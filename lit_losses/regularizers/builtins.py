@@ -58,6 +58,8 @@ def kl_reference(
     bias_correction: bool = False,
     sampling_key: str = "sampling_logprobs",
     importance_sampling_level: Literal["token", "sequence"] = "token",
+    old_key: str = "old_logprobs",
+    old_detached: bool = False,
 ) -> Tensor:
     """Per-token estimate of ``KL(π ‖ π_ref)`` from label log-probabilities, with ``d_t = log π_ref − log π``.
 
@@ -67,9 +69,12 @@ def kl_reference(
     ``bias_correction``: the estimate times the importance ratio ``r_t = exp(log π_t − q_t)`` (with its
     gradient), ``q`` the sampler's log-probabilities ``batch[sampling_key]``: the tokens come from the
     sampler, not from ``π`` (DeepSeek-V3.2's unbiased KL; TRL's and Liger-Kernel's
-    ``use_bias_correction_kl``). ``importance_sampling_level: sequence`` uses GSPO's sequence ratio
-    ``exp(mean_{u∈s} (log π_u − q_u))`` instead, which needs whole sequences: the term then runs on the
-    general path only (as it does beside a base loss with sequence-level ratios).
+    ``use_bias_correction_kl``). ``q`` is the ratio's ``π_old`` as the base loss's is:
+    ``batch[old_key]`` when the batch has it; without it, ``log π`` detached when ``old_detached`` (a
+    rollout correction's π_old: the ratio is 1, its gradient ``∇ log π``).
+    ``importance_sampling_level: sequence`` uses GSPO's sequence ratio ``exp(mean_{u∈s} (log π_u −
+    q_u))`` instead, which needs whole sequences: the term then runs on the general path only (as it
+    does beside a base loss with sequence-level ratios).
     """
     if key not in ctx.batch:
         raise BatchKeyError(
@@ -93,18 +98,29 @@ def kl_reference(
         raise ValueError(f"kl_reference: estimator must be 'k1', 'k2' or 'k3', got {estimator!r}")
     if not bias_correction:
         return kl
-    return kl * torch.exp(importance_log_ratio(ctx, sampling_key, importance_sampling_level))
+    old = (old_key, old_detached)
+    return kl * torch.exp(importance_log_ratio(ctx, sampling_key, importance_sampling_level, old=old))
 
 
-def importance_log_ratio(ctx: LossContext, sampling_key: str, level: str) -> Tensor:
-    """``log π_t − q_t`` (0 at ignored positions), or its mean over each sequence (``level="sequence"``)."""
+def importance_log_ratio(
+    ctx: LossContext, sampling_key: str, level: str, old: tuple[str, bool] = ("old_logprobs", False)
+) -> Tensor:
+    """``log π_t − q_t`` (0 at ignored positions), or its mean over each sequence (``level="sequence"``);
+    ``q`` is ``batch[old[0]]`` when present, else ``log π`` detached if ``old[1]``, else
+    ``batch[sampling_key]``."""
     logprobs = ctx.head.logprobs
-    if sampling_key not in ctx.batch:
+    old_key, old_detached = old
+    if old_key in ctx.batch:
+        q = ctx.batch[old_key].to(logprobs.dtype)
+    elif old_detached:
+        q = logprobs.detach()
+    elif sampling_key in ctx.batch:
+        q = ctx.batch[sampling_key].to(logprobs.dtype)
+    else:
         raise KeyError(
             f"kl_reference with bias_correction reads batch key {sampling_key!r}, which is missing; "
             f"the batch has keys {sorted(ctx.batch)}"
         )
-    q = ctx.batch[sampling_key].to(logprobs.dtype)
     per_token = torch.where(ctx.mask, logprobs - q, torch.zeros_like(q))
     if level not in ("token", "sequence"):
         raise ValueError(

@@ -12,6 +12,7 @@ from lit_losses.registry import Registry
 from lit_losses.validation import check_names
 
 Need = Literal["logprobs", "lse", "entropy", "hidden"]
+"""What a term may consume (`NEEDS`)."""
 NEEDS: tuple[str, ...] = get_args(Need)
 """What a term may consume: head outputs (``logprobs``, ``lse``, ``entropy``) and ``hidden`` states."""
 

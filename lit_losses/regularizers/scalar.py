@@ -30,6 +30,7 @@ from lit_losses.aggregation import AggMode, MaskStats, check_mode
 from lit_losses.choices import check_choice
 
 ScalarRule = Literal["share", "sum"]
+"""How a term's scalar value enters a micro-batch's loss (the rule: this module's docstring)."""
 
 
 def scalar_value(

@@ -5,8 +5,10 @@ DDP launcher can start the second process. ``LOADER``: ``full`` (one process, th
 micro-batch), ``global`` (2 DDP processes × 3 accumulated micro-batches, `GlobalStatsLoader`) or
 ``naive`` (the same split with a plain DataLoader: per-micro-batch normalization). Rank 0 saves the
 parameter gradients seen in ``on_before_optimizer_step`` and the logged ``train/loss_total``.
-``OBJECTIVE``: ``ce`` (cross-entropy, the default) or ``ppo`` (`RL_OBJECTIVE`: ``ppo`` + ``kl_reference`` +
-``entropy`` on micro-batches carrying the RL keys, `with_rl_inputs`); rank 0 then also saves the logged RL
+``OBJECTIVE``: ``ce`` (cross-entropy, the default), ``ppo`` (`RL_OBJECTIVE`: ``ppo`` + ``kl_reference`` +
+``entropy`` on micro-batches carrying the RL keys, `with_rl_inputs`) or ``rollout`` (one fit per rollout
+correction of `ROLLOUT_CORRECTIONS` in the same processes, on micro-batches that also carry
+``old_logprobs``, `with_old_logprobs`; fit ``i`` saves to ``OUT.i``); rank 0 then also saves the logged RL
 telemetry ``train/base_loss/<name>``.
 """
 
@@ -23,7 +25,7 @@ from lit_losses import GlobalStatsLoader, TinyLM
 from lit_losses.data.packing import Pieces, collate_rows, pack_rows
 
 VOCAB, SEQ_LEN, RANKS, ACCUMULATE = 64, 16, 2, 3
-RL_KEYS = ("sampling_logprobs", "advantages", "sample_weights", "ref_logprobs")
+RL_KEYS = ("sampling_logprobs", "advantages", "sample_weights", "ref_logprobs", "old_logprobs")
 RL_OBJECTIVE = dict(
     base_loss="ppo",
     base_loss_args={"clip_low_threshold": 0.9, "clip_high_threshold": 1.1},
@@ -33,6 +35,37 @@ RL_OBJECTIVE = dict(
         {"name": "entropy", "weight": 0.01, "args": {"mode": "bonus"}},
     ],
 )
+
+
+VLLM = {"vllm_importance_sampling_correction": True}
+ROLLOUT_CORRECTIONS = [  # (base_loss_args beside PPO's bounds, whether the data has old_logprobs)
+    (
+        {**VLLM, "vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": 1.1},
+        True,
+    ),
+    ({"rollout_correction_preset": "icepop", "vllm_importance_sampling_clip_min": 0.9}, True),
+    (
+        {
+            **VLLM,
+            "vllm_importance_sampling_mode": "sequence_truncate",
+            "vllm_importance_sampling_clip_max": 1.5,
+        },
+        True,
+    ),
+    (
+        {**VLLM, "vllm_importance_sampling_mode": "sequence_mask", "vllm_importance_sampling_clip_max": 1.5},
+        True,
+    ),
+    ({"rollout_is": "sequence", "rollout_is_threshold": 1.5, "off_policy_mask_threshold": 0.01}, True),
+    ({"rollout_is": "token", "rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.004}, True),
+    ({"rollout_rs": "token_k1,seq_max_k2", "rollout_rs_threshold": "0.9_1.1,0.02"}, True),
+    (
+        {**VLLM, "vllm_importance_sampling_mode": "sequence_mask", "vllm_importance_sampling_clip_max": 1.5},
+        False,
+    ),
+]
+"""The corrections the DDP test checks, with and without ``old_logprobs`` in the data (thresholds that
+truncate, mask or reject some of `with_old_logprobs`' tokens and sequences, not all)."""
 
 
 def micro_batches(n: int = RANKS * ACCUMULATE, seed: int = 0) -> list[dict]:
@@ -71,6 +104,20 @@ def with_rl_inputs(batches: list[dict], seed: int = 1) -> list[dict]:
     return out
 
 
+def with_old_logprobs(batches: list[dict], seed: int = 2) -> list[dict]:
+    """``batches`` with π_old: the engine's ``sampling_logprobs`` plus noise (0.1 per token and one offset
+    per sequence), 0.0 where there is no label."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for b in batches:
+        valid = b["labels"] != -100
+        seq = b["segment_ids"] + (SEQ_LEN + 1) * torch.arange(valid.shape[0])[:, None]
+        offset = 0.08 * torch.randn(int(seq.max()) + 1, generator=g)[seq]
+        old = b["sampling_logprobs"] + offset + 0.1 * torch.randn(valid.shape, generator=g)
+        out.append({**b, "old_logprobs": torch.where(valid, old, 0.0)})
+    return out
+
+
 def one_batch(batches: list[dict]) -> dict:
     """All rows of ``batches`` in one micro-batch, padded to the longest row."""
     width = max(b["labels"].shape[1] for b in batches)
@@ -100,7 +147,20 @@ class CaptureFirstStep(L.Callback):
 
 
 def run(mode: str, loader: str, path: str, objective: str = "ce") -> None:
+    if objective == "rollout":
+        batches = with_old_logprobs(with_rl_inputs(micro_batches()))
+        for i, (args, old) in enumerate(ROLLOUT_CORRECTIONS):
+            data = batches if old else [{k: v for k, v in b.items() if k != "old_logprobs"} for b in batches]
+            options = {**RL_OBJECTIVE, "regularizers": RL_OBJECTIVE["regularizers"][:1]}
+            options["base_loss_args"] = {**RL_OBJECTIVE["base_loss_args"], **args}
+            fit_once(mode, loader, f"{path}.{i}", data, options)
+        return
     batches = micro_batches() if objective == "ce" else with_rl_inputs(micro_batches())
+    fit_once(mode, loader, path, batches, RL_OBJECTIVE if objective == "ppo" else {})
+
+
+def fit_once(mode: str, loader: str, path: str, batches: list[dict], options: dict) -> None:
+    """One optimizer step of a fresh model with ``options`` on ``batches`` (see the module docstring)."""
     full = loader == "full"
     data = [one_batch(batches)] if full else batches
     if loader == "naive":
@@ -108,7 +168,6 @@ def run(mode: str, loader: str, path: str, objective: str = "ce") -> None:
     else:
         train = GlobalStatsLoader(data, batch_size=None, shuffle=False)
     L.seed_everything(0, verbose=False)
-    options = RL_OBJECTIVE if objective == "ppo" else {}
     model = TinyLM(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, loss_agg=mode, head_backend="chunked",
                    **options)  # fmt: skip
     trainer = L.Trainer(

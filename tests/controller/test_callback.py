@@ -153,7 +153,7 @@ def test_a_controller_file_is_looked_up_beside_the_config_then_in_the_working_di
 ):
     """A relative controller path in a config file: the file beside the config wins over one of the same
     name in the working directory, which is used when there is none beside it."""
-    from lit_losses.cli import LitLossesCLI, LitLossesParser
+    from lit_losses.cli.app import LitLossesCLI, LitLossesParser
     from lit_losses.data.text import TextDataModule
     from lit_losses.module import RegularizedLM
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_losses.cli import cli_main
+from lit_losses.cli.app import cli_main
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
 

@@ -15,7 +15,7 @@ import torch
 
 from lit_losses import TinyLM
 from lit_losses.aggregation import GlobalStatsLoader
-from lit_losses.cli import cli_main
+from lit_losses.cli.app import cli_main
 from lit_losses.data import RLDataModule, rl_dataset
 from lit_losses.errors import ConfigError
 

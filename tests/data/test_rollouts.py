@@ -90,3 +90,23 @@ def test_generator_cli_refuses_a_bad_count(capsys):
         main(["--out", "unused.jsonl", "--num-prompts", "0"])
     assert exit_info.value.code == 2
     assert "--num-prompts=0 must be >= 1" in capsys.readouterr().err
+
+
+def test_committed_engine_file_starts_with_what_the_generator_writes():
+    """``data/rollouts_fp8.jsonl``'s first two prompts, generated again: the engine (FP8 weights) sampled
+    the tokens and gave ``logprobs``; the float64 policy gives ``old_logprobs`` and ``ref_logprobs``."""
+    fresh = generate_rollouts(num_prompts=2, group_size=4, seed=0, engine_dtype="float8_e4m3fn")
+    lines = (REPO / "data" / "rollouts_fp8.jsonl").read_text().splitlines()
+    committed = [json.loads(line) for line in lines[: len(fresh)]]
+    assert len(lines) == 192 and [r["tokens"] for r in committed] == [r["tokens"] for r in fresh]
+    for old, new in zip(committed, fresh, strict=True):
+        for key in ("logprobs", "old_logprobs", "ref_logprobs"):
+            assert max(abs(a - b) for a, b in zip(old[key], new[key]) if a is not None) <= 2e-8
+    for record in fresh:
+        start = next(i for i, lp in enumerate(record["logprobs"]) if lp is not None)
+        trainer = naive_logprobs(record["tokens"], seed=0)[start - 1 :].tolist()
+        assert max(abs(a - b) for a, b in zip(record["old_logprobs"][start:], trainer)) <= 1e-8
+        gap = max(abs(a - b) for a, b in zip(record["old_logprobs"][start:], record["logprobs"][start:]))
+        assert 0 < gap < 0.1  # the engine is not the trainer, and not far from it
+    rows = read_jsonl(str(REPO / "data" / "rollouts_fp8.jsonl"), vocab_size=32, seq_len=24)
+    assert all("old_logprobs" in row.fields for row, _ in rows)

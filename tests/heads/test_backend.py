@@ -277,8 +277,8 @@ def test_backend_names_are_the_literal_and_all_registered():
     assert set(BACKEND_OUTPUTS) == set(HEAD_BACKENDS.names())
 
 
-def test_auto_is_chunked_on_cpu():
-    assert select_backend("auto", "per_token", outputs=("logprobs", "entropy")).backend.name == "chunked"
+def test_auto_on_cpu_is_blocked_for_per_token_outputs_and_chunked_for_the_fused_losses():
+    assert select_backend("auto", "per_token", outputs=("logprobs", "entropy")).backend.name == "blocked"
     for uniform in (True, False):
         route = select_backend("auto", "weighted_ce", uniform=uniform, on_cuda=False)
         assert (route.backend.name, route.fused) == ("chunked", True)

@@ -154,25 +154,40 @@ def head_functions(tensor):
     return names & {"ChunkedLogProbsBackward", "BlockedLogProbsBackward"}
 
 
-def test_auto_takes_blocked_for_narrow_weights_only():
+def test_auto_takes_blocked_for_per_token_outputs_on_cpu_and_for_narrow_weights():
+    """Per-token outputs on CPU: ``blocked`` for every dtype (measured faster and leaner than ``chunked``
+    for an fp32 weight too); the plain CE and the fused pointwise losses keep ``chunked``'s fused paths for
+    a weight in the compute dtype, and take ``blocked`` for a narrow one."""
     fp32 = torch.zeros(40, 8)
+    cases = {
+        "fp32": (fp32, torch.zeros(3, 8)),
+        "bf16 weight": (fp32.bfloat16(), torch.zeros(3, 8)),
+        "bf16 hidden, fp32 weight": (fp32, torch.zeros(3, 8, dtype=torch.bfloat16)),
+        "float64 hidden, fp32 weight": (fp32, torch.zeros(3, 8, dtype=torch.float64)),
+    }
     picks = {}
-    for name, weight, hidden in [
-        ("fp32", fp32, torch.zeros(3, 8)),
-        ("bf16 weight", fp32.bfloat16(), torch.zeros(3, 8)),
-        ("bf16 hidden, fp32 weight", fp32, torch.zeros(3, 8, dtype=torch.bfloat16)),
-        ("float64 hidden, fp32 weight", fp32, torch.zeros(3, 8, dtype=torch.float64)),
-    ]:
+    for name, (weight, hidden) in cases.items():
         out = linear_logprobs(hidden, weight.requires_grad_(), torch.zeros(3, dtype=torch.long))
         (picks[name],) = head_functions(out.logprobs)
-    assert picks == {
-        "fp32": "ChunkedLogProbsBackward",
-        "bf16 weight": "BlockedLogProbsBackward",
-        "bf16 hidden, fp32 weight": "ChunkedLogProbsBackward",
-        "float64 hidden, fp32 weight": "BlockedLogProbsBackward",
+    assert set(picks.values()) == {"BlockedLogProbsBackward"}, picks
+    for narrow in (False, True):
+        ce = select_backend("auto", "weighted_ce", narrow_weight=narrow)
+        pointwise = select_backend("auto", "pointwise", outputs=ALL, narrow_weight=narrow)
+        expected = "blocked" if narrow else "chunked"
+        assert (ce.backend.name, pointwise.backend.name) == (expected, expected)
+
+
+def test_auto_per_token_on_cuda_keeps_chunked_for_a_weight_in_the_compute_dtype():
+    """Not measured on a GPU for an fp32 weight: CUDA keeps ``chunked`` there, ``blocked`` for a narrow
+    weight (measured on an H200)."""
+    per_token = {
+        narrow: select_backend("auto", "per_token", outputs=ALL, on_cuda=True, narrow_weight=narrow)
+        for narrow in (False, True)
     }
-    assert select_backend("auto", "weighted_ce", narrow_weight=True).backend.name == "blocked"
-    assert select_backend("auto", "pointwise", outputs=ALL, narrow_weight=True).backend.name == "blocked"
+    assert {k: r.backend.name for k, r in per_token.items()} == {False: "chunked", True: "blocked"}
+    assert FusedLMHead(torch.zeros(8, 4)).resolve_backend(ALL) == "blocked"  # a CPU weight
+    for name in ("chunked", "naive"):  # a named backend is taken as named
+        assert select_backend(name, "per_token", outputs=("logprobs",), on_cuda=False).backend.name == name
 
 
 def test_block_size_takes_one_chunk_of_memory_in_aligned_rows():

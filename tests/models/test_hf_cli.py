@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from lit_losses import HFCausalLM
-from lit_losses.cli import cli_main
+from lit_losses.cli.app import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "configs" / "hf_causal_lm.yaml")

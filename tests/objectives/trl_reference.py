@@ -107,6 +107,12 @@ def trl_loss(lp, old, ref, adv, mask, cfg, num_items_in_batch=None, num_processe
     steps, ``dapo``/``cispo``/``vespo`` by ``num_items_in_batch / num_processes``."""
     cfg = {**DEFAULTS, **cfg}
     per_token, _, _, _ = per_token_terms(lp, old, ref, adv, mask, cfg)
+    return trl_aggregate(per_token, mask, cfg, num_items_in_batch, num_processes, accumulation)
+
+
+def trl_aggregate(per_token, mask, cfg, num_items_in_batch=None, num_processes=1, accumulation=1):
+    """TRL's normalization of ``per_token_loss`` by ``loss_type`` (the end of ``_compute_loss``)."""
+    lp = per_token
     mask = mask.to(lp.dtype)
     loss_type = cfg["loss_type"]
     if loss_type in ("grpo", "sapo"):

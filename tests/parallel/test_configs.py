@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from lit_losses import TinyLM
-from lit_losses.cli import cli_main
+from lit_losses.cli.app import cli_main
 from tests.parallel.launch import REPO
 
 MAIN = str(REPO / "configs" / "tiny_lm.yaml")

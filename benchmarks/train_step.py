@@ -1,0 +1,322 @@
+"""One whole training step (forward, backward, optimizer) of a Llama-architecture model: this package against
+what users run instead, tokens per second and peak memory, one table.
+
+The model is built from a config (random weights, nothing downloaded; default: Llama 3.2 1B's shape,
+1.24 B parameters with the tied 128256-token embedding), in ``--dtype`` (bf16 weights by default: bf16-true),
+``sdpa`` attention, the same seeded weights and batch in every variant. One step is ``loss.backward()``,
+``AdamW.step()`` and ``zero_grad()``; the table gives the first step (with any kernel's compile), the median
+of ``--steps`` steps after ``--warmup`` steps, tokens/s from that median, and peak memory over the timed
+steps (CUDA: ``max_memory_allocated``; CPU: the process's resident high-water mark, reset after warm-up),
+model, gradients and optimizer states included.
+
+Variants, each in its own process:
+  lit_sft          `HFCausalLM` + the fused head (``auto``), the SFT loss (cross-entropy, token mean)
+  lit_sft_reg      the same + ``z_loss`` and ``entropy`` regularizers
+  lit_grpo         the same model with TRL's GRPO loss (``model.grpo``: ``dapo``, clip-higher, a k3 KL to
+                   reference log-probabilities; the batch carries sampling and reference log-probabilities
+                   and advantages)
+  hf               the model's own loss: ``model(input_ids, labels=input_ids).loss`` (full logits)
+  hf_liger         the same after Liger-Kernel's ``apply_liger_kernel_to_llama`` (RoPE, RMSNorm, SwiGLU and
+                   the fused linear cross-entropy; Triton kernels: CUDA only, the row says why it is absent)
+
+The package's step is the core of a `lit-losses fit` step (``compute_loss`` then backward), without
+Lightning's loop. Every variant's loss at the first step is the same cross-entropy for the SFT variants
+(``hf`` shifts the labels inside, the package reads next-token labels): the table shows it.
+
+``--fsdp``: FSDP2 over one process (gloo on CPU, NCCL on CUDA): the package through its own
+`lit_losses.parallel.parallelize` (the decoder layers as units, the root holding the embeddings and the
+output projection), the ``hf`` variants with ``fully_shard`` on the same units directly.
+
+    python benchmarks/train_step.py --device cuda                   # 1B, seq 2048, bf16, one GPU
+    python benchmarks/train_step.py --device cuda --fsdp
+    python benchmarks/train_step.py --device cpu --tiny --dtype float32 --steps 2 --warmup 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+#: The variants, in table order.
+VARIANTS = ("lit_sft", "lit_sft_reg", "lit_grpo", "hf", "hf_liger")
+#: Llama 3.2 1B's shape (hidden, intermediate, layers, heads, key-value heads).
+LLAMA_1B = (2048, 8192, 16, 32, 8)
+#: A shape that runs in seconds on a CPU (``--tiny``).
+TINY = (64, 128, 2, 4, 2)
+REGULARIZERS = [{"name": "z_loss", "weight": 1e-4}, {"name": "entropy", "weight": 1e-3}]
+GRPO = {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.04}
+
+
+def llama_config(args: argparse.Namespace) -> dict[str, Any]:
+    hidden, intermediate, layers, heads, kv_heads = TINY if args.tiny else LLAMA_1B
+    return {
+        "model_type": "llama",
+        "vocab_size": args.vocab,
+        "hidden_size": args.hidden or hidden,
+        "intermediate_size": args.intermediate or intermediate,
+        "num_hidden_layers": args.layers or layers,
+        "num_attention_heads": args.heads or heads,
+        "num_key_value_heads": args.kv_heads or kv_heads,
+        "max_position_embeddings": args.seq_len,
+        "tie_word_embeddings": True,
+        "rope_theta": 500000.0,
+    }
+
+
+def make_batch(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """``input_ids`` ``[rows, seq]``, next-token ``labels`` (the last position unlabelled) and the GRPO keys
+    (sampling and reference log-probabilities near a uniform policy's, one advantage per row)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    rows, seq = args.rows, args.seq_len
+    ids = torch.randint(0, args.vocab, (rows, seq), generator=g)
+    labels = torch.cat([ids[:, 1:], torch.full((rows, 1), -100)], 1)
+    valid = labels != -100
+    near_uniform = -math.log(args.vocab) + 0.1 * torch.randn(rows, seq, generator=g)
+    batch = {
+        "input_ids": ids,
+        "labels": labels,
+        "sampling_logprobs": torch.where(valid, near_uniform, 0.0),
+        "ref_logprobs": torch.where(valid, near_uniform + 0.05 * torch.randn(rows, seq, generator=g), 0.0),
+        "advantages": torch.where(valid, torch.randn(rows, 1, generator=g).expand(rows, seq), 0.0),
+    }
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def init_single_process_group(device: str) -> Any:
+    """A one-process group and a ``(data_parallel, tensor_parallel)`` mesh of size ``(1, 1)``."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    return init_device_mesh(device.split(":")[0], (1, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+
+
+def shard_hf(model: Any, mesh: Any) -> None:
+    """``fully_shard`` on each decoder layer, then on the root (kept gathered between forward and
+    backward), as `lit_losses.parallel.parallelize` does for `HFCausalLM`."""
+    from torch.distributed.fsdp import fully_shard
+
+    dp = mesh["data_parallel"]
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=dp)
+    fully_shard(model, mesh=dp, reshard_after_forward=False)
+
+
+def build(variant: str, args: argparse.Namespace, mesh: Any) -> tuple[Any, Any]:
+    """``(module whose parameters train, loss_fn(batch) -> loss)`` of one variant."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(**llama_config(args))
+    with torch.device(args.device):
+        hf = transformers.AutoModelForCausalLM.from_config(
+            config, dtype=getattr(torch, args.dtype), attn_implementation="sdpa"
+        )
+    if variant.startswith("hf"):
+        if variant == "hf_liger":
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+            apply_liger_kernel_to_llama(model=hf)
+        if mesh is not None:
+            shard_hf(hf, mesh)
+
+        def hf_loss(batch: dict[str, Any]) -> Any:
+            ids = batch["input_ids"]
+            return hf(input_ids=ids, labels=ids, use_cache=False).loss
+
+        return hf, hf_loss
+
+    from lit_losses import HFCausalLM
+    from lit_losses.parallel import ParallelConfig, parallelize
+
+    options: dict[str, Any] = {"lit_sft": {}, "lit_sft_reg": {"regularizers": REGULARIZERS}}.get(
+        variant, {"grpo": GRPO}
+    )
+    model = HFCausalLM(model=hf, head_backend="auto", **options)
+    if mesh is not None:
+        parallelize(model, mesh, ParallelConfig())
+    keys = ("input_ids", "labels") if variant != "lit_grpo" else None
+
+    def lit_loss(batch: dict[str, Any]) -> Any:
+        return model.compute_loss(batch if keys is None else {k: batch[k] for k in keys}).total
+
+    return model, lit_loss
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def run_one(variant: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Build, warm up and time one variant in this process."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cuda = args.device.startswith("cuda")
+    mesh = init_single_process_group(args.device) if args.fsdp else None
+    model, loss_fn = build(variant, args, mesh)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
+    batch = make_batch(args, args.device)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def step() -> tuple[float, float]:
+        sync()
+        start = time.perf_counter()
+        loss = loss_fn(batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync()
+        return time.perf_counter() - start, float(loss)
+
+    first_s, first_loss = step()
+    for _ in range(args.warmup - 1):
+        step()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the resident high-water mark
+    times = [step()[0] for _ in range(args.steps)]
+    peak = torch.cuda.max_memory_allocated() if cuda else _status_kib("VmHWM") * 1024
+    if mesh is not None:
+        torch.distributed.destroy_process_group()
+    median = statistics.median(times)
+    return {
+        "variant": variant,
+        "loss": first_loss,
+        "first_s": first_s,
+        "step_s": median,
+        "tokens_per_s": args.rows * args.seq_len / median,
+        "peak_gib": peak / 2**30,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def run_variant(variant: str, argv: list[str]) -> dict[str, Any]:
+    """``variant`` in a fresh process: its result, or ``{"absent": why}`` (the last line of its error)."""
+    cmd = [sys.executable, os.path.abspath(__file__), *argv, "--one", variant]
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed memory leaves the resident set
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = out.stdout.strip().splitlines()
+    if out.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    errors = [line.strip() for line in out.stderr.strip().splitlines() if line.strip()]
+    why = errors[-1] if errors else f"exit {out.returncode}"
+    return {"variant": variant, "absent": why[:300]}
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The markdown table, with ratios to ``hf`` and ``hf_liger`` where they ran."""
+    ran = {r["variant"]: r for r in results if "absent" not in r}
+    lines = [
+        "| variant | loss at step 1 | first step (s) | step (s) | tokens/s | peak GiB "
+        "| tokens/s / hf | memory / hf | tokens/s / hf_liger | memory / hf_liger |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if "absent" in r:
+            lines.append(f"| {r['variant']} | absent: {r['absent']} |" + " |" * 8)
+            continue
+        ratios = []
+        for base in ("hf", "hf_liger"):
+            b = ran.get(base)
+            ratios += (
+                [f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}", f"{r['peak_gib'] / b['peak_gib']:.2f}"]
+                if b
+                else ["", ""]
+            )
+        cells = [
+            r["variant"],
+            f"{r['loss']:.6f}",
+            f"{r['first_s']:.3f}",
+            f"{r['step_s']:.3f}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['peak_gib']:.2f}",
+            *ratios,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--tiny", action="store_true", help=f"a tiny model {TINY} (CPU tests)")
+    parser.add_argument("--hidden", type=int, help="hidden size (default: Llama 3.2 1B's, 2048)")
+    parser.add_argument("--intermediate", type=int, help="MLP size (default 8192)")
+    parser.add_argument("--layers", type=int, help="decoder layers (default 16)")
+    parser.add_argument("--heads", type=int, help="attention heads (default 32)")
+    parser.add_argument("--kv-heads", type=int, help="key-value heads (default 8)")
+    parser.add_argument("--vocab", type=int, default=128256)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--rows", type=int, default=4, help="sequences per step")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=2, help="steps before timing (>= 1)")
+    parser.add_argument("--fsdp", action="store_true", help="FSDP2 over one process")
+    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # internal: one variant here
+    args = parser.parse_args(argv)
+    if args.warmup < 1:
+        parser.error(f"--warmup must be >= 1, got {args.warmup}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.one, args)))
+        return
+    import torch
+
+    argv = sys.argv[1:]
+    results = [run_variant(v, argv) for v in args.variants]
+    config = llama_config(args)
+    params = next((r["params"] for r in results if "params" in r), 0)
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.machine()
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M')} | {device} | {os.cpu_count()} CPUs | torch {torch.__version__} "
+        f"| {args.device}{' FSDP2' if args.fsdp else ''} | {args.dtype}"
+    )
+    print(
+        f"# llama hidden {config['hidden_size']}, {config['num_hidden_layers']} layers, vocab "
+        f"{config['vocab_size']} ({params / 1e9:.3f} B parameters), {args.rows} x {args.seq_len} tokens per "
+        f"step, median of {args.steps} steps after {args.warmup}"
+    )
+    print(f"# command: python benchmarks/train_step.py {' '.join(argv)}\n")
+    print(table(results), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "rows": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

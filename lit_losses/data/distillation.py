@@ -1,0 +1,81 @@
+"""`DistillationDataModule`: offline distillation records (JSONL, a teacher's top-k log-probabilities per
+token) → packed micro-batches carrying ``teacher_topk_ids`` and ``teacher_topk_logprobs`` ``[B, T, k]``."""
+
+from __future__ import annotations
+
+import random
+
+from lit_losses.data.distill_records import check_same_k, read_distill_jsonl
+from lit_losses.data.rl import RLDataModule
+from lit_losses.data.rl_records import RLRow
+from lit_losses.errors import ConfigError
+
+
+class DistillationDataModule(RLDataModule):
+    """Offline distillation data for ``model.distillation`` with ``teacher: null``: each line of the
+    ``paths`` files is one record (``tokens``, ``teacher_topk_ids``, ``teacher_topk_logprobs``, optional
+    ``completion_mask``; `lit_losses.data.distill_records`), checked at ``setup`` (every error names
+    ``file:line``; every record has the same ``k``), shuffled with ``seed``, split, packed (a record is
+    never split) into micro-batches of at most ``tokens_per_batch`` tokens, served by a `GlobalStatsLoader`
+    as `RLDataModule`'s (the same arguments).
+
+    Example:
+        >>> import json, pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "teacher_topk.jsonl"
+        >>> record = {"tokens": [2, 5, 6], "teacher_topk_ids": [None, [5, 1], [6, 2]],
+        ...           "teacher_topk_logprobs": [None, [-0.25, -2.0], [-0.5, -1.5]]}
+        >>> _ = path.write_text(json.dumps(record) + "\\n")
+        >>> data = DistillationDataModule(paths=[str(path)], vocab_size=8, seq_len=4, tokens_per_batch=8)
+        >>> data.setup("fit")
+        >>> batch = data.train_set[0]
+        >>> batch["labels"].tolist(), batch["teacher_topk_ids"].shape
+        ([[5, 6]], torch.Size([1, 2, 2]))
+        >>> batch["teacher_topk_logprobs"][0, 1].tolist()
+        [-0.5, -1.5]
+    """
+
+    def __init__(
+        self,
+        paths: list[str] | None = None,
+        vocab_size: int = 32,
+        seq_len: int = 128,
+        tokens_per_batch: int = 1024,
+        packing: bool = True,
+        val_fraction: float = 0.0,
+        max_records: int | None = None,
+        seed: int = 0,
+        pad_id: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        if not paths:
+            raise ConfigError(
+                "data.paths: give the JSONL files of distillation records (tokens, teacher_topk_ids, "
+                "teacher_topk_logprobs)"
+            )
+        super().__init__(
+            paths=paths,
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            tokens_per_batch=tokens_per_batch,
+            packing=packing,
+            val_fraction=val_fraction,
+            max_records=max_records,
+            seed=seed,
+            pad_id=pad_id,
+            num_workers=num_workers,
+        )
+
+    def read_rows(self) -> list[RLRow]:
+        """Every record of ``paths`` as a row, checked (one ``k``), shuffled with ``seed``, cut to
+        ``max_records``."""
+        rows = [row for src in self.sources for row in read_distill_jsonl(src, self.vocab_size, self.seq_len)]
+        if not rows:
+            raise ConfigError(
+                f"data.paths: no record in {len(self.sources)} file(s) ({', '.join(self.sources)})"
+            )
+        rows = check_same_k(rows)
+        random.Random(self.seed).shuffle(rows)
+        return rows[: self.max_records] if self.max_records else rows
+
+
+__all__ = ["DistillationDataModule"]

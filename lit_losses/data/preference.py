@@ -1,0 +1,207 @@
+"""`PreferenceDataModule`: TRL-format preference JSONL → micro-batches of whole pairs (or unpaired KTO
+records with their KL rows), tokenized with a Hugging Face tokenizer or the package's BPE."""
+
+from __future__ import annotations
+
+import random
+
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from lit_losses.choices import check_choice
+from lit_losses.data.completions import TruncationMode
+from lit_losses.data.encoding import TokenEncoder
+from lit_losses.data.hf_text import load_tokenizer
+from lit_losses.data.preference_batches import PreferenceDataset, RowBuilder
+from lit_losses.data.preference_records import (
+    PairRecord,
+    Record,
+    UnpairedRecord,
+    check_records,
+    pair_kl_partners,
+    read_preference_jsonl,
+    same_completion,
+)
+from lit_losses.data.text import TextDataModule
+from lit_losses.data.tokenizer import MIN_VOCAB_SIZE, load_or_train_tokenizer
+from lit_losses.errors import ConfigError
+
+BUILTIN = "the built-in BPE tokenizer"
+
+
+def record_texts(record: Record) -> list[str]:
+    """The strings of a record (message contents included), to train the built-in tokenizer on."""
+    fields = (
+        (record.prompt, record.chosen, record.rejected)
+        if isinstance(record, PairRecord)
+        else (record.prompt, record.completion)
+    )
+    texts: list[str] = []
+    for field in fields:
+        texts.extend([field] if isinstance(field, str) else [message["content"] for message in field])
+    return texts
+
+
+class PreferenceDataModule(TextDataModule):
+    """Preference data in TRL's formats (JSONL) → micro-batches of whole pairs, for DPO and its family,
+    SimPO, CPO, ORPO, and of unpaired records with their KL rows, for KTO.
+
+    Records (`lit_losses.data.preference_records`): paired ``prompt``/``chosen``/``rejected`` (or
+    ``chosen``/``rejected`` with an implicit prompt), unpaired ``prompt``/``completion``/``label``;
+    standard text or conversational message lists (rendered by the tokenizer's chat template); optional
+    precomputed reference log-probabilities (``ref_chosen_logps``/``ref_rejected_logps``, ``ref_logps``/
+    ``ref_KL_logps``) in every record or in none. They are read and checked at ``setup`` (every error names
+    ``file:line``), shuffled with ``seed``, split into train/validation, tokenized as TRL's trainers
+    tokenize them (a standard completion ends with the EOS token; prompt positions have no target) and
+    truncated to ``max_length`` tokens per sequence (``truncation_mode``). Unlike TRL, which drops a
+    record whose prompt fills ``max_length``, a record left without a completion token is an error.
+
+    Micro-batches follow the preference batch layout (`lit_losses.data.preference_batches`): the chosen
+    rows of P pairs, then their rejected rows, with next-token ``labels``; a pair is never split over
+    micro-batches. The training loader is a `GlobalStatsLoader` (it counts ``labels``: the number of
+    pairs of a step is its number of counted sequences / 2) whose epoch order is a seeded permutation
+    sharded over the data-parallel ranks.
+
+    Args:
+        paths: JSONL file globs (required).
+        tokenizer: a local Hugging Face tokenizer directory (``save_pretrained``; needed for
+            conversational records: its chat template renders them); ``None``: the package's byte-level
+            BPE, trained on the training records (and cached in ``cache_dir``).
+        vocab_size: the model's vocabulary (linked to ``model.init_args.vocab_size`` by the CLI): the
+            size of the built-in BPE; with ``tokenizer``, at least its size, or ``None`` (the model keeps
+            its own).
+        max_length: longest sequence (prompt + completion), in tokens (TRL's ``max_length``); ``None``:
+            no truncation.
+        truncation_mode: ``keep_start`` (TRL's default) or ``keep_end``.
+        tokens_per_batch: token budget of a micro-batch (``2 × records × longest row``, padding included;
+            at least ``2 × max_length``, so that every pair fits).
+        val_fraction: fraction of records held out for validation.
+        max_records: use only the first records (after the seeded shuffle); ``None``: all.
+        seed: seed of the record shuffle and of each epoch's micro-batch order.
+        cache_dir: where the built-in tokenizer is cached (default ``$LIT_LOSSES_CACHE`` or
+            ``~/.cache/lit_losses``).
+        num_workers: DataLoader workers.
+
+    Example:
+        >>> import json, pathlib, tempfile
+        >>> folder = pathlib.Path(tempfile.mkdtemp())
+        >>> pairs = [{"prompt": f"Q{i}: what is {i} + {i}?", "chosen": f" {2 * i}.", "rejected": " No idea."}
+        ...          for i in range(6)]
+        >>> _ = (folder / "pairs.jsonl").write_text("".join(json.dumps(p) + "\\n" for p in pairs))
+        >>> data = PreferenceDataModule(paths=[str(folder / "pairs.jsonl")], vocab_size=300, max_length=32,
+        ...                             tokens_per_batch=256, cache_dir=str(folder))
+        >>> data.setup("fit")
+        >>> batch = data.train_set[0]
+        >>> sorted(batch), batch["input_ids"].shape[0] % 2
+        (['attention_mask', 'chosen_mask', 'chosen_sequence_mask', 'input_ids', 'labels'], 0)
+    """
+
+    def __init__(
+        self,
+        paths: list[str] | None = None,
+        tokenizer: str | None = None,
+        vocab_size: int | None = 32768,
+        max_length: int | None = 1024,
+        truncation_mode: TruncationMode = "keep_start",
+        tokens_per_batch: int = 4096,
+        val_fraction: float = 0.0,
+        max_records: int | None = None,
+        seed: int = 0,
+        cache_dir: str | None = None,
+        num_workers: int = 0,
+    ) -> None:
+        if not paths:
+            raise ConfigError("data.paths: give the JSONL files of preference records")
+        check_choice(truncation_mode, TruncationMode, "data.truncation_mode")
+        if max_length is not None and max_length < 2:
+            raise ConfigError(f"data.max_length={max_length} must be >= 2 (a prompt token and a completion)")
+        if max_length is not None and tokens_per_batch < 2 * max_length:
+            raise ConfigError(
+                f"data.tokens_per_batch={tokens_per_batch} is smaller than one pair (2 × data.max_length="
+                f"{max_length})"
+            )
+        if max_records is not None and max_records < 1:
+            raise ConfigError(f"data.max_records={max_records} must be >= 1")
+        hf = load_tokenizer(tokenizer) if tokenizer is not None else None
+        if hf is not None and vocab_size is not None and vocab_size < len(hf):
+            raise ConfigError(
+                f"data.vocab_size={vocab_size} is smaller than the tokenizer's {len(hf)} tokens "
+                f"({tokenizer!r})"
+            )
+        if hf is None and vocab_size is None:
+            raise ConfigError("data.vocab_size: give the built-in BPE tokenizer's size (or data.tokenizer)")
+        super().__init__(
+            paths=paths,
+            vocab_size=max(vocab_size or 0, len(hf) if hf is not None else 0, MIN_VOCAB_SIZE),
+            seq_len=max_length or 2,
+            tokens_per_batch=max(tokens_per_batch, max_length or 2),
+            val_fraction=val_fraction,
+            seed=seed,
+            cache_dir=cache_dir,
+            num_workers=num_workers,
+        )
+        self.hparams.clear()  # the parent saved its text options; these are this class's
+        self.save_hyperparameters()
+        self.hf_tokenizer = hf
+        self.tokenizer_path = tokenizer
+        self.vocab_size = vocab_size
+        self.max_length = max_length
+        self.truncation_mode = truncation_mode
+        self.tokens_per_batch = tokens_per_batch
+        self.max_records = max_records
+        self.encoder: TokenEncoder | None = None
+
+    # ---- records -----------------------------------------------------------------------------
+    def read_records(self) -> list[Record]:
+        """Every record of ``paths``, checked, KL partners paired (unpaired records, in file order),
+        shuffled with ``seed`` and cut to ``max_records``."""
+        records = [record for src in self.sources for record in read_preference_jsonl(src)]
+        if not records:
+            files = ", ".join(self.sources)
+            raise ConfigError(f"data.paths: no record in {len(self.sources)} file(s) ({files})")
+        check_records(records)
+        if isinstance(records[0], UnpairedRecord):
+            if len(records) < 2:
+                raise ConfigError(
+                    f"data.paths: {records[0].where} is the only unpaired record; KTO's KL estimate pairs "
+                    "each prompt with another record's completion (give at least 2 records)"
+                )
+            pair_kl_partners(records)
+        same = [r.where for r in records if same_completion(r)]
+        if same:
+            listed = ", ".join(same[:3]) + (f" and {len(same) - 3} more" if len(same) > 3 else "")
+            rank_zero_warn(
+                f"data.paths: {listed}: chosen and rejected are the same completion; the pair trains (with a "
+                "margin of 0)"
+            )
+        random.Random(self.seed).shuffle(records)
+        return records[: self.max_records] if self.max_records else records
+
+    def token_encoder(self, train_records: list[Record]) -> TokenEncoder:
+        """The Hugging Face tokenizer, or the built-in BPE trained on ``train_records`` (cached)."""
+        if self.hf_tokenizer is not None:
+            return TokenEncoder(self.hf_tokenizer, f"data.tokenizer {self.tokenizer_path!r}")
+        texts = [text for record in train_records for text in record_texts(record)]
+        bpe = load_or_train_tokenizer(texts, self.vocab_size, self._tokenizer_cache_file())
+        return TokenEncoder(bpe, BUILTIN)
+
+    # ---- Lightning hooks ---------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Train and cache the built-in tokenizer once (rank 0); nothing with a Hugging Face tokenizer."""
+        if self.hf_tokenizer is None:
+            self.token_encoder(self._split(self.read_records())[0])
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        train_records, val_records = self._split(self.read_records())
+        self.encoder = self.token_encoder(train_records)
+        self.tokenizer = self.encoder.tokenizer
+        self.pad_id = self.encoder.pad_id
+        builder = RowBuilder(self.encoder, self.max_length, self.truncation_mode)
+
+        def build(records: list[Record]) -> PreferenceDataset:
+            rows = [builder.rows(record) for record in records]
+            return PreferenceDataset(rows, self.tokens_per_batch, pad_id=self.pad_id)
+
+        self.train_set = build(train_records)
+        self.val_set = build(val_records) if val_records else None

@@ -1,0 +1,97 @@
+"""Typed access to the fields of a JSON record (text or chat messages, log-probability sums), each error
+naming the record's ``file:line`` and the field."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from lit_losses.data.completions import Text
+from lit_losses.errors import ConfigError
+
+ROLES = ("system", "user", "assistant", "tool")
+"""The roles of a chat message."""
+
+
+class RecordFields:
+    """Typed access to a record's fields; each error names ``where`` (``file:line``) and the field.
+
+    A field that is not in ``known`` but looks like a misspelling of one of them is refused; other fields
+    are ignored.
+
+    Example:
+        >>> fields = RecordFields({"prompt": "Hi", "chosen": 3}, "a.jsonl:7", known=("prompt", "chosen"))
+        >>> fields.text("prompt", "a record")
+        'Hi'
+        >>> fields.text("chosen", "a record")
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: a.jsonl:7: field 'chosen' is a int, not a string or a list of messages
+    """
+
+    def __init__(self, record: Mapping[str, Any], where: str, known: tuple[str, ...]) -> None:
+        self.record = record
+        self.where = where
+        for key in record:
+            close = difflib.get_close_matches(str(key), [k for k in known if k not in record], 1, 0.85)
+            if key not in known and close:
+                raise self.fail(f"unknown field {key!r}; did you mean {close[0]!r}?")
+
+    def fail(self, message: str) -> ConfigError:
+        return ConfigError(f"{self.where}: {message}")
+
+    def text(self, key: str, kind: str) -> Text:
+        """The required field ``key``: a string or a non-empty list of messages (``kind`` says what
+        record needs it)."""
+        if key not in self.record:
+            raise self.fail(f"missing field {key!r} ({kind})")
+        value = self.record[key]
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise self.fail(f"field {key!r} is a {type(value).__name__}, not a string or a list of messages")
+        if not value:
+            raise self.fail(f"field {key!r} is an empty list of messages")
+        for i, message in enumerate(value):
+            self.message(message, f"{key}[{i}]")
+        return value
+
+    def message(self, message: Any, name: str) -> None:
+        """Refuse a message that is not ``{"role": one of ROLES, "content": str}``."""
+        if not isinstance(message, Mapping):
+            kind = type(message).__name__
+            raise self.fail(f"{name} is a {kind}, not a message {{'role': ..., 'content': ...}}")
+        for key in ("role", "content"):
+            if key not in message:
+                raise self.fail(f"{name} has no {key!r}")
+        if message["role"] not in ROLES:
+            raise self.fail(f"{name} has role {message['role']!r}; a role is one of {ROLES}")
+        if not isinstance(message["content"], str):
+            raise self.fail(f"{name}['content'] is a {type(message['content']).__name__}, not a string")
+
+    def same_form(self, keys: tuple[str, ...]) -> None:
+        """All text fields strings, or all message lists."""
+        forms = {key: isinstance(self.record[key], str) for key in keys if key in self.record}
+        if len(set(forms.values())) > 1:
+            text = next(k for k, is_str in forms.items() if is_str)
+            chat = next(k for k, is_str in forms.items() if not is_str)
+            raise self.fail(
+                f"field {text!r} is a string but {chat!r} is a list of messages; give every field as text "
+                "(standard) or every one as messages (conversational)"
+            )
+
+    def refs(self, names: tuple[str, ...]) -> dict[str, float]:
+        """The fields ``names`` that the record holds: finite sums of log-probabilities (≤ 0)."""
+        values = {}
+        for name in names:
+            value = self.record.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise self.fail(f"field {name!r}={value!r} must be a finite number")
+            if value > 0:
+                raise self.fail(f"field {name!r}={value} is > 0, not a sum of log-probabilities")
+            values[name] = float(value)
+        return values
