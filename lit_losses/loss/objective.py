@@ -28,8 +28,8 @@ from lit_losses.objectives import (
     PreferencePreset,
     token_values,
 )
-from lit_losses.objectives.inputs import ROLLOUT_VALID
 from lit_losses.objectives.distillation import DistillationConfig, check_distillation_options
+from lit_losses.objectives.inputs import ROLLOUT_VALID
 from lit_losses.objectives.presets import GRPOPreset, apply_preset
 from lit_losses.regularizers import FusedTerms, RegularizerError, RegularizerSet, RegularizerSpec, TermResult
 
