@@ -2057,3 +2057,26 @@ def test_max_steps_zero_ends_with_its_summary_and_run_end(tmp_path, capsys):
     record = json.loads((tmp_path / "run" / "run_end.json").read_text())
     assert (record["reason"], record["step"], record["detail"]) == ("max_steps", 0, "max_steps=0 reached")
     assert "lit-losses: fit ended at step 0: max_steps=0 reached" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+def test_legitimate_neighbours_of_the_refused_inputs_are_taken(tmp_path):
+    """What the refusals above must not catch: float16 weights that do not train (LoRA on a float16 base:
+    the adapters are float32), float16 weights with an eps that float16 holds, betas at the edges of
+    [0, 1), counts of a step larger than one micro-batch's, a glob over a folder's files, an integer
+    chunk size of another integer type."""
+    pytest.importorskip("peft")
+    _fp16_hf(lora={"r": 4, "target_modules": ["q_proj"]})
+    _fp16_hf(optimizer={"eps": 1e-4})
+    assert OptimizerConfig(betas=(0.0, 0.999)).betas == (0.0, 0.999)
+    value = aggregate(
+        torch.ones(1, 3), ONE_ROW, "seq-mean-token-mean", MaskStats(num_tokens=7, num_sequences=2)
+    )
+    assert float(value) == pytest.approx(0.5)  # one sequence of mean 1, over the step's 2 sequences
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text(TEXT)
+    assert _data(tmp_path, paths=[str(tmp_path / "corpus" / "*.txt")]).sources == [
+        str(tmp_path / "corpus" / "a.txt")
+    ]
+    head = FusedLMHead(torch.randn(V, 4), chunk_size=pytest.importorskip("numpy").int64(2))
+    assert head(torch.randn(3, 4), torch.tensor([1, 2, 3])).logprobs.shape == (3,)

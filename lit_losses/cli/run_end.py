@@ -81,7 +81,8 @@ class RunRecord(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
-            self.record, self._stopped = None, None
+            self.record = None
+            self._stopped = None
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         log_firings(trainer, self._sent)

@@ -53,7 +53,7 @@ def test_fit_from_the_shipped_config_trains_a_llama_and_its_checkpoint_reloads(t
         ),
         (
             "--model.init_args.attn_implementation=flash_attention_9",
-            "model.init_args.attn_implementation: Spec",
+            "model.init_args.attn_implementation=flash_attention_9: Spec",
         ),
     ],
 )

@@ -62,8 +62,10 @@ def test_tensor_parallel_needs_a_plan_naming_real_modules():
 def test_config_values_are_checked():
     with pytest.raises(ConfigError, match=r"tensor_parallel_plan\['lm_head'\] 'column'"):
         ParallelConfig(tensor_parallel_plan={"lm_head": "column"})
-    with pytest.raises(ConfigError, match="list of name patterns"):
+    with pytest.raises(ConfigError, match=r"fsdp_modules\[0\]=3 must be a string \(name patterns\)"):
         ParallelConfig(fsdp_modules=[3])
+    with pytest.raises(ConfigError, match=r"fsdp_modules='body.blocks.\*' is one string; give a list"):
+        ParallelConfig(fsdp_modules="body.blocks.*")
     assert ParallelConfig.coerce(None) == ParallelConfig()
     assert tiny(parallel={"reshard_after_forward": False}).parallel_config.reshard_after_forward is False
 
