@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lit_losses.cli.app import cli_main
@@ -94,8 +95,16 @@ TRL_METRICS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_region", "ratio_
 
 
 @pytest.mark.timeout(300)
-def test_grpo_config_trains_trl_s_dapo_loss_and_logs_trl_s_telemetry(tmp_path):
+def test_grpo_config_trains_trl_s_dapo_loss_and_logs_trl_s_telemetry(tmp_path, capsys):
     cli, acc = fit_config(GRPO_CONFIG, tmp_path / "run")
+    # what ran, after the preset: in run_end.json, the saved hyper-parameters and the end summary
+    folder = Path(cli.trainer.log_dir)
+    objective = json.loads((folder / "run_end.json").read_text())["objective"]
+    assert (objective["base_loss"], objective["loss_agg"]) == ("ppo", "token-mean")
+    assert objective["base_loss_args"]["epsilon_high"] == 0.28
+    assert [(t["name"], t["weight"]) for t in objective["regularizers"]] == [("kl_reference", 0.04)]
+    assert yaml.safe_load((folder / "hparams.yaml").read_text())["objective"] == objective
+    assert "objective:    ppo (" in capsys.readouterr().out
     model = cli.model.eval()
     assert model.hparams.grpo["loss_type"] == "dapo"
     assert model.objective.base_loss.name == "ppo" and model.loss_agg == "token-mean"

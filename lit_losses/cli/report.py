@@ -35,6 +35,7 @@ from matplotlib.figure import Figure
 
 from lit_losses.cli.report_data import RunScalars, config_differences, final_values, finite, read_runs
 from lit_losses.errors import ConfigError
+from lit_losses.loss.summary import describe_objective
 
 LOSS_TAGS = ("train/loss_total", "train/base_loss")
 VAL_TAGS = ("val/loss", "val/loss_total")
@@ -294,16 +295,18 @@ def cell(value: object) -> str:
 
 
 def runs_table(runs: list[RunScalars]) -> str:
-    """Each run: its folder, why it ended and at which step (``run_end.json``), its final values."""
+    """Each run: its folder, why it ended and at which step, what it optimized after presets
+    (``run_end.json``), its final values."""
     val_tags = sorted({t for r in runs for t in r.tags("val/")} - set(FINAL_TAGS))
     finals = final_values(runs, (*FINAL_TAGS, *val_tags))
-    header = ["run", "folder", "ended", "step", *map(html.escape, finals)]
+    header = ["run", "folder", "ended", "step", "objective", *map(html.escape, finals)]
     rows = [
         [
             html.escape(r.label),
             f"<code>{html.escape(str(r.folder))}</code>",
             cell(r.end.get("reason")),
             cell(r.end.get("step")),
+            cell(describe_objective(r.end["objective"]) if r.end.get("objective") else None),
             *(cell(values[i]) for values in finals.values()),
         ]
         for i, r in enumerate(runs)

@@ -7,11 +7,15 @@
      "detail": "...", "step": N, "epoch": E, "train_loss": x | null, "val_loss": x | null,
      "checkpoints": [...], "log_dir": "...", "controller": {"name", "step"} | null,
      "exit_code": 143 | null, "controller_firings": [{"controller", "step", "event", "operations"}, ...],
-     "resume_command": "lit-losses fit --config <log_dir>/config.yaml --ckpt_path <checkpoint>" | null}
+     "resume_command": "lit-losses fit --config <log_dir>/config.yaml --ckpt_path <checkpoint>" | null,
+     "metrics": {...}, "objective": {"base_loss", "base_loss_args", "base_loss_weight", "loss_agg",
+     "loss_agg_norm", "regularizers": [{"name", "weight", "enabled", "agg"}, ...]} | null}
 
-and prints a summary (why it ended, the final losses, the run folder, the checkpoint, after a preemption
-or a stop the whole command that resumes the run, and the commands that show the run: ``tensorboard
---logdir <log_dir>`` and ``lit-losses report <log_dir>``).
+``objective`` is what ran, after presets (``model.grpo``, ``model.dpo``, ``model.distillation``:
+`lit_losses.loss.summary`); it is also saved beside the hyper-parameters (``hparams.yaml``) when the fit
+starts. The summary prints it (why it ended, what ran, the final losses, the run folder, the
+checkpoint, after a preemption or a stop the whole command that resumes the run, and the commands that
+show the run: ``tensorboard --logdir <log_dir>`` and ``lit-losses report <log_dir>``).
 
 While the fit runs, every firing of a `TrainingController` is also sent to the loggers as the scalar
 ``controller/<name>/fired`` (1.0 at the step it fired; ``controller/<name>/rollback`` for a spike
@@ -32,6 +36,8 @@ from lightning.pytorch.cli import SaveConfigCallback
 
 from lit_losses.checkpoint.preemption import Preempted, PreemptionCheckpoint
 from lit_losses.controller import TrainingController
+from lit_losses.loss.objective import Objective
+from lit_losses.loss.summary import describe_objective, objective_summary
 
 EndReason = Literal["max_steps", "max_epochs", "controller", "stopped", "preempted", "interrupted", "error"]
 """Why a fit ended."""
@@ -83,6 +89,13 @@ class RunRecord(L.Callback):
         if stage == "fit":
             self.record = None
             self._stopped = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Save what the run optimizes, after presets, beside its hyper-parameters (``hparams.yaml``)."""
+        objective = objective_of(pl_module)
+        if objective is not None:
+            for logger in trainer.loggers:
+                logger.log_hyperparams({"objective": objective})
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         log_firings(trainer, self._sent)
@@ -193,7 +206,15 @@ def end_record(
         "controller_firings": firings(trainer),
         "resume_command": None,
         "metrics": loss_metrics(trainer),
+        "objective": objective_of(trainer.lightning_module),
     }
+
+
+def objective_of(module: Any) -> dict[str, Any] | None:
+    """What ``module`` optimizes after presets (`objective_summary`), or ``None`` for a module without an
+    `Objective`."""
+    objective = getattr(module, "objective", None)
+    return objective_summary(objective) if isinstance(objective, Objective) else None
 
 
 def loss_metrics(trainer: L.Trainer) -> dict[str, float | str | None]:
@@ -271,10 +292,13 @@ def summary_text(record: dict[str, Any]) -> str:
     log_dir = record["log_dir"]
     checkpoint = record["checkpoints"][-1] if record["checkpoints"] else "none written"
     resume = [f"  resume with:  {record['resume_command']}"] if record.get("resume_command") else []
+    objective = record.get("objective")
+    ran = [f"  objective:    {describe_objective(objective)}"] if objective else []
     metrics = ", ".join(f"{k} {fmt(v)}" for k, v in (record.get("metrics") or {}).items())
     return "\n".join(
         [
             f"lit-losses: fit ended at step {record['step']}: {record['detail']}",
+            *ran,
             f"  final losses: train/loss_total {fmt(record['train_loss'])}, "
             f"val/loss {fmt(record['val_loss'])}",
             *([f"  last step:    {metrics}"] if metrics else []),

@@ -1,0 +1,77 @@
+"""What an `Objective` computes once its presets are applied: the record of what ran.
+
+``model.grpo``, ``model.dpo`` (and the other preference options) and ``model.distillation`` replace the
+base loss, its aggregation and some regularizers; the options a run was given (its ``config.yaml``) no
+longer say what it optimizes. `objective_summary` does, as plain data (for ``run_end.json``, the saved
+hyper-parameters and the report), and `describe_objective` as one line (for the end summary).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lit_losses.hparams import plain_data
+
+if TYPE_CHECKING:
+    from lit_losses.loss.objective import Objective
+
+
+def objective_summary(objective: Objective) -> dict[str, Any]:
+    """The objective after presets: its base loss (name and arguments), aggregation, base-loss weight and
+    its regularizers (name, weight, enabled, aggregation), as plain data.
+
+    Example:
+        >>> from lit_losses.loss.objective import Objective
+        >>> ppo = Objective.from_options(grpo={"loss_type": "dr_grpo", "beta": 0.04,
+        ...     "max_completion_length": 256})
+        >>> summary = objective_summary(ppo)
+        >>> summary["base_loss"], summary["loss_agg"], summary["loss_agg_norm"]
+        ('ppo', 'seq-mean-token-sum-norm', 256.0)
+        >>> [(t["name"], t["weight"]) for t in summary["regularizers"]]
+        [('kl_reference', 0.04)]
+    """
+    summary: dict[str, Any] = {
+        "base_loss": objective.base_loss.name,
+        "base_loss_args": plain_data(objective.base_loss.params),
+        "base_loss_weight": objective.base_loss_weight,
+        "loss_agg": objective.loss_agg,
+        "loss_agg_norm": objective.loss_agg_norm,
+        "regularizers": [
+            {"name": name, "weight": term.weight, "enabled": term.enabled, "agg": term.spec.agg}
+            for name, term in objective.regularizers.terms.items()
+        ],
+    }
+    preference = getattr(objective, "preference", None)
+    if preference is not None:
+        preset = preference.preset
+        summary["base_loss"] = preset.trainer
+        summary["base_loss_args"] = plain_data(preset)
+        summary["loss_agg"] = "pair-mean" if preset.paired else "sequence-mean"
+        summary["loss_agg_norm"] = None
+    distillation = getattr(objective, "distillation", None)
+    if distillation is not None:
+        summary["base_loss"] = "distillation"
+        summary["base_loss_args"] = plain_data(distillation.config)
+    return summary
+
+
+def describe_objective(summary: dict[str, Any]) -> str:
+    """`objective_summary` as one line: ``base loss (its arguments; aggregation) + w·regularizer …``.
+
+    Example:
+        >>> describe_objective({"base_loss": "ppo", "base_loss_args": {"epsilon_low": 0.2},
+        ...     "base_loss_weight": 1.0, "loss_agg": "seq-mean-token-sum-norm", "loss_agg_norm": 256.0,
+        ...     "regularizers": [{"name": "kl_reference", "weight": 0.04, "enabled": True, "agg": None}]})
+        'ppo (epsilon_low=0.2; seq-mean-token-sum-norm, C=256) + 0.04·kl_reference'
+    """
+    args = ", ".join(f"{k}={v}" for k, v in summary["base_loss_args"].items() if v is not None)
+    agg = summary["loss_agg"] + (f", C={summary['loss_agg_norm']:g}" if summary["loss_agg_norm"] else "")
+    weight = summary["base_loss_weight"]
+    base = (
+        f"{'' if weight == 1 else f'{weight:g}·'}{summary['base_loss']} ({args + '; ' if args else ''}{agg})"
+    )
+    terms = [
+        f"{t['weight']:g}·{t['name']}" + ("" if t["enabled"] else " (disabled)")
+        for t in summary["regularizers"]
+    ]
+    return " + ".join([base, *terms])
