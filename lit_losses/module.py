@@ -399,9 +399,8 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         with.
         """
         self._non_finite_handled = non_finite_steps_handled(self._trainer)
-        check_backend_runs(
-            self.head_backend, self._trainer.strategy.root_device, where="model.init_args.head_backend"
-        )
+        device = self._trainer.strategy.root_device if self._trainer is not None else self.device
+        check_backend_runs(self.head_backend, device, where="model.init_args.head_backend")
         if stage in ("fit", "validate"):
             preference = self.objective.preference
             if preference is not None and preference.uses_reference_model:
