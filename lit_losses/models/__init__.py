@@ -2,18 +2,15 @@
 frozen auxiliary models of a `RegularizedLM` (a preference reference, a distillation teacher: `frozen`).
 
 Names are imported on first use (PEP 562 ``__getattr__``, as the root package): `lit_losses.module` uses
-`lit_losses.models.frozen`, whose package must not import the models built on `RegularizedLM` first.
+`lit_losses.models.frozen`, whose package must not import the models built on `RegularizedLM` first (not
+even for type checkers: the import graph counts those imports; the API pages document the models by their
+top-level names).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from lit_losses.models.frozen import FrozenModel
-    from lit_losses.models.hf import HFCausalLM
-    from lit_losses.models.tiny_lm import TinyLM, TinyTransformer
+from typing import Any
 
 __all__ = ["FrozenModel", "HFCausalLM", "TinyLM", "TinyTransformer"]
 

@@ -223,7 +223,7 @@ def test_bad_options_are_one_line_naming_the_option(options, message):
 def test_disabled_adapters_without_adapters_are_refused_before_training():
     model = tiny(dpo={}, ref_model="disabled_adapters")
     with pytest.raises(ConfigError, match=r"ref_model='disabled_adapters': TinyLM has no PEFT adapters"):
-        model.setup("fit")
+        model.reference_model()  # what setup("fit") builds, before training
 
 
 def test_data_without_the_keys_the_preset_reads_is_refused_before_training():
@@ -312,4 +312,4 @@ def test_an_initial_policy_that_cannot_be_rebuilt_is_one_line_before_training():
     model = Unrebuildable(16, dpo={})
     model.hparams.pop("width", None)
     with pytest.raises(ConfigError, match=r"'initial_policy': Unrebuildable cannot be rebuilt from its"):
-        model.setup("fit")
+        model.reference_model()  # what setup("fit") builds, before training
