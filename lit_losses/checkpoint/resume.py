@@ -50,6 +50,7 @@ RUN_OPTIONS = (
     "cpo",
     "orpo",
     "ref_model",
+    "distillation",
 )
 """`RegularizedLM`'s own arguments: what a resumed run may change (the others are the architecture)."""
 
@@ -65,6 +66,7 @@ ADDED_OPTION_DEFAULTS = {
     "cpo": None,
     "orpo": None,
     "ref_model": None,
+    "distillation": None,
 }
 
 ARCHITECTURE_HINT = (

@@ -12,6 +12,7 @@ from pathlib import Path
 import lightning as L
 
 from lit_losses import GlobalStatsLoader, TinyLM, TrainingController
+from lit_losses.distributed import end_process_group
 from tests.aggregation.ddp_step import micro_batches
 
 CONFIG = {
@@ -52,3 +53,4 @@ def main(out_dir: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    end_process_group()  # joins gloo's threads before the interpreter exits (an abort otherwise, rarely)
