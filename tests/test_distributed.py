@@ -35,3 +35,22 @@ def test_end_process_group_destroys_the_group_a_run_made_and_is_a_no_op_without_
     assert dist.is_initialized()
     end_process_group()
     assert not dist.is_initialized()
+
+
+def test_a_distributed_process_exits_with_its_code_and_its_output_flushed(tmp_path):
+    """`exit_distributed_process` ends the group and the process with the run's code, its output written;
+    without a process group it returns (the process exits as usual)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch.distributed as dist\n"
+        "from lit_losses.distributed import exit_distributed_process\n"
+        "exit_distributed_process(5)\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0, world_size=1)\n"
+        "print('fit ended', end='')\n"
+        "exit_distributed_process(3)\n"
+        "print('never')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (3, "fit ended"), proc.stderr

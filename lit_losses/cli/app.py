@@ -53,7 +53,7 @@ from lit_losses.cli.trainer_errors import RunStarted, lightning_config_error
 from lit_losses.cli.trainer_options import check_parallel_sizes, check_trainer_numbers
 from lit_losses.controller.operations import ControllerStop
 from lit_losses.data.text import TextDataModule
-from lit_losses.distributed import end_process_group
+from lit_losses.distributed import exit_distributed_process
 from lit_losses.errors import ConfigError
 from lit_losses.module import RegularizedLM
 from lit_losses.registry import closest
@@ -532,7 +532,7 @@ def main() -> None:
         return
     try:
         cli_main()
-    except SystemExit:  # a controller's exit code, a preemption: the process group ends all the same
-        end_process_group()
+    except SystemExit as stop:  # a controller's exit code, a preemption: the process group ends all the same
+        exit_distributed_process(stop.code)
         raise
-    end_process_group()
+    exit_distributed_process(0)

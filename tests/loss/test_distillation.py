@@ -4,6 +4,7 @@ checkpoint without the teacher, exact resume, and the refusals before training."
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -98,7 +99,8 @@ def test_offline_top_k_in_the_batch_is_the_teacher(teacher_path):
 
 def run_ddp(loader: str, teacher: str, out: Path) -> dict:
     cmd = [sys.executable, str(SCRIPT), loader, teacher, str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=SCRIPT.parents[2])
+    env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[2]))  # the worker imports tests.aggregation
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=SCRIPT.parents[2], env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out)
 
