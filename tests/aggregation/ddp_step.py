@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from lit_losses import GlobalStatsLoader, TinyLM
 from lit_losses.data.packing import Pieces, collate_rows, pack_rows
-from lit_losses.distributed import end_process_group
+from lit_losses.distributed import exit_distributed_process
 
 VOCAB, SEQ_LEN, RANKS, ACCUMULATE = 64, 16, 2, 3
 RL_KEYS = ("sampling_logprobs", "advantages", "sample_weights", "ref_logprobs", "old_logprobs")
@@ -188,4 +188,4 @@ def fit_once(mode: str, loader: str, path: str, batches: list[dict], options: di
 
 if __name__ == "__main__":
     run(*sys.argv[1:5])
-    end_process_group()  # joins gloo's threads before the interpreter exits (an abort otherwise, rarely)
+    exit_distributed_process(0)  # ends the group and the process (a gloo rank can abort in the teardown)

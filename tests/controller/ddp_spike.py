@@ -20,7 +20,7 @@ import lightning as L
 
 from lit_losses import GlobalStatsLoader, TinyLM, TrainingController
 from lit_losses.controller import Operation, RuleFailure, register_operation_handlers
-from lit_losses.distributed import end_process_group
+from lit_losses.distributed import exit_distributed_process
 from tests.controller.helpers import REPO, pattern_batches
 
 POISONED = 55
@@ -91,4 +91,4 @@ def main(mode: str, out_dir: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
-    end_process_group()  # left to interpreter exit, a gloo rank can abort ("terminate called ...", -6)
+    exit_distributed_process(0)  # ends the group and the process (a gloo rank can abort in the teardown)

@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning as L
 
 from lit_losses import GlobalStatsLoader, TinyLM, TrainingController
-from lit_losses.distributed import end_process_group
+from lit_losses.distributed import exit_distributed_process
 from tests.aggregation.ddp_step import micro_batches
 
 CONFIG = {
@@ -53,4 +53,4 @@ def main(out_dir: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    end_process_group()  # joins gloo's threads before the interpreter exits (an abort otherwise, rarely)
+    exit_distributed_process(0)  # ends the group and the process (a gloo rank can abort in the teardown)

@@ -16,7 +16,7 @@ import lightning as L
 import torch
 
 from lit_losses import GlobalStatsLoader, TinyLM
-from lit_losses.distributed import end_process_group
+from lit_losses.distributed import exit_distributed_process
 from lit_losses.hparams import plain_data
 from tests.aggregation.ddp_step import micro_batches, one_batch
 
@@ -81,4 +81,4 @@ def run(loader: str, teacher: str, path: str) -> None:
 
 if __name__ == "__main__":
     run(*sys.argv[1:4])
-    end_process_group()  # joins gloo's threads before the interpreter exits (an abort otherwise, rarely)
+    exit_distributed_process(0)  # ends the group and the process (a gloo rank can abort in the teardown)

@@ -16,7 +16,7 @@ import torch
 
 from lit_losses import GlobalStatsLoader, TinyLM
 from lit_losses.data.preference_batches import RecordRows, collate_records
-from lit_losses.distributed import end_process_group
+from lit_losses.distributed import exit_distributed_process
 
 VOCAB, RANKS, ACCUMULATE = 61, 2, 2
 PAIRS = (2, 1, 3, 1)  # pairs of each micro-batch: rank 0 gets micro-batches 0 and 2, rank 1 gets 1 and 3
@@ -121,4 +121,4 @@ if __name__ == "__main__":
     result = fsdp_step(RANKS, micro_batches(), root=str(out))
     if torch.distributed.get_rank() == 0:
         torch.save(result, out / "fsdp.pt")
-    end_process_group()  # joins gloo's threads before the interpreter exits (an abort otherwise, rarely)
+    exit_distributed_process(0)  # ends the group and the process (a gloo rank can abort in the teardown)

@@ -17,7 +17,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import DataLoader
 
 from lit_losses import TinyLM
-from lit_losses.distributed import end_process_group
+from lit_losses.distributed import exit_distributed_process
 from tests.aggregation.ddp_step import micro_batches
 from tests.parallel.model_parallel_worker import full
 
@@ -112,4 +112,4 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    end_process_group()  # joins gloo's threads before the interpreter exits (an abort otherwise, rarely)
+    exit_distributed_process(0)  # ends the group and the process (a gloo rank can abort in the teardown)

@@ -31,7 +31,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lit_losses import GlobalStatsLoader, HFCausalLM, TinyLM
-from lit_losses.distributed import end_process_group
+from lit_losses.distributed import exit_distributed_process
 
 VOCAB, D_MODEL, SEQ_LEN, ROWS, ACCUMULATE, STEPS, CHUNK = 2048, 32, 16, 2, 2, 2, 4
 #: The all-gather operators of torch's dispatcher: c10d's (FSDP2's ``all_gather_single``, gloo) and the
@@ -183,4 +183,4 @@ if __name__ == "__main__":
     result["dtensor_probe"] = dtensor_probe()
     if dist.get_rank() == 0:
         torch.save(result, out / "gathers.pt")
-    end_process_group()  # joins gloo's threads before the interpreter exits (an abort otherwise, rarely)
+    exit_distributed_process(0)  # ends the group and the process (a gloo rank can abort in the teardown)

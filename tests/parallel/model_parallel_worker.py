@@ -26,7 +26,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from lit_losses import GlobalStatsLoader, TinyLM
-from lit_losses.distributed import end_process_group
+from lit_losses.distributed import exit_distributed_process
 from tests.aggregation.ddp_step import micro_batches, one_batch
 
 VOCAB, SEQ_LEN, ACCUMULATE = 64, 16, 2
@@ -164,4 +164,4 @@ if __name__ == "__main__":
     result = {"fsdp": part_fsdp, "tp": part_tp}[part](out)
     if torch.distributed.get_rank() == 0:
         torch.save(result, out / f"{part}.pt")
-    end_process_group()  # joins gloo's threads before the interpreter exits (an abort otherwise, rarely)
+    exit_distributed_process(0)  # ends the group and the process (a gloo rank can abort in the teardown)
