@@ -43,6 +43,7 @@ from torch import Tensor
 from lit_losses.aggregation import LABELS_KEY, GlobalStats
 from lit_losses.errors import BatchKeyError, ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
+from lit_losses.loss.context import logprobs_first
 from lit_losses.objectives import KTOPreset, PreferencePreset
 from lit_losses.objectives.inputs import check_provided
 from lit_losses.objectives.preference_sequences import sequence_logps
@@ -200,7 +201,7 @@ class PreferenceLoss:
         labels = batch_tensor(batch, LABELS_KEY, self.where)
         mask = labels != self.ignore_index
         pairs = self.check_rows(labels, mask, stats)
-        outputs = ("logprobs", *[o for o in needed if o != "logprobs"])
+        outputs = logprobs_first(needed)
         head_out = head(hidden, self.targets(batch, labels), outputs)
         logprobs = head_out.logprobs
         values = self.preset.sequence_logps(logprobs, mask)
