@@ -158,6 +158,23 @@ def test_heads_and_autograd_load_torch_alone():
     assert result.stdout.strip() == "[]", result.stdout
 
 
+def test_the_report_loads_no_torch():
+    """``lit-losses report`` reads run folders (event files, ``run_end.json``): the report module and what it
+    imports load neither torch nor Lightning (a fresh interpreter; the application's package ``__init__``,
+    which imports the LightningCLI app, set aside so that the report's own imports alone count)."""
+    code = (
+        "import sys, types\n"
+        f"cli = types.ModuleType('lit_losses.cli'); cli.__path__ = [{str(PACKAGE / 'cli')!r}]\n"
+        "sys.modules['lit_losses.cli'] = cli\n"
+        "import lit_losses.cli.report\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'lightning', 'pytorch_lightning', 'torchmetrics', 'transformers')))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.strip() == "[]", result.stdout[:500]
+
+
 def test_the_cli_resolves_short_class_names_despite_the_lazy_top_level():
     """``lit_losses`` imports its API on first use; the CLI imports it up front, so that jsonargparse
     finds ``TinyLM`` and ``TrainingController`` by their short names (a fresh interpreter: nothing
