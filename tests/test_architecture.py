@@ -100,18 +100,23 @@ def test_autograd_depends_on_torch_only():
             assert not outside, f"{name} imports {sorted(outside)}"
 
 
+def loaded_packages(code: str, packages: tuple[str, ...]) -> str:
+    """The modules of ``packages`` in ``sys.modules`` after ``code`` ran in a fresh interpreter (the
+    repository on its path), as the printed sorted list: ``"[]"`` when it loaded none."""
+    probe = f"{code}\nimport sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] in {packages!r}))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
+    )
+    return result.stdout.strip()
+
+
 def test_the_head_and_aggregation_from_the_top_level_load_no_lightning():
     """``from lit_losses import …`` of the names a custom training loop uses (the fused head, `aggregate`,
     `GlobalStatsLoader`) loads neither Lightning, torchmetrics nor transformers (lazy top-level names)."""
-    code = (
-        "import sys\n"
-        "from lit_losses import FusedLMHead, GlobalStatsLoader, aggregate, linear_logprobs\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('lightning', 'pytorch_lightning', 'torchmetrics', 'transformers')))"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert result.stdout.strip() == "[]", result.stdout
+    code = "from lit_losses import FusedLMHead, GlobalStatsLoader, aggregate, linear_logprobs"
+    loaded = loaded_packages(code, ("lightning", "pytorch_lightning", "torchmetrics", "transformers"))
+    assert loaded == "[]", loaded
 
 
 APPLICATION = "lit_losses.cli"
@@ -148,14 +153,25 @@ def test_old_module_paths_of_moved_modules_still_import():
 def test_heads_and_autograd_load_torch_alone():
     """A user of the fused head (or of the custom-gradient toolkit) in their own loop needs neither
     Lightning nor transformers: importing them loads neither (a fresh interpreter, its ``sys.modules``)."""
+    code = "import lit_losses.heads, lit_losses.heads.functional, lit_losses.autograd"
+    loaded = loaded_packages(code, ("lightning", "pytorch_lightning", "transformers", "jsonargparse"))
+    assert loaded == "[]", loaded
+
+
+def test_the_report_loads_no_torch():
+    """``lit-losses report`` reads run folders (event files, ``run_end.json``): the report module and what it
+    imports load neither torch nor Lightning (a fresh interpreter; the application's package ``__init__``,
+    which imports the LightningCLI app, set aside so that the report's own imports alone count)."""
     code = (
-        "import sys, lit_losses.heads, lit_losses.heads.functional, lit_losses.autograd\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('lightning', 'pytorch_lightning', 'transformers', 'jsonargparse')))"
+        "import sys, types\n"
+        f"cli = types.ModuleType('lit_losses.cli'); cli.__path__ = [{str(PACKAGE / 'cli')!r}]\n"
+        "sys.modules['lit_losses.cli'] = cli\n"
+        "import lit_losses.cli.report"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert result.stdout.strip() == "[]", result.stdout
+    loaded = loaded_packages(
+        code, ("torch", "lightning", "pytorch_lightning", "torchmetrics", "transformers")
+    )
+    assert loaded == "[]", loaded[:500]
 
 
 def test_the_cli_resolves_short_class_names_despite_the_lazy_top_level():

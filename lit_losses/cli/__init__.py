@@ -3,7 +3,8 @@
 `app` (LightningCLI entry point: ``fit``, ``validate``, ``predict``, ``test``; ``report``), `console`
 (progress bar, quiet third-party output), `run_dir` (each run's own log folder and config file),
 `run_end` (the end summary and ``run_end.json``), `report` and `report_data` (the HTML report of runs),
-`trainer_errors` (Lightning's refusals as one line), `import_hint` (a missing package named by its extra).
+`objective_line` (what a run optimized, as one line), `trainer_errors` (Lightning's refusals as one line),
+`import_hint` (a missing package named by its extra).
 The library (everything else in `lit_losses`) never imports this subpackage.
 """
 

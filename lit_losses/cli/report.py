@@ -33,9 +33,9 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from lit_losses.cli.objective_line import describe_objective
 from lit_losses.cli.report_data import RunScalars, config_differences, final_values, finite, read_runs
 from lit_losses.errors import ConfigError
-from lit_losses.loss.summary import describe_objective
 
 LOSS_TAGS = ("train/loss_total", "train/base_loss")
 VAL_TAGS = ("val/loss", "val/loss_total")

@@ -35,9 +35,10 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import SaveConfigCallback
 
 from lit_losses.checkpoint.preemption import Preempted, PreemptionCheckpoint
+from lit_losses.cli.objective_line import describe_objective
 from lit_losses.controller import TrainingController
 from lit_losses.loss.objective import Objective
-from lit_losses.loss.summary import describe_objective, objective_summary
+from lit_losses.loss.summary import objective_summary
 
 EndReason = Literal["max_steps", "max_epochs", "controller", "stopped", "preempted", "interrupted", "error"]
 """Why a fit ended."""

@@ -74,6 +74,17 @@ class LossContext:
         return value
 
 
+def logprobs_first(needed: tuple[str, ...]) -> tuple[str, ...]:
+    """The head outputs to compute for a loss that reads ``logprobs``: ``logprobs``, then the others of
+    ``needed`` (what the regularizers read) in their order.
+
+    Example:
+        >>> logprobs_first(("entropy", "logprobs", "lse"))
+        ('logprobs', 'entropy', 'lse')
+    """
+    return ("logprobs", *[name for name in needed if name != "logprobs"])
+
+
 TELEMETRY_KEYS = ("value", "contribution", "error", "grad_norm_sq")
 """Per-term values whose global value is a sum over micro-batches and ranks."""
 

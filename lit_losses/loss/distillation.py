@@ -39,6 +39,7 @@ from lit_losses.heads import (
     linear_distillation,
     topk_distillation,
 )
+from lit_losses.loss.context import logprobs_first
 from lit_losses.objectives.distillation import WHERE, DistillationConfig
 
 TEACHER_TOPK_IDS = "teacher_topk_ids"
@@ -161,7 +162,7 @@ class Distillation:
         """``(Σ_t a_t c_t, head outputs)``: with gradient when ``ce_weight > 0`` (from the per-token outputs
         the regularizers need, else the head's fused cross-entropy), else without (telemetry only)."""
         if needed:
-            out = head(hidden, labels, ("logprobs", *[o for o in needed if o != "logprobs"]))
+            out = head(hidden, labels, logprobs_first(needed))
             return -(weights.to(out.logprobs.dtype) * out.logprobs).sum(), out
         if self.config.ce_weight > 0:
             return head.weighted_ce(hidden, labels, weights), HeadOutput()

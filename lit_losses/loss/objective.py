@@ -15,9 +15,9 @@ from lit_losses.aggregation.modes import NORM_MODE, check_norm
 from lit_losses.aggregation.stats import batch_segment_ids
 from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
-from lit_losses.loss.context import LossContext, LossOutput, Stage
-from lit_losses.loss.distillation import Distillation, Teacher
-from lit_losses.loss.preference import PreferenceLoss, Reference, check_preference_options
+from lit_losses.loss.context import LossContext, LossOutput, Stage, logprobs_first
+from lit_losses.loss.distillation import Distillation, DistillationStep, Teacher
+from lit_losses.loss.preference import PreferenceLoss, PreferenceStep, Reference, check_preference_options
 from lit_losses.loss.preference_unpaired import PolicyNoGrad, UnpairedPreferenceLoss
 from lit_losses.objectives import (
     LOSS_WEIGHTS,
@@ -190,7 +190,7 @@ class Objective:
         if self.distillation is not None:  # the base loss computes its own; the hard CE fused when alone
             return needed
         if self.preference is not None:
-            return ("logprobs", *[n for n in needed if n != "logprobs"])
+            return logprobs_first(needed)
         if not self.base_loss.plain_ce and self.base_loss_weight > 0 and "logprobs" not in needed:
             return ("logprobs", *needed)
         if self.base_loss_weight == 0 and not needed:
@@ -323,15 +323,12 @@ class Objective:
                 base = head.weighted_ce(hidden, labels, weights)
                 head_out = HeadOutput()
             else:
-                head_out = head(hidden, labels, ("logprobs", *[o for o in needed if o != "logprobs"]))
+                head_out = head(hidden, labels, logprobs_first(needed))
                 base = base_value(base_batch, weights=weights, logprobs=head_out.logprobs, mask=mask)
             ctx = LossContext(
                 batch, head=head_out, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage
             )
-            reg_total, terms = (regularize or self.regularizers)(ctx)
-            if stage == "train" and self.base_loss_weight == 0 and torch.is_grad_enabled():
-                check_something_to_optimize(reg_total, terms, f"step {step}")
-            total = (base if self.base_loss_weight == 1.0 else self.base_loss_weight * base) + reg_total
+            total, reg_total, terms = self.add_regularizers(ctx, base=base, regularize=regularize)
         return LossOutput(
             total,
             base=base,
@@ -359,11 +356,9 @@ class Objective:
         needed = self.head_outputs_needed() if needed is None else needed
         pref = self.preference(head, hidden, batch, stats, reference=reference, needed=needed, policy=policy)
         mask = batch["labels"] != head.ignore_index
-        ctx = LossContext(
-            dict(batch), head=pref.head, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage
+        return replaced_base_context(
+            pref, batch=batch, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage
         )
-        ctx.cache["base"], ctx.cache["metrics"] = pref.base, pref.metrics
-        return ctx
 
     def distillation_context(
         self,
@@ -384,19 +379,14 @@ class Objective:
             batch, mask=mask, stats=stats, dtype=torch.promote_types(hidden.dtype, torch.float32)
         )
         out = self.distillation(head, hidden, batch, weights, teacher=teacher, needed=needed)
-        ctx = LossContext(
-            dict(batch), head=out.head, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage
+        return replaced_base_context(
+            out, batch=batch, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage
         )
-        ctx.cache["base"], ctx.cache["metrics"] = out.base, out.metrics
-        return ctx
 
     def general_output(self, ctx: LossContext, regularize: Regularize | None) -> LossOutput:
         """``w_base · base + Σ_i w_i r_i`` with the base value in ``ctx.cache`` and the terms on ``ctx``."""
-        reg_total, terms = (regularize or self.regularizers)(ctx)
         base = ctx.cache["base"]
-        if ctx.stage == "train" and self.base_loss_weight == 0 and torch.is_grad_enabled():
-            check_something_to_optimize(reg_total, terms, f"step {ctx.step}")
-        total = (base if self.base_loss_weight == 1.0 else self.base_loss_weight * base) + reg_total
+        total, reg_total, terms = self.add_regularizers(ctx, base=base, regularize=regularize)
         return LossOutput(
             total,
             base=base,
@@ -406,6 +396,19 @@ class Objective:
             num_tokens=ctx.stats.get_local(LABELS_KEY).num_tokens,
             metrics=ctx.cache.get("metrics", {}),
         )
+
+    def add_regularizers(
+        self, ctx: LossContext, base: Tensor, regularize: Regularize | None
+    ) -> tuple[Tensor, Tensor, dict[str, TermResult]]:
+        """``(total, Σ_i w_i r_i, terms)``: the terms on ``ctx`` (``regularize``, default the
+        `RegularizerSet`) added to the base value, ``total = w_base · base + Σ_i w_i r_i``; in training
+        with ``w_base = 0``, a `RegularizerError` when no term has a gradient path
+        (`check_something_to_optimize`)."""
+        reg_total, terms = (regularize or self.regularizers)(ctx)
+        if ctx.stage == "train" and self.base_loss_weight == 0 and torch.is_grad_enabled():
+            check_something_to_optimize(reg_total, terms, f"step {ctx.step}")
+        total = (base if self.base_loss_weight == 1.0 else self.base_loss_weight * base) + reg_total
+        return total, reg_total, terms
 
     def base_weights(
         self, batch: Mapping[str, Any], mask: Tensor, stats: GlobalStats, dtype: torch.dtype
@@ -430,6 +433,27 @@ class Objective:
             loss_weights = token_values(batch, key=LOSS_WEIGHTS, mask=mask, reader=where)
             weights = weights * torch.where(mask, loss_weights.to(dtype), 0.0)
         return weights
+
+
+def replaced_base_context(
+    out: PreferenceStep | DistillationStep,
+    *,
+    batch: Mapping[str, Any],
+    hidden: Tensor,
+    mask: Tensor,
+    stats: GlobalStats,
+    step: int,
+    stage: Stage,
+) -> LossContext:
+    """The `LossContext` of a micro-batch whose base loss a preset replaced (``out``: the preference or
+    distillation loss of the micro-batch): the regularizers read its head outputs, and its ``cache`` holds
+    the ``base`` value and the ``metrics`` that `Objective.general_output` adds up."""
+    ctx = LossContext(
+        dict(batch), head=out.head, hidden=hidden, mask=mask, stats=stats, step=step, stage=stage
+    )
+    ctx.cache["base"] = out.base
+    ctx.cache["metrics"] = out.metrics
+    return ctx
 
 
 def preference_loss(preset: PreferencePreset | None) -> PreferenceLoss | UnpairedPreferenceLoss | None:

@@ -43,8 +43,10 @@ from torch import Tensor
 from lit_losses.aggregation import LABELS_KEY, GlobalStats
 from lit_losses.errors import BatchKeyError, ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
+from lit_losses.loss.context import logprobs_first
 from lit_losses.objectives import KTOPreset, PreferencePreset
 from lit_losses.objectives.inputs import check_provided
+from lit_losses.objectives.options import first_set_option
 from lit_losses.objectives.preference_sequences import sequence_logps
 
 CHOSEN_MASK = "chosen_mask"
@@ -200,7 +202,7 @@ class PreferenceLoss:
         labels = batch_tensor(batch, LABELS_KEY, self.where)
         mask = labels != self.ignore_index
         pairs = self.check_rows(labels, mask, stats)
-        outputs = ("logprobs", *[o for o in needed if o != "logprobs"])
+        outputs = logprobs_first(needed)
         head_out = head(hidden, self.targets(batch, labels), outputs)
         logprobs = head_out.logprobs
         values = self.preset.sequence_logps(logprobs, mask)
@@ -326,19 +328,18 @@ def check_preference_options(
         ...
         lit_losses.errors.ConfigError: model.dpo replaces the base loss and its aggregation (a mean over ...
     """
-    given = {
-        "grpo": grpo is not None,
-        "base_loss": base_loss != "cross_entropy",
-        "base_loss_args": bool(base_loss_args),
-        "loss_agg": loss_agg != "token-mean",
-        "loss_agg_norm": loss_agg_norm is not None,
-    }
-    for name, is_set in given.items():
-        if is_set:
-            raise ConfigError(
-                f"{preset.where} replaces the base loss and its aggregation (a mean over the step's pairs); "
-                f"remove model.{name} or {preset.where} (a regularizer aggregates with its own agg)"
-            )
+    name = first_set_option(
+        grpo=grpo,
+        base_loss=base_loss,
+        base_loss_args=base_loss_args,
+        loss_agg=loss_agg,
+        loss_agg_norm=loss_agg_norm,
+    )
+    if name is not None:
+        raise ConfigError(
+            f"{preset.where} replaces the base loss and its aggregation (a mean over the step's pairs); "
+            f"remove model.{name} or {preset.where} (a regularizer aggregates with its own agg)"
+        )
 
 
 def check_preference_data(loss: PreferenceLoss, provided: Iterable[str], source: str) -> None:

@@ -38,6 +38,7 @@ from lit_losses.aggregation import LABELS_KEY, GlobalStats
 from lit_losses.distributed import all_reduce
 from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead
+from lit_losses.loss.context import logprobs_first
 from lit_losses.loss.preference import PreferenceStep, Reference, batch_tensor
 from lit_losses.objectives import KTOPreset
 from lit_losses.objectives.inputs import check_provided
@@ -146,7 +147,7 @@ class UnpairedPreferenceLoss:
         labels = batch_tensor(batch, LABELS_KEY, self.where)
         mask = labels != self.ignore_index
         desirable = batch_tensor(batch, "kto_label", self.where).bool()
-        outputs = ("logprobs", *[o for o in needed if o != "logprobs"])
+        outputs = logprobs_first(needed)
         head_out = head(hidden, labels, outputs)
         logps = sequence_logps(head_out.logprobs, mask)
         ref_logps = self.reference_values(batch, key="logps", labels=labels, reference=reference, like=logps)

@@ -3,7 +3,7 @@
 ``model.grpo``, ``model.dpo`` (and the other preference options) and ``model.distillation`` replace the
 base loss, its aggregation and some regularizers; the options a run was given (its ``config.yaml``) no
 longer say what it optimizes. `objective_summary` does, as plain data (for ``run_end.json``, the saved
-hyper-parameters and the report), and `describe_objective` as one line (for the end summary).
+hyper-parameters and the report, which print it as one line).
 """
 
 from __future__ import annotations
@@ -53,25 +53,3 @@ def objective_summary(objective: Objective) -> dict[str, Any]:
         summary["base_loss"] = "distillation"
         summary["base_loss_args"] = plain_data(distillation.config)
     return summary
-
-
-def describe_objective(summary: dict[str, Any]) -> str:
-    """`objective_summary` as one line: ``base loss (its arguments; aggregation) + w·regularizer …``.
-
-    Example:
-        >>> describe_objective({"base_loss": "ppo", "base_loss_args": {"epsilon_low": 0.2},
-        ...     "base_loss_weight": 1.0, "loss_agg": "seq-mean-token-sum-norm", "loss_agg_norm": 256.0,
-        ...     "regularizers": [{"name": "kl_reference", "weight": 0.04, "enabled": True, "agg": None}]})
-        'ppo (epsilon_low=0.2; seq-mean-token-sum-norm, C=256) + 0.04·kl_reference'
-    """
-    args = ", ".join(f"{k}={v}" for k, v in summary["base_loss_args"].items() if v is not None)
-    agg = summary["loss_agg"] + (f", C={summary['loss_agg_norm']:g}" if summary["loss_agg_norm"] else "")
-    weight = summary["base_loss_weight"]
-    base = (
-        f"{'' if weight == 1 else f'{weight:g}·'}{summary['base_loss']} ({args + '; ' if args else ''}{agg})"
-    )
-    terms = [
-        f"{t['weight']:g}·{t['name']}" + ("" if t["enabled"] else " (disabled)")
-        for t in summary["regularizers"]
-    ]
-    return " + ".join([base, *terms])

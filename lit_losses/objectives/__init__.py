@@ -9,7 +9,9 @@ mismatch corrections, among an RL base loss's arguments) → `mismatch` (their w
 applied to the labels before a step is counted) → `bound` (`BoundBaseLoss`: a base loss with checked
 parameters, the ``model.base_loss`` / ``model.base_loss_args`` options; `BaseLossBatch`: bound to one
 micro-batch, with its RL telemetry); `inputs` names and checks the batch keys of RL micro-batches;
-`presets` (`GRPOPreset`, ``model.grpo``) maps TRL's GRPO ``loss_type`` and arguments to these options.
+`presets` (`GRPOPreset`, ``model.grpo``) maps TRL's GRPO ``loss_type`` and arguments to these options;
+`options` holds the checks that the presets' option dataclasses share (a bounded number, a flag, a preset
+from a mapping of its fields, the options a preset replaces).
 
 The preference losses are per-pair (or per-sequence) functions of sequence log-probabilities:
 `preference_sequences` (sums, means, LD-DPO, WPO weights, NLL shares) → `preference_dpo` (`dpo_loss`,

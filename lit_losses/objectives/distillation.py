@@ -18,24 +18,16 @@ cross-entropy of the untempered student. The teacher is
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
 from lit_losses.heads.divergence import DistillationLoss, check_beta
-from lit_losses.registry import closest
+from lit_losses.objectives.options import check_flag, check_number, coerce_fields, first_set_option
 
 WHERE = "model.distillation"
-
-
-def _check_number(value: Any, where: str, positive: bool) -> float:
-    number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not number or value < 0 or (positive and value == 0):
-        raise ConfigError(f"{where} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -78,13 +70,12 @@ class DistillationConfig:
     def __post_init__(self) -> None:
         check_choice(self.loss, DistillationLoss, f"{WHERE}.loss")
         check_beta(self.beta, f"{WHERE}.beta")
-        _check_number(self.temperature, f"{WHERE}.temperature", positive=True)
-        _check_number(self.weight, f"{WHERE}.weight", positive=False)
-        _check_number(self.ce_weight, f"{WHERE}.ce_weight", positive=False)
+        check_number(self.temperature, f"{WHERE}.temperature", "> 0")
+        check_number(self.weight, f"{WHERE}.weight", ">= 0")
+        check_number(self.ce_weight, f"{WHERE}.ce_weight", ">= 0")
         if self.weight == 0 and self.ce_weight == 0:
             raise ConfigError(f"{WHERE}.weight and {WHERE}.ce_weight are both 0: nothing to optimize")
-        if not isinstance(self.tail, bool):
-            raise ConfigError(f"{WHERE}.tail must be true or false, got {self.tail!r}")
+        check_flag(self.tail, f"{WHERE}.tail")
         if self.teacher is not None and not isinstance(self.teacher, str | Mapping):
             raise ConfigError(f"{WHERE}.teacher={self.teacher!r} must be a path, a config dict or null")
 
@@ -96,18 +87,7 @@ class DistillationConfig:
     @classmethod
     def coerce(cls, value: DistillationConfig | Mapping[str, Any] | None) -> DistillationConfig | None:
         """``value`` as a `DistillationConfig` (a mapping of its fields, e.g. a checkpoint's), or ``None``."""
-        if value is None or isinstance(value, DistillationConfig):
-            return value
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{WHERE} must be a mapping of its fields, got {value!r}")
-        fields = list(asdict(cls()))
-        unknown = sorted(set(value) - set(fields))
-        if unknown:
-            raise ConfigError(
-                f"{WHERE}.{unknown[0]}: not a field of {WHERE}{closest(unknown[0], fields)}; "
-                f"its fields are {fields}"
-            )
-        return cls(**value)
+        return coerce_fields(cls, value, WHERE)
 
 
 def check_distillation_options(
@@ -126,17 +106,12 @@ def check_distillation_options(
         ...
         lit_losses.errors.ConfigError: model.distillation replaces the base loss; remove model.base_loss ...
     """
-    given = {
-        "base_loss": base_loss != "cross_entropy",
-        "base_loss_args": bool(base_loss_args),
-        "grpo": grpo is not None,
-    }
-    for name, is_set in given.items():
-        if is_set:
-            raise ConfigError(
-                f"{WHERE} replaces the base loss; remove model.{name} or {WHERE} (its hard-label "
-                f"cross-entropy is {WHERE}.ce_weight)"
-            )
+    name = first_set_option(base_loss=base_loss, base_loss_args=base_loss_args, grpo=grpo)
+    if name is not None:
+        raise ConfigError(
+            f"{WHERE} replaces the base loss; remove model.{name} or {WHERE} (its hard-label "
+            f"cross-entropy is {WHERE}.ce_weight)"
+        )
     if preference is not None:
         raise ConfigError(f"{WHERE} and {preference.where} are two base losses; keep one")
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 from torch import Tensor
 
 from lit_losses.errors import ConfigError
+from lit_losses.objectives.options import check_number, is_number
 
 
 def check_pair(chosen_logps: Tensor, rejected_logps: Tensor, where: str) -> None:
@@ -26,11 +25,6 @@ def check_pair(chosen_logps: Tensor, rejected_logps: Tensor, where: str) -> None
         )
 
 
-def is_number(value: object) -> bool:
-    """A finite int or float, not a bool."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def check_numbers(*, beta: float, label_smoothing: float, where: str) -> None:
     """``beta`` finite ``> 0``, ``label_smoothing`` in ``[0, 0.5)`` (`ConfigError`; ``where`` prefixes
     the names: ``"model.dpo."``, or ``""`` for a function's arguments).
@@ -41,8 +35,7 @@ def check_numbers(*, beta: float, label_smoothing: float, where: str) -> None:
         ...
         lit_losses.errors.ConfigError: model.dpo.beta must be a finite number > 0, got 0.0
     """
-    if not (is_number(beta) and beta > 0):
-        raise ConfigError(f"{where}beta must be a finite number > 0, got {beta!r}")
+    check_number(beta, f"{where}beta", "> 0")
     if not (is_number(label_smoothing) and 0 <= label_smoothing < 0.5):
         raise ConfigError(
             f"{where}label_smoothing must lie in [0, 0.5) (the probability that a preference label is "

@@ -27,7 +27,8 @@ from torch import Tensor
 
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
-from lit_losses.objectives.preference_checks import check_numbers, is_number
+from lit_losses.objectives.options import check_number
+from lit_losses.objectives.preference_checks import check_numbers
 from lit_losses.objectives.preference_sequences import nll_shares
 
 DPOLossType = Literal[
@@ -230,8 +231,7 @@ def check_dpo_numbers(
         raise ConfigError(
             f"{where}label_smoothing must be > 0 with loss_type 'exo_pair' (log ε; the EXO paper uses 1e-3)"
         )
-    if not (is_number(discopop_tau) and discopop_tau > 0):
-        raise ConfigError(f"{where}discopop_tau must be a finite number > 0, got {discopop_tau!r}")
+    check_number(discopop_tau, f"{where}discopop_tau", "> 0")
 
 
 def _check_inputs(types: Sequence[str], values: dict[str, Tensor | None]) -> None:

@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from lit_losses.choices import check_choice
-from lit_losses.errors import ConfigError
-from lit_losses.objectives.preference_checks import check_numbers, is_number
+from lit_losses.objectives.options import check_number
+from lit_losses.objectives.preference_checks import check_numbers
 
 KTOLossType = Literal["kto", "apo_zero_unpaired"]
 """TRL's ``KTOConfig.loss_type`` values."""
@@ -102,9 +102,8 @@ def kto_loss(
     """
     check_choice(loss_type, KTOLossType, "loss_type")
     check_numbers(beta=beta, label_smoothing=0.0, where="")
-    for name, value in (("desirable_weight", desirable_weight), ("undesirable_weight", undesirable_weight)):
-        if not (is_number(value) and value > 0):
-            raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+    check_number(desirable_weight, "desirable_weight", "> 0")
+    check_number(undesirable_weight, "undesirable_weight", "> 0")
     if logps.dim() != 1 or logps.shape != ref_logps.shape or label.shape != logps.shape:
         raise ValueError(
             f"kto_loss takes one value per sequence [B]: logps {tuple(logps.shape)}, ref_logps "

@@ -26,14 +26,15 @@ tells the module what its loss reads, through the same properties:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args
 
 from torch import Tensor
 
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
-from lit_losses.objectives.preference_checks import check_numbers, is_number
+from lit_losses.objectives.options import check_flag, check_number, coerce_fields, is_number
+from lit_losses.objectives.preference_checks import check_numbers
 from lit_losses.objectives.preference_cpo import CPOLoss, cpo_loss
 from lit_losses.objectives.preference_dpo import (
     LENGTH_NORMALIZED,
@@ -62,20 +63,10 @@ CPOConfigLossType = Literal["sigmoid", "hinge", "ipo", "simpo", "alphapo"]
 """TRL's ``CPOConfig.loss_type`` (``alphapo``: ``simpo`` with ``cpo_alpha = 0``)."""
 
 
-def coerce_fields(cls: type, value: Any) -> Any:
-    """``value`` as a ``cls`` preset (a mapping of its fields: YAML, a checkpoint), or ``None``."""
-    if value is None or isinstance(value, cls):
-        return value
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{cls.where} must be a mapping of {cls.trl_config} fields, got {value!r}")
-    fields = list(asdict(cls()))
-    unknown = sorted(set(value) - set(fields))
-    if unknown:
-        raise ConfigError(
-            f"{cls.where}.{unknown[0]}: not a field of {cls.where}{closest(unknown[0], fields)}; "
-            f"its fields are {fields}"
-        )
-    return cls(**value)
+def coerce_preset(cls: type, value: Any) -> Any:
+    """``value`` as a ``cls`` preset (a mapping of its fields: YAML, a checkpoint), or ``None``
+    (`coerce_fields` under ``cls.where``, naming ``cls.trl_config``'s fields)."""
+    return coerce_fields(cls, value, cls.where, expected=f"{cls.trl_config} fields")
 
 
 def refuse_ignored(where: str, ignored: Mapping[str, str]) -> None:
@@ -87,9 +78,7 @@ def refuse_ignored(where: str, ignored: Mapping[str, str]) -> None:
 def check_reference(preset: Any) -> None:
     """``reference_free`` and ``precompute_ref_log_probs`` are booleans and not both true."""
     for name in ("reference_free", "precompute_ref_log_probs"):
-        value = getattr(preset, name, False)
-        if not isinstance(value, bool):
-            raise ConfigError(f"{preset.where}.{name} must be true or false, got {value!r}")
+        check_flag(getattr(preset, name, False), f"{preset.where}.{name}")
     if getattr(preset, "reference_free", False) and preset.precompute_ref_log_probs:
         raise ConfigError(
             f"{preset.where}.precompute_ref_log_probs=True reads reference log-probabilities that "
@@ -173,16 +162,11 @@ class DPOPreset:
             where=where,
         )
         check_choice(self.f_divergence_type, FDivergenceType, f"{self.where}.f_divergence_type")
-        if not is_number(self.f_alpha_divergence_coef):
-            raise ConfigError(
-                f"{where}f_alpha_divergence_coef must be a finite number, got "
-                f"{self.f_alpha_divergence_coef!r}"
-            )
+        check_number(self.f_alpha_divergence_coef, f"{where}f_alpha_divergence_coef")
         if self.ld_alpha is not None and not (is_number(self.ld_alpha) and 0 <= self.ld_alpha <= 1):
             raise ConfigError(f"{where}ld_alpha must lie in [0, 1] (or be null), got {self.ld_alpha!r}")
         check_reference(self)
-        if not isinstance(self.use_weighting, bool):
-            raise ConfigError(f"{where}use_weighting must be true or false, got {self.use_weighting!r}")
+        check_flag(self.use_weighting, f"{where}use_weighting")
         refuse_ignored(self.where, self.ignored())
 
     @property
@@ -281,7 +265,7 @@ class DPOPreset:
     @classmethod
     def coerce(cls, value: DPOPreset | Mapping[str, Any] | None) -> DPOPreset | None:
         """``value`` as a `DPOPreset` (a mapping of its fields), or ``None``."""
-        return coerce_fields(cls, value)
+        return coerce_preset(cls, value)
 
 
 @dataclass(frozen=True)
@@ -326,9 +310,7 @@ class KTOPreset:
         check_choice(self.loss_type, KTOLossType, f"{self.where}.loss_type")
         check_numbers(beta=self.beta, label_smoothing=0.0, where=f"{self.where}.")
         for name in ("desirable_weight", "undesirable_weight"):
-            value = getattr(self, name)
-            if not (is_number(value) and value > 0):
-                raise ConfigError(f"{self.where}.{name} must be a finite number > 0, got {value!r}")
+            check_number(getattr(self, name), f"{self.where}.{name}", "> 0")
         check_reference(self)
 
     @property
@@ -356,7 +338,7 @@ class KTOPreset:
     @classmethod
     def coerce(cls, value: KTOPreset | Mapping[str, Any] | None) -> KTOPreset | None:
         """``value`` as a `KTOPreset` (a mapping of its fields), or ``None``."""
-        return coerce_fields(cls, value)
+        return coerce_preset(cls, value)
 
 
 @dataclass(frozen=True)
@@ -404,11 +386,10 @@ class CPOPreset:
     def __post_init__(self) -> None:
         check_choice(self.loss_type, CPOConfigLossType, f"{self.where}.loss_type")
         check_numbers(beta=self.beta, label_smoothing=self.label_smoothing, where=f"{self.where}.")
-        if self.cpo_alpha is not None and not (is_number(self.cpo_alpha) and self.cpo_alpha >= 0):
-            raise ConfigError(f"{self.where}.cpo_alpha must be a finite number >= 0, got {self.cpo_alpha!r}")
+        if self.cpo_alpha is not None:
+            check_number(self.cpo_alpha, f"{self.where}.cpo_alpha", ">= 0")
         for name in ("simpo_gamma", "alpha"):
-            if not is_number(getattr(self, name)):
-                raise ConfigError(f"{self.where}.{name} must be a finite number, got {getattr(self, name)!r}")
+            check_number(getattr(self, name), f"{self.where}.{name}")
         ignored = {}
         if self.loss_type == "alphapo" and self.cpo_alpha not in (None, 0):
             ignored["cpo_alpha"] = "loss_type 'alphapo' sets cpo_alpha to 0 (TRL's AlphaPO has no NLL term)"
@@ -462,7 +443,7 @@ class CPOPreset:
     @classmethod
     def coerce(cls, value: CPOPreset | Mapping[str, Any] | None) -> CPOPreset | None:
         """``value`` as a `CPOPreset` (a mapping of its fields), or ``None``."""
-        return coerce_fields(cls, value)
+        return coerce_preset(cls, value)
 
 
 @dataclass(frozen=True)
@@ -509,7 +490,7 @@ class ORPOPreset:
     @classmethod
     def coerce(cls, value: ORPOPreset | Mapping[str, Any] | None) -> ORPOPreset | None:
         """``value`` as an `ORPOPreset` (a mapping of its fields), or ``None``."""
-        return coerce_fields(cls, value)
+        return coerce_preset(cls, value)
 
 
 PreferencePreset = DPOPreset | KTOPreset | CPOPreset | ORPOPreset

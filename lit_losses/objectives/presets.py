@@ -29,17 +29,16 @@ valid tokens.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from lit_losses.aggregation.modes import AggMode
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
 from lit_losses.objectives.correction import RolloutCorrectionOptions
+from lit_losses.objectives.options import NumberBound, check_number, coerce_fields, first_set_option
 from lit_losses.objectives.ratios import ImportanceSamplingLevel
-from lit_losses.registry import closest
 
 TRLLossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 """TRL's ``GRPOConfig.loss_type`` (also Liger-Kernel's ``LigerFusedLinearGRPOLoss``)."""
@@ -210,33 +209,19 @@ class GRPOPreset(RolloutCorrectionOptions):
 
     def check_numbers(self) -> None:
         """``0 ≤ epsilon ≤ 1``, the temperatures, rates and ``delta`` ``> 0``, the rest ``≥ 0`` (finite)."""
-        bounds = (
+        bounds: dict[str, NumberBound] = (
             {"epsilon": "in [0, 1]"} | dict.fromkeys(POSITIVE, "> 0") | dict.fromkeys(NON_NEGATIVE, ">= 0")
         )
         for name, rule in bounds.items():
             value = getattr(self, name)
             if value is None and name in ("delta", "epsilon_high"):
                 continue
-            number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-            ok = number and {"in [0, 1]": 0 <= value <= 1, "> 0": value > 0, ">= 0": value >= 0}[rule]
-            if not ok:
-                raise ConfigError(f"{WHERE}.{name} must be a finite number {rule}, got {value!r}")
+            check_number(value, f"{WHERE}.{name}", rule)
 
     @classmethod
     def coerce(cls, value: GRPOPreset | Mapping[str, Any] | None) -> GRPOPreset | None:
         """``value`` as a `GRPOPreset` (a mapping of its fields, e.g. from a checkpoint), or ``None``."""
-        if value is None or isinstance(value, GRPOPreset):
-            return value
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{WHERE} must be a mapping of GRPOConfig fields, got {value!r}")
-        fields = list(asdict(cls()))
-        unknown = sorted(set(value) - set(fields))
-        if unknown:
-            raise ConfigError(
-                f"{WHERE}.{unknown[0]}: not a field of {WHERE}{closest(unknown[0], fields)}; "
-                f"its fields are {fields}"
-            )
-        return cls(**value)
+        return coerce_fields(cls, value, WHERE, expected="GRPOConfig fields")
 
     @property
     def upper_epsilon(self) -> float:
@@ -333,18 +318,14 @@ def apply_preset(
     Raises:
         ConfigError: one of those options is set too, or ``beta > 0`` beside a ``kl_reference`` term.
     """
-    given = {
-        "base_loss": base_loss != "cross_entropy",
-        "base_loss_args": bool(base_loss_args),
-        "loss_agg": loss_agg != "token-mean",
-        "loss_agg_norm": loss_agg_norm is not None,
-    }
-    for name, is_set in given.items():
-        if is_set:
-            raise ConfigError(
-                f"{WHERE} (loss_type {preset.loss_type!r}) sets model.base_loss, model.base_loss_args, "
-                f"model.loss_agg and model.loss_agg_norm; remove model.{name} or {WHERE}"
-            )
+    name = first_set_option(
+        base_loss=base_loss, base_loss_args=base_loss_args, loss_agg=loss_agg, loss_agg_norm=loss_agg_norm
+    )
+    if name is not None:
+        raise ConfigError(
+            f"{WHERE} (loss_type {preset.loss_type!r}) sets model.base_loss, model.base_loss_args, "
+            f"model.loss_agg and model.loss_agg_norm; remove model.{name} or {WHERE}"
+        )
     terms = list(terms or ())
     names = [t.get("name") if isinstance(t, Mapping) else getattr(t, "name", None) for t in terms]
     if preset.beta > 0 and "kl_reference" in names:
