@@ -19,6 +19,7 @@ from lit_losses.heads.backend import (
     register_backend,
     select_backend,
 )
+from lit_losses.heads.collision import log_sum_sq_probs
 from lit_losses.heads.distillation import linear_distillation
 from lit_losses.heads.divergence import DistillationLoss
 from lit_losses.heads.functional import (
@@ -53,6 +54,7 @@ __all__ = [
     "linear_distillation",
     "linear_logprobs",
     "linear_pointwise_loss",
+    "log_sum_sq_probs",
     "register_backend",
     "select_backend",
     "topk_distillation",

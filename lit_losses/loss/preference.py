@@ -12,9 +12,12 @@ next-token ``labels`` on the completion tokens. One step of the loss:
    (``precompute_ref_log_probs``), else the frozen reference's per-token log-probabilities of the same
    labels through the same reduction (a `lit_losses.models.FrozenModel`: a reference model, or the
    policy's base with its adapters disabled); none with ``reference_free``;
-4. the preset's loss gives one value per pair ``ℓ_i``; the micro-batch's share of the step's loss is
-   ``Σ_i ℓ_i / P_g``, ``P_g`` the number of pairs of the whole step (every micro-batch on every rank:
-   `GlobalStatsLoader` counts the rows with a label, ``2 P_g``), times ``loss_scale`` in the module.
+4. the preset's loss gives one value per pair ``ℓ_i`` (with DPO's ``use_weighting``, WPO's: times the
+   pair's weight ``w_i``, no gradient, from the policy's ``log Σ_v p_v²`` at its completion tokens:
+   `lit_losses.heads.log_sum_sq_probs`, one more forward pass of the head without logits); the
+   micro-batch's share of the step's loss is ``Σ_i ℓ_i / P_g``, ``P_g`` the number of pairs of the whole
+   step (every micro-batch on every rank: `GlobalStatsLoader` counts the rows with a label, ``2 P_g``),
+   times ``loss_scale`` in the module.
 
 The NLL terms (DPO's ``sft``, CPO's ``cpo_alpha``, ORPO's) are TRL's token means over the chosen
 sequences; here over those of the whole step: the loader also counts the tokens of the mask key
@@ -42,12 +45,12 @@ from torch import Tensor
 
 from lit_losses.aggregation import LABELS_KEY, GlobalStats
 from lit_losses.errors import BatchKeyError, ConfigError
-from lit_losses.heads import FusedLMHead, HeadOutput
+from lit_losses.heads import FusedLMHead, HeadOutput, log_sum_sq_probs
 from lit_losses.loss.context import logprobs_first
 from lit_losses.objectives import KTOPreset, PreferencePreset
 from lit_losses.objectives.inputs import check_provided
 from lit_losses.objectives.options import first_set_option
-from lit_losses.objectives.preference_sequences import sequence_logps
+from lit_losses.objectives.preference_sequences import sequence_logps, wpo_weights
 
 CHOSEN_MASK = "chosen_mask"
 """Mask key of the chosen rows' completion tokens (``labels != -100`` in rows ``0..P-1``)."""
@@ -94,8 +97,7 @@ class PreferenceLoss:
         ignore_index: the label value of positions without a target.
 
     Raises:
-        ConfigError: an unpaired preset (KTO), or WPO's ``use_weighting`` (its weights need
-            ``log Σ_v p_v²`` per token, which the head does not compute).
+        ConfigError: an unpaired preset (KTO).
 
     Example:
         >>> import torch
@@ -117,11 +119,6 @@ class PreferenceLoss:
     def __init__(self, preset: PreferencePreset, ignore_index: int = -100) -> None:
         if isinstance(preset, KTOPreset) or not preset.paired:
             raise ConfigError(f"{preset.where}: unpaired data; its loss is `UnpairedPreferenceLoss`")
-        if preset.needs_wpo_weights:
-            raise ConfigError(
-                f"{preset.where}.use_weighting=True: WPO's weights need log Σ_v p_v² at every completion "
-                "token, which the fused head does not compute; remove it"
-            )
         self.preset = preset
         self.ignore_index = ignore_index
         self._warnings = WarningCache()
@@ -208,6 +205,8 @@ class PreferenceLoss:
         values = self.preset.sequence_logps(logprobs, mask)
         chosen, rejected = values[:pairs], values[pairs:]
         options = self.loss_options(batch, logprobs=logprobs, mask=mask, stats=stats)
+        if self.preset.needs_wpo_weights:
+            options |= self.wpo_options(head, hidden, labels=labels, logprobs=logprobs)
         if self.preset.trainer == "dpo":
             ref_chosen, ref_rejected = self.reference_values(batch, mask, reference, like=values)
             out = self.preset.loss(
@@ -255,6 +254,18 @@ class PreferenceLoss:
             options["chosen_nll"] = -sequence_logps(logprobs[:pairs], nll_mask)
             options["chosen_nll_tokens"] = stats.get(key).num_tokens / max(self.pairs(stats), 1)
         return options
+
+    def wpo_options(
+        self, head: FusedLMHead, hidden: Tensor, *, labels: Tensor, logprobs: Tensor
+    ) -> dict[str, Tensor]:
+        """WPO's ``chosen_weights`` and ``rejected_weights`` ``[P]`` (`wpo_weights`, no gradient): the
+        policy's ``log Σ_v p_v²`` at the completion tokens from one more forward pass of its head
+        (`log_sum_sq_probs`: no logits, no gradient)."""
+        mask = labels != self.ignore_index
+        log_sum_sq = log_sum_sq_probs(head, hidden, labels).to(logprobs.dtype)
+        weights = wpo_weights(logprobs.detach(), log_sum_sq, mask)
+        pairs = mask.shape[0] // 2
+        return {"chosen_weights": weights[:pairs], "rejected_weights": weights[pairs:]}
 
     def reference_values(
         self, batch: Mapping[str, Any], mask: Tensor, reference: Reference | None, like: Tensor

@@ -93,7 +93,9 @@ def wpo_weights(token_logps: Tensor, token_log_sum_sq: Tensor, mask: Tensor) -> 
     ``log Σ_v p_v² = lse(2z) − 2 lse(z)`` for the logits ``z`` of the position: the policy's
     length-normalized sequence probability, aligned with the probabilities it would sample. A pair's
     weight is its chosen weight times its rejected weight (`dpo_loss`'s ``chosen_weights`` and
-    ``rejected_weights``).
+    ``rejected_weights``), not clamped (as TRL's current ``DPOTrainer``: it exceeds 1 where the policy
+    prefers the completion's tokens to its own samples). `lit_losses.heads.log_sum_sq_probs` gives
+    ``token_log_sum_sq`` from hidden states without logits.
 
     Args:
         token_logps: ``[rows, T]`` the policy's log-probabilities of the completion tokens.

@@ -2,8 +2,8 @@
 holding different numbers of pairs and tokens (``python -m tests.loss.preference_ddp_worker OUT``, started
 by `tests.parallel.launch`), or on one process over one micro-batch holding every pair (`step`, in the
 test's own process). Rank 0 saves, for each preset of `PRESETS`, the gradients before the optimizer step
-and the logged values (``train/loss_total`` and TRL's metrics) to ``OUT/<name>.pt``; then the DPO step
-under FSDP2 (`fsdp_step`) to ``OUT/fsdp.pt``.
+and the logged values (``train/loss_total`` and TRL's metrics) to ``OUT/<name>.pt``; then the DPO and the
+WPO step under FSDP2 (`fsdp_step`) to ``OUT/fsdp.pt`` and ``OUT/fsdp_wpo.pt``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,15 @@ PRESETS = {
     # SimPO's per-token means, and ORPO's NLL over the chosen sequences' prompt and completion tokens
     "simpo": {"cpo": {"loss_type": "simpo", "cpo_alpha": 0.0, "beta": 2.0, "simpo_gamma": 0.5}},
     "orpo": {"orpo": {"beta": 0.3}},
+    # WPO: each pair's loss times its weight from the policy's log Σ_v p_v² (no gradient), ipo's lengths
+    "wpo": {
+        "dpo": {
+            "loss_type": ["sigmoid", "ipo"],
+            "loss_weights": [1.0, 0.1],
+            "beta": 0.2,
+            "use_weighting": True,
+        }
+    },
 }
 
 
@@ -89,27 +98,28 @@ def step(name: str, devices: int, batches: list[dict], root: str) -> dict:
     return capture.result
 
 
-def fsdp_model() -> TinyLM:
-    """The DPO model in float64 by the default dtype (as FSDP2's tests build theirs)."""
+def fsdp_model(name: str = "dpo") -> TinyLM:
+    """The model of preset ``name`` in float64 by the default dtype (as FSDP2's tests build theirs)."""
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        return model_of("dpo")
+        return model_of(name)
     finally:
         torch.set_default_dtype(default)
 
 
-def fsdp_step(devices: int, batches: list[dict], root: str) -> dict:
-    """The first DPO step under FSDP2 (``ModelParallelStrategy``, ``data_parallel_size=devices``; its
-    frozen reference replicated), or on one process: the full gradients and the logged loss."""
+def fsdp_step(devices: int, batches: list[dict], root: str, name: str = "dpo") -> dict:
+    """The first step of preset ``name`` (DPO, or WPO: its head pass reads the output projection FSDP2
+    gathered) under FSDP2 (``ModelParallelStrategy``, ``data_parallel_size=devices``; its frozen reference
+    replicated), or on one process: the full gradients and the logged loss."""
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     from tests.parallel import model_parallel_worker as parallel
 
     if devices == 1:
-        return parallel.first_step(fsdp_model(), batches, "auto", 1, 1, root)
+        return parallel.first_step(fsdp_model(name), batches, "auto", 1, 1, root)
     strategy = ModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1)
-    return parallel.first_step(fsdp_model(), batches, strategy, devices, ACCUMULATE, root)
+    return parallel.first_step(fsdp_model(name), batches, strategy, devices, ACCUMULATE, root)
 
 
 if __name__ == "__main__":
@@ -118,7 +128,8 @@ if __name__ == "__main__":
         result = step(preset, RANKS, micro_batches(), root=str(out))
         if torch.distributed.get_rank() == 0:
             torch.save(result, out / f"{preset}.pt")
-    result = fsdp_step(RANKS, micro_batches(), root=str(out))
-    if torch.distributed.get_rank() == 0:
-        torch.save(result, out / "fsdp.pt")
+    for name, file in (("dpo", "fsdp.pt"), ("wpo", "fsdp_wpo.pt")):
+        result = fsdp_step(RANKS, micro_batches(), root=str(out), name=name)
+        if torch.distributed.get_rank() == 0:
+            torch.save(result, out / file)
     exit_distributed_process(0)  # ends the group and the process (a gloo rank can abort in the teardown)

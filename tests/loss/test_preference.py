@@ -174,7 +174,8 @@ class LargestFloatTensor(TorchDispatchMode):
         return out
 
 
-def test_one_dpo_step_with_a_32k_vocabulary_never_materializes_the_logits():
+@pytest.mark.parametrize("use_weighting", [False, True], ids=["dpo", "wpo"])
+def test_one_dpo_step_with_a_32k_vocabulary_never_materializes_the_logits(use_weighting):
     from lit_losses import HFCausalLM
     from tests.models.hf_models import hf_config
 
@@ -182,7 +183,9 @@ def test_one_dpo_step_with_a_32k_vocabulary_never_materializes_the_logits():
     torch.manual_seed(0)
     config = hf_config("llama", vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                        num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
-    model = HFCausalLM(config=config, dpo={"beta": 0.1}, head_chunk_size=chunk)
+    model = HFCausalLM(
+        config=config, dpo={"beta": 0.1, "use_weighting": use_weighting}, head_chunk_size=chunk
+    )
     model.reference_model()  # a copy of the initial policy (full fine-tuning)
     batch = whole_batch()
     tokens = batch["input_ids"].numel()
@@ -210,7 +213,6 @@ def test_one_dpo_step_with_a_32k_vocabulary_never_materializes_the_logits():
         ({"dpo": {"reference_free": True}, "ref_model": "initial_policy"}, "model.dpo reads no reference"),
         ({"ref_model": "initial_policy"}, "model.ref_model='initial_policy' is set but no preference loss"),
         ({"dpo": {}, "ref_model": "no/such/dir"}, "model.ref_model='no/such/dir': no such file or directory"),
-        ({"dpo": {"use_weighting": True}}, "model.dpo.use_weighting=True: WPO's weights need log"),
         ({"kto": {"precompute_ref_log_probs": True}, "ref_model": "initial_policy"}, "model.kto reads no"),
         ({"dpo": {}, "cpo": {}}, "model.dpo, model.cpo are set together"),
     ],

@@ -79,3 +79,27 @@ def test_bad_preference_options_fail_with_one_line(override, expected, tmp_path,
     assert exit_info.value.code == 2, err
     assert len(lines) == 1 and lines[0].startswith("lit-losses: error: "), err
     assert expected in lines[0], lines[0]
+
+
+@pytest.mark.slow
+def test_wpo_trains_from_the_shipped_configs_with_one_override(tmp_path):
+    """``--model.dpo.use_weighting=true``: the trained model's loss of a batch is TRL's WPO-weighted DPO
+    loss from the full logits of the policy and of its reference (the adapters disabled)."""
+    from tests.loss.test_preference_wpo import full_logits, trl_inputs
+    from tests.objectives import preference_reference as trl
+
+    args = [*CONFIGS, *FAST, *roots(tmp_path), "--trainer.logger=false", "--model.dpo.use_weighting=true"]
+    cli = cli_main(["fit", *args])
+    model = cli.model.eval()
+    assert cli.trainer.global_step == 2 and model.objective.preference.preset.use_weighting
+    batch = next(iter(cli.datamodule.val_dataloader()))
+    with torch.no_grad():
+        loss = model.compute_loss(batch, "val").total
+        logits = full_logits(model, batch)
+        with model.adapters_disabled("reference")():
+            ref_logits = full_logits(model, batch)
+    fields = {"loss_type": ["sigmoid"], "beta": 0.1}
+    expected, _ = trl.trl_dpo(logits, ref_logits, *trl_inputs(batch), {**fields, "use_weighting": True})
+    unweighted, _ = trl.trl_dpo(logits, ref_logits, *trl_inputs(batch), fields)
+    assert abs(float(expected - unweighted)) > 5e-3 * float(unweighted)  # 50× the tolerance below
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-4, atol=1e-6)

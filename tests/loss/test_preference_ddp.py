@@ -1,8 +1,9 @@
 """Real run, float64: a preference loss's step on 2 DDP processes × 2 accumulated micro-batches of
 different pair and token counts equals the step of one process over one micro-batch holding every pair
 (gradients, loss and TRL's metrics), for DPO (reference computed on the fly; ``sft``'s token mean, ``ipo``'s
-lengths), SimPO and ORPO (its NLL over the chosen sequences' tokens); and DPO under FSDP2 with its frozen
-reference replicated."""
+lengths), SimPO, ORPO (its NLL over the chosen sequences' tokens) and WPO (DPO's ``use_weighting``: per-pair
+weights, so the pair count stays the denominator); and DPO and WPO under FSDP2 with their frozen reference
+replicated."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ddp]
 def split(tmp_path_factory):
     out = tmp_path_factory.mktemp("preference_ddp")
     launch("tests.loss.preference_ddp_worker", worker.RANKS, str(out), timeout=400)
-    return {name: torch.load(out / f"{name}.pt") for name in (*worker.PRESETS, "fsdp")}
+    return {name: torch.load(out / f"{name}.pt") for name in (*worker.PRESETS, "fsdp", "fsdp_wpo")}
 
 
 def test_the_micro_batches_differ_in_pairs_and_tokens():
@@ -52,12 +53,13 @@ def test_trls_per_micro_batch_normalization_differs_on_this_split():
     assert abs(float(per_micro_batch - whole)) > 1e-3 * abs(float(whole))
 
 
-def test_fsdp2_with_a_replicated_frozen_reference_equals_one_process(split, tmp_path):
-    """DPO under FSDP2 (2 data-parallel ranks × 2 accumulated micro-batches), the reference a frozen copy
-    of the initial policy replicated on each rank: the first step's gradients and loss are one process's
-    over all pairs (float64)."""
-    got = split["fsdp"]
-    reference = worker.fsdp_step(1, [worker.whole_batch()], root=str(tmp_path))
+@pytest.mark.parametrize(("result", "name"), [("fsdp", "dpo"), ("fsdp_wpo", "wpo")])
+def test_fsdp2_with_a_replicated_frozen_reference_equals_one_process(result, name, split, tmp_path):
+    """DPO and WPO under FSDP2 (2 data-parallel ranks × 2 accumulated micro-batches), the reference a
+    frozen copy of the initial policy replicated on each rank: the first step's gradients and loss are one
+    process's over all pairs (float64)."""
+    got = split[result]
+    reference = worker.fsdp_step(1, [worker.whole_batch()], root=str(tmp_path), name=name)
     for name, expected in reference["grads"].items():
         assert expected.dtype == torch.float64 and expected.abs().max() > 0, name
         torch.testing.assert_close(got["grads"][name], expected, rtol=1e-9, atol=1e-12, msg=name)
