@@ -20,6 +20,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+RUN_WORKER = (
+    "import logging, os, runpy, sys\n"
+    "from lit_losses.distributed import end_process_group\n"
+    "sys.argv.pop(0)\n"
+    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n"
+    "end_process_group()\n"
+    "sys.stdout.flush(); sys.stderr.flush(); logging.shutdown()\n"
+    "os._exit(0)\n"
+)
+"""``python -m module`` whose process, when the module's run ended normally, ends its process group (if
+the worker has not) and exits without the interpreter's teardown: a gloo rank was seen to abort there (-6)
+after its run had written everything. An error or ``sys.exit`` exits as usual."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -48,7 +62,7 @@ def launch(module: str, world_size: int, *args: str, timeout: float = 240.0, nod
             )
             out = open(Path(logs) / f"rank{rank}.log", "w+")  # noqa: SIM115 (closed below)
             files.append(out)
-            cmd = [sys.executable, "-m", module, *args]
+            cmd = [sys.executable, "-c", RUN_WORKER, module, *args]
             procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + timeout
         failed = None
