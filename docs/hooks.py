@@ -20,6 +20,7 @@ import html
 import importlib.util
 import io
 import re
+import sys
 from pathlib import Path
 
 from latex2mathml.converter import convert
@@ -35,6 +36,16 @@ _MATH = re.compile(
 )
 
 
+@contextlib.contextmanager
+def _argv(argv: list[str]):
+    """``sys.argv`` set to ``argv`` for the duration."""
+    saved, sys.argv = sys.argv, argv
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
 def cli_help(args: str) -> str:
     """What ``lit-losses <args>`` prints (the help options exit with status 0)."""
     from lit_losses.cli.app import cli_main
@@ -44,7 +55,8 @@ def cli_help(args: str) -> str:
     words = args.split()
     own = {"report": report_main, "checkpoint": checkpoint_main}
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+    # sys.argv as if `lit-losses` ran: LightningCLI warns when given args beside mkdocs' own argv
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit), _argv(["lit-losses"]):
         own[words[0]](words[1:]) if words[0] in own else cli_main(words)
     return f"```text\n$ lit-losses {args}\n{out.getvalue().rstrip()}\n```"
 

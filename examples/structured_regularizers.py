@@ -1,16 +1,17 @@
-"""Structured regularizers: the design's training loop with three named, weighted regularizers.
+"""Structured regularizers: a training loop with three named, weighted regularizers.
 
 Each regularizer is a plain function ``fn(data, logprobs_list) -> (loss, metrics)``: ``data`` holds one
 `Datum` per sequence and ``logprobs_list`` one aligned 1-D tensor of log-probabilities per datum.
 
 - ``topology``: a non-differentiable count (the cycle rank, i.e. Betti-1, of each sequence's token
-  transition graph), CPU-bound, offloaded with the design's ``run_in_executor`` flag. It adds to the
+  transition graph), CPU-bound, offloaded to a thread with the ``run_in_executor`` flag. It adds to the
   loss value only (one warning says so).
 - ``sparsity``: an L1 penalty on the log-probabilities (differentiable).
 - ``kb_consistency``: an async query of a (simulated) knowledge base, awaited concurrently.
 
 The same list runs in a Lightning fit (``RegularizedLM(regularizers=...)``: base cross-entropy plus the
-three terms) and in a hand-written loop with ``forward_backward_custom_async`` (the design's call).
+three terms) and in a hand-written loop with ``forward_backward_custom_async`` (the structured-regularizer
+call).
 
     python examples/structured_regularizers.py
 """
@@ -113,7 +114,7 @@ def lightning_fit(steps: int = 3) -> dict:
 
 
 async def manual_loop(num_epochs: int = 2) -> list[dict]:
-    """The design's loop: forward/backward with the structured regularizers, then an optimizer step."""
+    """The hand-written loop: forward/backward with the structured regularizers, then an optimizer step."""
     model = tiny_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     results = []

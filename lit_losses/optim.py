@@ -29,9 +29,9 @@ ADAMW_BOUNDS = {
 class OptimizerConfig:
     """AdamW with a per-step schedule ``lr(s) = lr · f(s)``.
 
-    ``f`` rises linearly from 0 to 1 over ``warmup_steps``, then follows ``schedule`` down to
-    ``min_lr_ratio`` at ``total_steps``: ``cosine``: ``r + (1−r)·½(1+cos πu)``, ``linear``:
-    ``1 − (1−r)·u``, ``constant``: 1, with ``u`` the fraction of the post-warmup steps done (one
+    ``f`` rises linearly from ``1/(warmup_steps+1)`` (never 0) to 1 over ``warmup_steps``, then follows
+    ``schedule`` down to ``r = min_lr_ratio`` at ``total_steps``: ``cosine``: ``r + (1−r)·½(1+cos πu)``,
+    ``linear``: ``1 − (1−r)·u``, ``constant``: 1, with ``u`` the fraction of the post-warmup steps done (one
     `Schedule`, the same type that schedules regularizer weights).
 
     Example:

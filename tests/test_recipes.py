@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import runpy
 import sys
 from pathlib import Path
 
@@ -107,3 +108,26 @@ def test_dpo_lora_recipe(tmp_path, monkeypatch):
     record = fit_recipe(tmp_path, "dpo_lora.yaml", *small)
     assert record["reason"] == "max_steps" and record["step"] == 3 and record["checkpoints"]
     assert set(record["metrics"]) >= {"rewards/accuracies", "rewards/margins", "logps/chosen"}
+
+
+@pytest.mark.slow
+def test_coming_from_trl_configs(tmp_path, monkeypatch):
+    """The four jobs of the "Coming from TRL" page run on its stand-in model, data and rollouts."""
+    pytest.importorskip("peft")
+    monkeypatch.chdir(tmp_path)
+    page = DOCS / "coming-from-trl.md"
+    write_titled_blocks(page, tmp_path)
+    for script in ("make_stand_in.py", "sample_rollouts.py"):
+        runpy.run_path(str(tmp_path / script), run_name="__main__")
+    expected = {
+        "sft.yaml": ("cross_entropy", set()),
+        "dpo.yaml": ("dpo", {"rewards/accuracies", "rewards/margins"}),
+        "grpo.yaml": ("ppo", set()),
+        "distill.yaml": ("distillation", {"distillation/divergence", "distillation/top1_agreement"}),
+    }
+    for config, (base_loss, metrics) in expected.items():
+        record = fit_recipe(tmp_path, config, "--trainer.check_val_every_n_epoch=1")
+        assert record["reason"] == "max_steps" and record["step"] == 3, (config, record["detail"])
+        assert record["objective"]["base_loss"] == base_loss and set(record["metrics"]) >= metrics, config
+        for run_end in tmp_path.rglob("run_end.json"):
+            run_end.unlink()  # the next fit_recipe finds its own record

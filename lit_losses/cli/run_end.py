@@ -220,7 +220,8 @@ def objective_of(module: Any) -> dict[str, Any] | None:
 
 def loss_metrics(trainer: L.Trainer) -> dict[str, float | str | None]:
     """The last step's metrics of the loss (``RegularizedLM.telemetry["metrics"]``: the preference losses'
-    ``rewards/accuracies``, ``rewards/margins``, …), empty for the other losses."""
+    ``rewards/accuracies``, ``rewards/margins``, …; the distillation's ``distillation/divergence``, …), empty
+    for the other losses."""
     telemetry = getattr(trainer.lightning_module, "telemetry", None)
     metrics = telemetry.get("metrics") if isinstance(telemetry, dict) else None
     return {name: _finite(value) for name, value in (metrics or {}).items()}

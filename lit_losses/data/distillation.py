@@ -12,12 +12,26 @@ from lit_losses.errors import ConfigError
 
 
 class DistillationDataModule(RLDataModule):
-    """Offline distillation data for ``model.distillation`` with ``teacher: null``: each line of the
-    ``paths`` files is one record (``tokens``, ``teacher_topk_ids``, ``teacher_topk_logprobs``, optional
-    ``completion_mask``; `lit_losses.data.distill_records`), checked at ``setup`` (every error names
-    ``file:line``; every record has the same ``k``), shuffled with ``seed``, split, packed (a record is
-    never split) into micro-batches of at most ``tokens_per_batch`` tokens, served by a `GlobalStatsLoader`
-    as `RLDataModule`'s (the same arguments).
+    """Offline distillation data: an offline teacher's top-k log-probabilities (JSONL) → packed micro-batches.
+
+    For ``model.distillation`` with ``teacher: null``. Each line of the ``paths`` files is one record
+    (``tokens``, ``teacher_topk_ids``, ``teacher_topk_logprobs``, optional ``completion_mask``;
+    `lit_losses.data.distill_records`), checked at ``setup`` (every error names ``file:line``; every record
+    has the same ``k``), shuffled with ``seed``, split, packed (a record is never split) into micro-batches
+    of at most ``tokens_per_batch`` tokens, served by a `GlobalStatsLoader` as `RLDataModule`'s.
+
+    Args:
+        paths: JSONL file globs of distillation records (required).
+        vocab_size: the model's vocabulary size (linked to ``model.init_args.vocab_size`` by the CLI);
+            every token id and every top-k id must be below it.
+        seq_len: longest row, in tokens: a record holds at most ``seq_len + 1`` tokens.
+        tokens_per_batch: token budget of a micro-batch (rows × longest row, ≥ ``seq_len``).
+        packing: pack several records per row (else one record per row).
+        val_fraction: fraction of records held out for validation.
+        max_records: use only the first records (after the seeded shuffle); ``None``: all.
+        seed: seed of the record shuffle and of each epoch's micro-batch order.
+        pad_id: input token id at padding positions (no target, segment 0).
+        num_workers: DataLoader workers.
 
     Example:
         >>> import json, pathlib, tempfile

@@ -42,8 +42,10 @@ def record_texts(record: Record) -> list[str]:
 
 
 class PreferenceDataModule(TextDataModule):
-    """Preference data in TRL's formats (JSONL) → micro-batches of whole pairs, for DPO and its family,
-    SimPO, CPO, ORPO, and of unpaired records with their KL rows, for KTO.
+    """Preference data in TRL's formats (JSONL) → micro-batches for the DPO family, SimPO, CPO, ORPO and KTO.
+
+    Paired records become micro-batches of whole pairs (the DPO family, SimPO, CPO, ORPO); unpaired records
+    micro-batches with their KL rows (KTO).
 
     Records (`lit_losses.data.preference_records`): paired ``prompt``/``chosen``/``rejected`` (or
     ``chosen``/``rejected`` with an implicit prompt), unpaired ``prompt``/``completion``/``label``;

@@ -163,8 +163,9 @@ class TinyTransformer(nn.Module):
 
 
 class TinyLM(RegularizedLM):
-    """The built-in causal LM as a `RegularizedLM`: a `TinyTransformer` and an output projection, by default
-    the (tied) input embedding, else an ``lm_head`` of its own.
+    """The built-in causal LM as a `RegularizedLM`: a `TinyTransformer` and an output projection.
+
+    The output projection is by default the (tied) input embedding, else an ``lm_head`` of its own.
 
     Under ``ModelParallelStrategy`` (`lit_losses.parallel.ParallelConfig`) FSDP2 shards each transformer
     block (`fsdp_modules`) and the root (embedding, final norm, ``lm_head``); tensor parallelism splits the
