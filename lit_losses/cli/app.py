@@ -2,8 +2,9 @@
 
 The model is any `RegularizedLM` subclass (``model.class_path``, e.g. `lit_losses.TinyLM`); the data
 is a `TextDataModule` or a subclass (``data.class_path``: `lit_losses.TextDataModule`,
-`lit_losses.data.RLDataModule`, `lit_losses.data.hf_text.HFTextDataModule`), whose ``vocab_size`` is
-linked to ``model.init_args.vocab_size``.
+`lit_losses.data.RLDataModule`, `lit_losses.data.hf_text.HFTextDataModule`), whose ``vocab_size`` (a
+Hugging Face tokenizer's size unless given) becomes ``model.init_args.vocab_size`` when it is built. Each
+default class (`lit_losses.cli.class_defaults`) applies only when the run names no class of its own.
 Closed options are typed as ``Literal`` so that ``--help`` lists their choices. Every configuration
 error, whether jsonargparse's, a `ConfigError` raised while building or training, or Lightning refusing a
 trainer option before the run started (`lit_losses.cli.trainer_errors`), is reported as one
@@ -19,7 +20,6 @@ import ast
 import importlib
 import re
 import sys
-from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
@@ -37,8 +37,10 @@ from lit_losses.checkpoint.preemption import PreemptionCheckpoint
 from lit_losses.checkpoint.resume import check_changes, option_changes, read_checkpoint
 from lit_losses.checkpoint.verified import VerifiedCheckpoints
 from lit_losses.checkpoint.verify import verify_checkpoint, warn_unverifiable
+from lit_losses.cli.class_defaults import config_file_args, default_classes
 from lit_losses.cli.console import quiet_console, use_step_progress_bar
 from lit_losses.cli.import_hint import import_error_line
+from lit_losses.cli.nested_help import with_class_help
 from lit_losses.cli.run_dir import (
     RunClaim,
     SharedLoggerVersions,
@@ -129,6 +131,9 @@ ResumeChanges = Literal["apply", "error"]
 _NOT_DATA = ("num_workers", "cache_dir")
 """Data options that do not change which micro-batches a run trains on."""
 
+_LINKED_MODEL_OPTIONS = ("vocab_size",)
+"""Model options that the data module gives when it is built (``data.vocab_size``)."""
+
 
 class LitLossesCLI(LightningCLI):
     """LightningCLI with the data→model vocabulary link, one-line configuration errors, ``--ckpt_path``
@@ -144,6 +149,10 @@ class LitLossesCLI(LightningCLI):
         self.run_claim = RunClaim()
         """The folders and config file this run created to claim its log folder."""
         self.run_started = RunStarted()
+        given = kwargs.get("args")
+        self.class_defaults = default_classes(sys.argv[1:] if given is None else given)
+        """The default class of each of ``model`` and ``data`` whose class the command line does not choose
+        (`lit_losses.cli.class_defaults`)."""
         try:
             super().__init__(*args, **kwargs)
         except Exception as err:
@@ -166,13 +175,11 @@ class LitLossesCLI(LightningCLI):
         return trainer.as_dict() if isinstance(trainer, Namespace) else {}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.set_defaults(
-            {
-                "model": {"class_path": "lit_losses.TinyLM"},
-                "data": {"class_path": "lit_losses.TextDataModule"},
-            }
-        )
-        parser.link_arguments("data.init_args.vocab_size", "model.init_args.vocab_size")
+        if self.class_defaults:
+            parser.set_defaults(self.class_defaults)
+        # the data module's vocabulary, once built: a Hugging Face tokenizer's size unless given
+        for option in _LINKED_MODEL_OPTIONS:
+            parser.link_arguments(f"data.{option}", f"model.init_args.{option}", apply_on="instantiate")
         parser.add_argument(
             "--resume_changes",
             type=ResumeChanges,
@@ -191,7 +198,10 @@ class LitLossesCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        check_config_files(sys.argv[1:] if args is None else args)
+        given = sys.argv[1:] if args is None else args
+        check_config_files(given)
+        if isinstance(given, list | tuple) and with_class_help(list(given)) != list(given):
+            parser.parse_args(with_class_help(list(given)))  # --model.grpo.help alone: prints it and exits
         super().parse_arguments(parser, args)
         self.given_config = self.config.clone()
         """The options as given, before LightningCLI replaces the model's with a checkpoint's."""
@@ -245,10 +255,7 @@ def check_config_files(args: Any) -> None:
     """
     if not isinstance(args, (list, tuple)):
         return
-    args = [str(a) for a in args]
-    files = [b for a, b in pairwise(args) if a == "--config"]
-    files += [a.partition("=")[2] for a in args if a.startswith("--config=")]
-    for name in files:
+    for name in config_file_args(args):
         if not Path(name).is_file():
             continue  # jsonargparse reports it: "config: File does not exist: …"
         try:
@@ -421,11 +428,16 @@ def check_resume_options(cli: LitLossesCLI) -> None:
     checkpoint = read_checkpoint(ckpt_path)
     where = f"--ckpt_path {ckpt_path}"
     model, data = given["model"].as_dict(), given["data"].as_dict() if given.get("data") else {}
-    changes = option_changes(
-        checkpoint.get("hyper_parameters") or {},
-        {"_class_path": model["class_path"], **(model.get("init_args") or {})},
-        model_class=_class_of(model["class_path"]),
-    )
+    linked = [f"model.init_args.{option}" for option in _LINKED_MODEL_OPTIONS]  # compared as data options
+    changes = [
+        c
+        for c in option_changes(
+            checkpoint.get("hyper_parameters") or {},
+            {"_class_path": model["class_path"], **(model.get("init_args") or {})},
+            model_class=_class_of(model["class_path"]),
+        )
+        if c.path not in linked
+    ]
     saved_data = checkpoint.get("datamodule_hyper_parameters") or {}
     data_changes = [
         c
