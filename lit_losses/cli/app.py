@@ -34,7 +34,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 import lit_losses
 from lit_losses.checkpoint.latest import checkpoint_folders, latest_checkpoint
 from lit_losses.checkpoint.preemption import PreemptionCheckpoint
-from lit_losses.checkpoint.resume import check_changes, option_changes, read_checkpoint
+from lit_losses.checkpoint.resume import ARCHITECTURE_HINT, check_changes, option_changes, read_checkpoint
 from lit_losses.checkpoint.verified import VerifiedCheckpoints
 from lit_losses.checkpoint.verify import verify_checkpoint, warn_unverifiable
 from lit_losses.cli.class_defaults import config_file_args, default_classes
@@ -153,6 +153,9 @@ class LitLossesCLI(LightningCLI):
         self.class_defaults = default_classes(sys.argv[1:] if given is None else given)
         """The default class of each of ``model`` and ``data`` whose class the command line does not choose
         (`lit_losses.cli.class_defaults`)."""
+        self.resumed_linked_options: tuple[str, dict[str, Any]] = ("", {})
+        """With ``--ckpt_path``: the checkpoint's values of the model options the data module gives when it
+        is built (`check_linked_options`)."""
         try:
             super().__init__(*args, **kwargs)
         except Exception as err:
@@ -211,6 +214,7 @@ class LitLossesCLI(LightningCLI):
         check_resume_options(self)
 
     def after_instantiate_classes(self) -> None:
+        check_linked_options(self)
         self.trainer.callbacks.append(self.run_started)
         if not any(isinstance(c, VerifiedCheckpoints) for c in self.trainer.callbacks):
             self.trainer.callbacks.append(VerifiedCheckpoints())
@@ -428,25 +432,55 @@ def check_resume_options(cli: LitLossesCLI) -> None:
     checkpoint = read_checkpoint(ckpt_path)
     where = f"--ckpt_path {ckpt_path}"
     model, data = given["model"].as_dict(), given["data"].as_dict() if given.get("data") else {}
-    linked = [f"model.init_args.{option}" for option in _LINKED_MODEL_OPTIONS]  # compared as data options
+    saved = checkpoint.get("hyper_parameters") or {}
     changes = [
         c
         for c in option_changes(
-            checkpoint.get("hyper_parameters") or {},
+            saved,
             {"_class_path": model["class_path"], **(model.get("init_args") or {})},
             model_class=_class_of(model["class_path"]),
         )
-        if c.path not in linked
+        if c.path.rpartition(".")[2] not in _LINKED_MODEL_OPTIONS  # checked once built (check_linked_options)
     ]
+    given_data = {**(data.get("init_args") or {})}
     saved_data = checkpoint.get("datamodule_hyper_parameters") or {}
     data_changes = [
         c
-        for c in option_changes(saved_data, {**(data.get("init_args") or {})}, prefix="data.init_args")
-        if c.path.rpartition(".")[2] not in _NOT_DATA
+        for c in option_changes(saved_data, given_data, prefix="data.init_args")
+        if _compared_data_option(c.path.rpartition(".")[2], given_data)
     ]
     check_changes(changes + data_changes, where, config.get("resume_changes", "apply") == "apply", warn=False)
     check_changes(data_changes, where)
     config["model"] = given["model"]
+    cli.resumed_linked_options = (
+        where,
+        {name: saved[name] for name in _LINKED_MODEL_OPTIONS if name in saved},
+    )
+
+
+def _compared_data_option(name: str, given: dict[str, Any]) -> bool:
+    """Whether a resumed run's data option ``name`` is compared with the checkpoint's before it is built: not
+    the options that do not change the micro-batches, nor a linked option left to the data module (``None``:
+    a tokenizer's size), which `check_linked_options` compares once it is built."""
+    return name not in _NOT_DATA and not (name in _LINKED_MODEL_OPTIONS and given.get(name) is None)
+
+
+def check_linked_options(cli: LitLossesCLI) -> None:
+    """With ``--ckpt_path``: the model options that the data module gave when it was built (its vocabulary,
+    a tokenizer's size unless given) are the checkpoint's.
+
+    Raises:
+        ConfigError: naming the option, both values and the data module that gave it.
+    """
+    where, saved_options = cli.resumed_linked_options
+    for name, saved in saved_options.items():
+        now = cli.model.hparams.get(name)
+        if now != saved:
+            raise ConfigError(
+                f"{where}: resuming with options that differ from the checkpoint's: model.init_args.{name}: "
+                f"{saved!r} in the checkpoint, {now!r} now (data.{name} of {type(cli.datamodule).__name__}); "
+                f"{ARCHITECTURE_HINT}"
+            )
 
 
 def _class_of(class_path: str) -> type | None:

@@ -171,6 +171,8 @@ class HFTextDataModule(TextDataModule):
         # the parent's lower bound on vocab_size is its own byte-level BPE's; this tokenizer is given
         super().__init__(paths=paths, vocab_size=max(size, MIN_VOCAB_SIZE), **kwargs)
         self.vocab_size = size if vocab_size is None else vocab_size
+        # the hyper-parameters name the vocabulary given to the model (the CLI links it), as the model's do
+        self.save_hyperparameters({**self.hparams, "vocab_size": self.vocab_size})
         self.tokenizer_path = tokenizer
         self.add_special_tokens = add_special_tokens
         self.append_eos = append_eos

@@ -146,6 +146,8 @@ class PreferenceDataModule(TextDataModule):
         )
         self.hparams.clear()  # the parent saved its text options; these are this class's
         self.save_hyperparameters()
+        # the hyper-parameters name the vocabulary given to the model (the CLI links it), as the model's do
+        self.save_hyperparameters({**self.hparams, "vocab_size": size})
         self.hf_tokenizer = hf
         self.tokenizer_path = tokenizer
         self.vocab_size = size
