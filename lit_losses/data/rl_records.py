@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lit_losses.data.files import jsonl_values
 from lit_losses.errors import ConfigError
 
 IGNORE_INDEX = -100
@@ -357,18 +358,10 @@ def read_jsonl(
     path: str, vocab_size: int | None = None, seq_len: int | None = None
 ) -> list[tuple[RLRow, str]]:
     """The rows of a JSONL file of records (blank lines skipped), each with its ``file:line``."""
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"{where} is not valid JSON ({err.msg}, column {err.colno})") from None
-            rows.append((parse_record(record, where, vocab_size, seq_len=seq_len), where))
-    return rows
+    return [
+        (parse_record(value, where, vocab_size, seq_len=seq_len), where)
+        for value, where in jsonl_values(path)
+    ]
 
 
 def parse_records(
