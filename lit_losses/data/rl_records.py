@@ -42,7 +42,6 @@ are ignored.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -52,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_losses.data.files import jsonl_values
+from lit_losses.data.record_fields import RecordFields
 from lit_losses.errors import ConfigError
 
 IGNORE_INDEX = -100
@@ -115,23 +115,9 @@ class RLRow:
         return sum(label != IGNORE_INDEX for label in self.labels)
 
 
-class _Fields:
-    """Typed access to a record's fields; each error names ``where`` and the field."""
-
-    def __init__(
-        self, record: Mapping[str, Any], where: str, known: tuple[str, ...], foreign: Mapping[str, str]
-    ) -> None:
-        self.record = record
-        self.where = where
-        for key in record:
-            if key in foreign:
-                raise ConfigError(f"{where}: field {key!r} does not belong here: {foreign[key]}")
-            close = difflib.get_close_matches(str(key), [k for k in known if k not in record], 1, 0.85)
-            if key not in known and close:
-                raise ConfigError(f"{where}: unknown field {key!r}; did you mean {close[0]!r}?")
-
-    def fail(self, message: str) -> ConfigError:
-        return ConfigError(f"{self.where}: {message}")
+class _Fields(RecordFields):
+    """`RecordFields` with the typed numeric fields of RL records (a Tinker ``TensorData`` read as its
+    ``data``)."""
 
     def get(self, key: str, required: bool = True) -> Any:
         if key not in self.record or self.record[key] is None:
