@@ -96,7 +96,7 @@ class RLDataModule(FileDataModule):
     at ``setup`` (every error names ``file:line`` and the field), shuffled with ``seed``, split into
     train/validation, then packed (a record is never split: one longer than ``seq_len`` is an error) into
     micro-batches of at most ``tokens_per_batch`` tokens. The training loader is a `GlobalStatsLoader`
-    whose epoch order is a seeded permutation sharded over the data-parallel ranks, as `TextDataModule`'s.
+    whose epoch order is a seeded permutation sharded over the data-parallel ranks (`FileDataModule`).
 
     Args:
         paths: JSONL file globs (required; e.g. ``data/rollouts.jsonl``, which
