@@ -244,8 +244,10 @@ def linear_distillation(
             f"token_weights shape {tuple(token_weights.shape)} differs from the positions' {tuple(lead)}"
         )
     valid = None if targets is None else targets != ignore_index
-    h_s, h_t = (at_valid_positions(h, valid, lead) for h in (student_hidden, teacher_hidden))
-    weights = None if token_weights is None else at_valid_positions(token_weights.detach(), valid, lead)
+    h_s, h_t = (at_valid_positions(h, valid=valid, lead=lead) for h in (student_hidden, teacher_hidden))
+    weights = token_weights
+    if weights is not None:
+        weights = at_valid_positions(weights.detach(), valid=valid, lead=lead)
     values, top1 = _compute(
         student=(h_s, student_weight, student_bias),
         teacher=tuple(None if x is None else x.detach() for x in (h_t, teacher_weight, teacher_bias)),
@@ -261,32 +263,33 @@ def linear_distillation(
         ),
     )
     if token_weights is None:  # per-token values, 0 at ignored positions
-        values = to_positions(values, lead, valid)
-    return (values, to_positions(top1, lead, valid)) if return_top1 else values
+        values = to_positions(values, valid=valid, lead=lead)
+    return (values, to_positions(top1, valid=valid, lead=lead)) if return_top1 else values
 
 
-def at_valid_positions(x: Tensor, valid: Tensor | None, lead: torch.Size) -> Tensor:
+def at_valid_positions(x: Tensor, *, valid: Tensor | None, lead: torch.Size) -> Tensor:
     """``x`` ``[*lead, ...]`` at the valid positions ``[n, ...]`` (all of them when ``valid`` is None).
 
     Example:
         >>> x = torch.arange(12.0).reshape(2, 3, 2)
-        >>> at_valid_positions(x, torch.tensor([[True, False, True], [False, False, True]]), x.shape[:2])
+        >>> valid = torch.tensor([[True, False, True], [False, False, True]])
+        >>> at_valid_positions(x, valid=valid, lead=x.shape[:2])
         tensor([[ 0.,  1.],
                 [ 4.,  5.],
                 [10., 11.]])
-        >>> at_valid_positions(x, None, x.shape[:2]).shape
+        >>> at_valid_positions(x, valid=None, lead=x.shape[:2]).shape
         torch.Size([6, 2])
     """
     return x.reshape(-1, *x.shape[len(lead) :]) if valid is None else x[valid]
 
 
-def to_positions(x: Tensor, lead: torch.Size, valid: Tensor | None) -> Tensor:
+def to_positions(x: Tensor, *, valid: Tensor | None, lead: torch.Size) -> Tensor:
     """``x`` ``[n]`` of the valid positions back into ``lead``, zeros (``False``) elsewhere: what
     `at_valid_positions` took, put back.
 
     Example:
         >>> valid = torch.tensor([[True, False], [False, True]])
-        >>> to_positions(torch.tensor([1.0, 2.0]), valid.shape, valid)
+        >>> to_positions(torch.tensor([1.0, 2.0]), valid=valid, lead=valid.shape)
         tensor([[1., 0.],
                 [0., 2.]])
     """

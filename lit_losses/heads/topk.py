@@ -232,7 +232,8 @@ def topk_distillation(
         check_finite_weight(student_weight, where="student_weight")
     k = teacher_topk_ids.shape[-1]
     h, ids, lq = (
-        at_valid_positions(x, valid, lead) for x in (student_hidden, teacher_topk_ids, teacher_topk_logprobs)
+        at_valid_positions(x, valid=valid, lead=lead)
+        for x in (student_hidden, teacher_topk_ids, teacher_topk_logprobs)
     )
     ids, lq = ids.long(), lq.detach()
     dtype = compute_dtype(student_hidden, student_weight, student_bias, accum_dtype=accum_dtype)
@@ -257,7 +258,7 @@ def topk_distillation(
         lp_bins, top1 = _student_bins(cast, h_cast, ids, tail=tail, chunk_size=chunk_size, dtype=dtype)
         values = divergence.terms(lp_bins, lq_bins)[0]
     agree = top1 == ids.gather(1, lq.argmax(1, keepdim=True))[:, 0]
-    values, agree = to_positions(values, lead, valid), to_positions(agree, lead, valid)
+    values, agree = to_positions(values, valid=valid, lead=lead), to_positions(agree, valid=valid, lead=lead)
     return (values, agree) if return_top1 else values
 
 
