@@ -284,3 +284,21 @@ def test_options_added_since_a_checkpoint_are_no_change_at_their_defaults():
     assert option_changes(saved, given) == []
     changes = option_changes(saved, {**given, "base_loss": "ppo"})
     assert [str(c) for c in changes] == ["model.init_args.base_loss: added ('ppo')"]
+
+
+def test_hyper_parameters_that_load_from_checkpoint_parsed_in_place_are_no_change():
+    """``load_from_checkpoint`` of a LightningCLI checkpoint parses its hyper-parameters with jsonargparse
+    (Lightning's ``instantiate_module``), which turns the regularizers' dicts into ``Namespace`` objects
+    inside the checkpoint, before ``on_load_checkpoint`` compares them: still the same options."""
+    from lightning.pytorch.cli import instantiate_module
+
+    from lit_losses.hparams import plain_data
+
+    model = TinyLM(vocab_size=64, d_model=16, n_layers=1, n_heads=2, regularizers=[{"name": "z_loss"}])
+    saved = {"_class_path": "lit_losses.TinyLM", **plain_data(dict(model.hparams))}
+    loaded = instantiate_module(TinyLM, dict(saved))  # Lightning hands it a shallow copy
+    assert type(saved["regularizers"][0]).__name__ == "Namespace"  # parsed in place
+    assert option_changes(saved, dict(loaded.hparams), model_class=TinyLM) == []
+    saved["regularizers"][0].init_args.weight = 0.5
+    changes = [str(c) for c in option_changes(saved, dict(loaded.hparams), model_class=TinyLM)]
+    assert changes == ["model.init_args.regularizers[z_loss].weight: 0.5 in the checkpoint, 1.0 now"]

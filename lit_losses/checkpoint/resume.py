@@ -15,6 +15,7 @@ state in ``meta.pt``); `read_checkpoint` reads either without loading the weight
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -106,11 +107,39 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _unparsed(value: Any) -> Any:
+    """``value`` as the plain data it was before jsonargparse parsed it: a ``Namespace`` as a dict.
+    ``load_from_checkpoint`` of a LightningCLI checkpoint parses the hyper-parameters with jsonargparse,
+    which turns the dicts inside the checkpoint's lists into ``Namespace`` objects in place, before
+    ``on_load_checkpoint`` reads them.
+
+    Example:
+        >>> _unparsed(argparse.Namespace(name="z_loss", args=argparse.Namespace(k=1)))
+        {'name': 'z_loss', 'args': {'k': 1}}
+    """
+    if isinstance(value, argparse.Namespace):
+        return {k: _unparsed(v) for k, v in vars(value).items()}
+    return value
+
+
+def _spec(value: Any) -> RegularizerSpec:
+    """A regularizer as saved (a dict of `RegularizerSpec`'s fields) or as jsonargparse parsed it
+    (``{class_path: lit_losses.RegularizerSpec, init_args: {...}}``)."""
+    if isinstance(value, RegularizerSpec):
+        return value
+    value = _unparsed(value)
+    if isinstance(value, Mapping) and "class_path" in value and "name" not in value:
+        value = {**(value.get("init_args") or {}), **(value.get("dict_kwargs") or {})}
+    return RegularizerSpec(**value)
+
+
 def _canonical(key: str, value: Any) -> Any:
-    """``value`` as plain data that compares equal however it was given (dict, dataclass, tuple, list)."""
+    """``value`` as plain data that compares equal however it was given (dict, dataclass, tuple, list,
+    jsonargparse ``Namespace``)."""
+    value = _unparsed(value)
     try:
         if key == "regularizers":
-            specs = [v if isinstance(v, RegularizerSpec) else RegularizerSpec(**v) for v in value or ()]
+            specs = [_spec(v) for v in value or ()]
             return {spec.name: _canonical("", plain_data(spec)) for spec in specs}
         if key == "optimizer":
             return _canonical("", plain_data(OptimizerConfig.coerce(value).resolved()))

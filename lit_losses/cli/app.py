@@ -1,8 +1,8 @@
 """``lit-losses``: the LightningCLI entry point (``fit``, ``validate``, ``predict``, ``test``).
 
 The model is any `RegularizedLM` subclass (``model.class_path``, e.g. `lit_losses.TinyLM`); the data
-is a `TextDataModule` or a subclass (``data.class_path``: `lit_losses.TextDataModule`,
-`lit_losses.data.RLDataModule`, `lit_losses.data.hf_text.HFTextDataModule`), whose ``vocab_size`` (a
+is a `lit_losses.data.FileDataModule` subclass (``data.class_path``: `lit_losses.TextDataModule`, the default,
+`lit_losses.data.RLDataModule`, `lit_losses.data.hf_text.HFTextDataModule`, ...), whose ``vocab_size`` (a
 Hugging Face tokenizer's size unless given) becomes ``model.init_args.vocab_size`` when it is built. Each
 default class (`lit_losses.cli.class_defaults`) applies only when the run names no class of its own.
 Closed options are typed as ``Literal`` so that ``--help`` lists their choices. Every configuration
@@ -54,7 +54,7 @@ from lit_losses.cli.run_end import add_run_callbacks
 from lit_losses.cli.trainer_errors import RunStarted, lightning_config_error
 from lit_losses.cli.trainer_options import check_parallel_sizes, check_trainer_numbers
 from lit_losses.controller.operations import ControllerStop
-from lit_losses.data.text import TextDataModule
+from lit_losses.data.datamodule import FileDataModule
 from lit_losses.distributed import exit_distributed_process
 from lit_losses.errors import ConfigError
 from lit_losses.module import RegularizedLM
@@ -530,7 +530,7 @@ def cli_main(args: list[str] | None = None) -> LitLossesCLI:
     try:
         cli = LitLossesCLI(
             RegularizedLM,
-            TextDataModule,
+            FileDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
             args=args,

@@ -4,6 +4,7 @@ token-budget micro-batches with loss masks.
 `lit_losses.data.rollouts` (the RL example's generator) imports the models and is not imported here.
 """
 
+from lit_losses.data.datamodule import FileDataModule
 from lit_losses.data.distillation import DistillationDataModule
 from lit_losses.data.packing import (
     EpochShuffleSampler,
@@ -21,6 +22,7 @@ from lit_losses.data.text import TextDataModule, stdlib_sources
 __all__ = [
     "DistillationDataModule",
     "EpochShuffleSampler",
+    "FileDataModule",
     "MicroBatchDataset",
     "Pieces",
     "PreferenceDataModule",

@@ -24,11 +24,11 @@ without a completion token or longer than ``seq_len``.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from lit_losses.data.files import jsonl_values
 from lit_losses.data.rl_records import IGNORE_INDEX, RLRow
 from lit_losses.errors import ConfigError
 from lit_losses.heads.topk import TOPK_TOLERANCE
@@ -173,18 +173,10 @@ def read_distill_jsonl(
     path: str, vocab_size: int | None = None, seq_len: int | None = None
 ) -> list[tuple[RLRow, str]]:
     """The rows of a JSONL file of records (blank lines skipped), each with its ``file:line``."""
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"{where} is not valid JSON ({err.msg}, column {err.colno})") from None
-            rows.append((parse_distill_record(record, where, vocab_size, seq_len=seq_len), where))
-    return rows
+    return [
+        (parse_distill_record(value, where, vocab_size, seq_len=seq_len), where)
+        for value, where in jsonl_values(path)
+    ]
 
 
 __all__ = ["IDS", "LOGPROBS", "check_same_k", "parse_distill_record", "read_distill_jsonl", "topk_size"]

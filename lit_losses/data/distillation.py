@@ -3,12 +3,9 @@ token) → packed micro-batches carrying ``teacher_topk_ids`` and ``teacher_topk
 
 from __future__ import annotations
 
-import random
-
 from lit_losses.data.distill_records import check_same_k, read_distill_jsonl
 from lit_losses.data.rl import RLDataModule
 from lit_losses.data.rl_records import RLRow
-from lit_losses.errors import ConfigError
 
 
 class DistillationDataModule(RLDataModule):
@@ -48,48 +45,17 @@ class DistillationDataModule(RLDataModule):
         [-0.5, -1.5]
     """
 
-    def __init__(
-        self,
-        paths: list[str] | None = None,
-        vocab_size: int = 32,
-        seq_len: int = 128,
-        tokens_per_batch: int = 1024,
-        packing: bool = True,
-        val_fraction: float = 0.0,
-        max_records: int | None = None,
-        seed: int = 0,
-        pad_id: int = 0,
-        num_workers: int = 0,
-    ) -> None:
-        if not paths:
-            raise ConfigError(
-                "data.paths: give the JSONL files of distillation records (tokens, teacher_topk_ids, "
-                "teacher_topk_logprobs)"
-            )
-        super().__init__(
-            paths=paths,
-            vocab_size=vocab_size,
-            seq_len=seq_len,
-            tokens_per_batch=tokens_per_batch,
-            packing=packing,
-            val_fraction=val_fraction,
-            max_records=max_records,
-            seed=seed,
-            pad_id=pad_id,
-            num_workers=num_workers,
-        )
+    paths_hint = (
+        "give the JSONL files of distillation records (tokens, teacher_topk_ids, teacher_topk_logprobs)"
+    )
 
-    def read_rows(self) -> list[RLRow]:
-        """Every record of ``paths`` as a row, checked (one ``k``), shuffled with ``seed``, cut to
-        ``max_records``."""
-        rows = [row for src in self.sources for row in read_distill_jsonl(src, self.vocab_size, self.seq_len)]
-        if not rows:
-            raise ConfigError(
-                f"data.paths: no record in {len(self.sources)} file(s) ({', '.join(self.sources)})"
-            )
-        rows = check_same_k(rows)
-        random.Random(self.seed).shuffle(rows)
-        return rows[: self.max_records] if self.max_records else rows
+    def read_file(self, src: str) -> list[tuple[RLRow, str]]:
+        """The rows of one JSONL file of distillation records, each with its ``file:line``."""
+        return read_distill_jsonl(src, self.vocab_size, self.seq_len)
+
+    def check_rows(self, rows: list[tuple[RLRow, str]]) -> list[RLRow]:
+        """The rows of the whole data, when every one has the first's ``k`` (`check_same_k`)."""
+        return check_same_k(rows)
 
 
 __all__ = ["DistillationDataModule"]

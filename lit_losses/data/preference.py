@@ -3,12 +3,13 @@ records with their KL rows), tokenized with a Hugging Face tokenizer or the pack
 
 from __future__ import annotations
 
-import random
+from pathlib import Path
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lit_losses.choices import check_choice
 from lit_losses.data.completions import TruncationMode
+from lit_losses.data.datamodule import FileDataModule, check_limit
 from lit_losses.data.encoding import TokenEncoder
 from lit_losses.data.hf_text import load_tokenizer
 from lit_losses.data.preference_batches import PreferenceDataset, RowBuilder
@@ -21,8 +22,7 @@ from lit_losses.data.preference_records import (
     read_preference_jsonl,
     same_completion,
 )
-from lit_losses.data.text import TextDataModule
-from lit_losses.data.tokenizer import MIN_VOCAB_SIZE, load_or_train_tokenizer
+from lit_losses.data.tokenizer import default_cache_dir, load_or_train_tokenizer, tokenizer_cache_file
 from lit_losses.errors import ConfigError
 
 BUILTIN = "the built-in BPE tokenizer"
@@ -43,7 +43,7 @@ def record_texts(record: Record) -> list[str]:
     return texts
 
 
-class PreferenceDataModule(TextDataModule):
+class PreferenceDataModule(FileDataModule):
     """Preference data in TRL's formats (JSONL) → micro-batches for the DPO family, SimPO, CPO, ORPO and KTO.
 
     Paired records become micro-batches of whole pairs (the DPO family, SimPO, CPO, ORPO); unpaired records
@@ -101,6 +101,8 @@ class PreferenceDataModule(TextDataModule):
         (['attention_mask', 'chosen_mask', 'chosen_sequence_mask', 'input_ids', 'labels'], 0)
     """
 
+    paths_hint = "give the JSONL files of preference records"
+
     def __init__(
         self,
         paths: list[str] | None = None,
@@ -115,8 +117,6 @@ class PreferenceDataModule(TextDataModule):
         cache_dir: str | None = None,
         num_workers: int = 0,
     ) -> None:
-        if not paths:
-            raise ConfigError("data.paths: give the JSONL files of preference records")
         check_choice(truncation_mode, TruncationMode, "data.truncation_mode")
         if max_length is not None and max_length < 2:
             raise ConfigError(f"data.max_length={max_length} must be >= 2 (a prompt token and a completion)")
@@ -125,8 +125,7 @@ class PreferenceDataModule(TextDataModule):
                 f"data.tokens_per_batch={tokens_per_batch} is smaller than one pair (2 × data.max_length="
                 f"{max_length})"
             )
-        if max_records is not None and max_records < 1:
-            raise ConfigError(f"data.max_records={max_records} must be >= 1")
+        check_limit(max_records, "max_records")
         hf = load_tokenizer(tokenizer) if tokenizer is not None else None
         if hf is not None and vocab_size is not None and vocab_size < len(hf):
             raise ConfigError(
@@ -134,17 +133,7 @@ class PreferenceDataModule(TextDataModule):
                 f"({tokenizer!r})"
             )
         size = vocab_size if vocab_size is not None else len(hf) if hf is not None else BUILTIN_VOCAB_SIZE
-        super().__init__(
-            paths=paths,
-            vocab_size=max(size, MIN_VOCAB_SIZE),
-            seq_len=max_length or 2,
-            tokens_per_batch=max(tokens_per_batch, max_length or 2),
-            val_fraction=val_fraction,
-            seed=seed,
-            cache_dir=cache_dir,
-            num_workers=num_workers,
-        )
-        self.hparams.clear()  # the parent saved its text options; these are this class's
+        super().__init__(paths, val_fraction=val_fraction, seed=seed, num_workers=num_workers)
         self.save_hyperparameters()
         # the hyper-parameters name the vocabulary given to the model (the CLI links it), as the model's do
         self.save_hyperparameters({**self.hparams, "vocab_size": size})
@@ -152,19 +141,20 @@ class PreferenceDataModule(TextDataModule):
         self.tokenizer_path = tokenizer
         self.vocab_size = size
         self.max_length = max_length
+        self.seq_len = max_length  # the longest row (None: no truncation), checked against a model's context
         self.truncation_mode = truncation_mode
         self.tokens_per_batch = tokens_per_batch
         self.max_records = max_records
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.tokenizer = None
         self.encoder: TokenEncoder | None = None
+        self.builder: RowBuilder | None = None
 
     # ---- records -----------------------------------------------------------------------------
-    def read_records(self) -> list[Record]:
+    def read_items(self) -> list[Record]:
         """Every record of ``paths``, checked, KL partners paired (unpaired records, in file order),
         shuffled with ``seed`` and cut to ``max_records``."""
-        records = [record for src in self.sources for record in read_preference_jsonl(src)]
-        if not records:
-            files = ", ".join(self.sources)
-            raise ConfigError(f"data.paths: no record in {len(self.sources)} file(s) ({files})")
+        records = self.read_records(read_preference_jsonl)
         check_records(records)
         if isinstance(records[0], UnpairedRecord):
             if len(records) < 2:
@@ -180,35 +170,33 @@ class PreferenceDataModule(TextDataModule):
                 f"data.paths: {listed}: chosen and rejected are the same completion; the pair trains (with a "
                 "margin of 0)"
             )
-        random.Random(self.seed).shuffle(records)
-        return records[: self.max_records] if self.max_records else records
+        return self.shuffled(records, limit=self.max_records)
 
+    # ---- tokenization ------------------------------------------------------------------------
     def token_encoder(self, train_records: list[Record]) -> TokenEncoder:
         """The Hugging Face tokenizer, or the built-in BPE trained on ``train_records`` (cached)."""
         if self.hf_tokenizer is not None:
             return TokenEncoder(self.hf_tokenizer, f"data.tokenizer {self.tokenizer_path!r}")
         texts = [text for record in train_records for text in record_texts(record)]
-        bpe = load_or_train_tokenizer(texts, self.vocab_size, self._tokenizer_cache_file())
-        return TokenEncoder(bpe, BUILTIN)
+        cache_file = tokenizer_cache_file(
+            self.cache_dir, self.sources, self.vocab_size, seed=self.seed, limit=self.max_records
+        )
+        return TokenEncoder(load_or_train_tokenizer(texts, self.vocab_size, cache_file), BUILTIN)
+
+    def prepare_encoding(self, train_items: list[Record]) -> None:
+        """The tokenizer (`token_encoder`), its padding id and the builder of the records' rows."""
+        self.encoder = self.token_encoder(train_items)
+        self.tokenizer = self.encoder.tokenizer
+        self.pad_id = self.encoder.pad_id
+        self.builder = RowBuilder(self.encoder, self.max_length, self.truncation_mode)
+
+    def build_dataset(self, items: list[Record]) -> PreferenceDataset:
+        """Micro-batches of whole records (`PreferenceDataset`)."""
+        rows = [self.builder.rows(record) for record in items]
+        return PreferenceDataset(rows, self.tokens_per_batch, pad_id=self.pad_id)
 
     # ---- Lightning hooks ---------------------------------------------------------------------
     def prepare_data(self) -> None:
         """Train and cache the built-in tokenizer once (rank 0); nothing with a Hugging Face tokenizer."""
         if self.hf_tokenizer is None:
-            self.token_encoder(self._split(self.read_records())[0])
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
-        train_records, val_records = self._split(self.read_records())
-        self.encoder = self.token_encoder(train_records)
-        self.tokenizer = self.encoder.tokenizer
-        self.pad_id = self.encoder.pad_id
-        builder = RowBuilder(self.encoder, self.max_length, self.truncation_mode)
-
-        def build(records: list[Record]) -> PreferenceDataset:
-            rows = [builder.rows(record) for record in records]
-            return PreferenceDataset(rows, self.tokens_per_batch, pad_id=self.pad_id)
-
-        self.train_set = build(train_records)
-        self.val_set = build(val_records) if val_records else None
+            self.token_encoder(self.split(self.read_items())[0])

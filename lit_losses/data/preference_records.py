@@ -23,14 +23,13 @@ unless they look like a misspelling of one of these.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from lit_losses.data.completions import Text
+from lit_losses.data.files import jsonl_values
 from lit_losses.data.record_fields import RecordFields
-from lit_losses.data.text import read_text_file
 from lit_losses.errors import ConfigError
 
 PAIRED_REF = ("ref_chosen_logps", "ref_rejected_logps")
@@ -167,17 +166,7 @@ def read_preference_jsonl(path: str) -> list[Record]:
         >>> record.where.endswith("prefs.jsonl:1"), record.prompt, record.chosen
         (True, 'Sky?', ' Blue.')
     """
-    records = []
-    for lineno, line in enumerate(read_text_file(path).split("\n"), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{where} is not valid JSON ({err.msg}, column {err.colno})") from None
-        records.append(parse_preference_record(value, where))
-    return records
+    return [parse_preference_record(value, where) for value, where in jsonl_values(path)]
 
 
 def check_records(records: list[Record]) -> None:

@@ -18,8 +18,8 @@ ROLES = ("system", "user", "assistant", "tool")
 class RecordFields:
     """Typed access to a record's fields; each error names ``where`` (``file:line``) and the field.
 
-    A field that is not in ``known`` but looks like a misspelling of one of them is refused; other fields
-    are ignored.
+    A field that is not in ``known`` but looks like a misspelling of one of them is refused, as is a field
+    of ``foreign`` (field → why it does not belong in this record); other fields are ignored.
 
     Example:
         >>> fields = RecordFields({"prompt": "Hi", "chosen": 3}, "a.jsonl:7", known=("prompt", "chosen"))
@@ -31,10 +31,18 @@ class RecordFields:
         lit_losses.errors.ConfigError: a.jsonl:7: field 'chosen' is a int, not a string or a list of messages
     """
 
-    def __init__(self, record: Mapping[str, Any], where: str, known: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        record: Mapping[str, Any],
+        where: str,
+        known: tuple[str, ...],
+        foreign: Mapping[str, str] | None = None,
+    ) -> None:
         self.record = record
         self.where = where
         for key in record:
+            if foreign and key in foreign:
+                raise self.fail(f"field {key!r} does not belong here: {foreign[key]}")
             close = difflib.get_close_matches(str(key), [k for k in known if k not in record], 1, 0.85)
             if key not in known and close:
                 raise self.fail(f"unknown field {key!r}; did you mean {close[0]!r}?")

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from lit_losses.data.datamodule import FileDataModule, check_limit
 from lit_losses.data.packing import MicroBatchDataset, Pieces
 from lit_losses.data.rl_records import RLRow, complete_fields, parse_records, read_jsonl
-from lit_losses.data.text import TextDataModule
-from lit_losses.data.tokenizer import MIN_VOCAB_SIZE
 from lit_losses.errors import ConfigError
 
 
@@ -85,7 +83,7 @@ def rl_dataset(
     return rows_dataset(rows, seq_len, tokens_per_batch, packing=packing, pad_id=pad_id)
 
 
-class RLDataModule(TextDataModule):
+class RLDataModule(FileDataModule):
     """Offline RL data: JSONL records of sampled completions → packed micro-batches of the RL batch contract.
 
     Each line of the ``paths`` files is one record, in the flat form (``tokens``, ``logprobs``,
@@ -98,7 +96,7 @@ class RLDataModule(TextDataModule):
     at ``setup`` (every error names ``file:line`` and the field), shuffled with ``seed``, split into
     train/validation, then packed (a record is never split: one longer than ``seq_len`` is an error) into
     micro-batches of at most ``tokens_per_batch`` tokens. The training loader is a `GlobalStatsLoader`
-    whose epoch order is a seeded permutation sharded over the data-parallel ranks, as `TextDataModule`'s.
+    whose epoch order is a seeded permutation sharded over the data-parallel ranks (`FileDataModule`).
 
     Args:
         paths: JSONL file globs (required; e.g. ``data/rollouts.jsonl``, which
@@ -129,6 +127,11 @@ class RLDataModule(TextDataModule):
         ([[-100, 6, 1, 7, 1]], [[0.0, -1.5, -0.25, -2.5, -0.125]])
     """
 
+    paths_hint = (
+        "give the JSONL files of RL records (e.g. data/rollouts.jsonl, written by python -m "
+        "lit_losses.data.rollouts)"
+    )
+
     def __init__(
         self,
         paths: list[str] | None = None,
@@ -142,56 +145,33 @@ class RLDataModule(TextDataModule):
         pad_id: int = 0,
         num_workers: int = 0,
     ) -> None:
-        if not paths:
-            raise ConfigError(
-                "data.paths: give the JSONL files of RL records (e.g. data/rollouts.jsonl, written by "
-                "python -m lit_losses.data.rollouts)"
-            )
         check_rl_options(
             seq_len=seq_len, tokens_per_batch=tokens_per_batch, vocab_size=vocab_size, pad_id=pad_id
         )
-        if max_records is not None and max_records < 1:
-            raise ConfigError(f"data.max_records={max_records} must be >= 1")
-        # the parent's lower bound on vocab_size is its byte-level BPE's; records carry their token ids
-        super().__init__(
-            paths=paths,
-            vocab_size=max(vocab_size, MIN_VOCAB_SIZE),
-            seq_len=seq_len,
-            tokens_per_batch=tokens_per_batch,
-            packing=packing,
-            val_fraction=val_fraction,
-            seed=seed,
-            num_workers=num_workers,
-        )
-        self.hparams.clear()  # the parent saved its text options; these are this class's
+        check_limit(max_records, "max_records")
+        super().__init__(paths, val_fraction=val_fraction, seed=seed, num_workers=num_workers)
         self.save_hyperparameters()
         self.vocab_size = vocab_size
+        self.seq_len = seq_len
+        self.tokens_per_batch = tokens_per_batch
+        self.packing = packing
         self.max_records = max_records
         self.pad_id = pad_id
 
-    def prepare_data(self) -> None:
-        """Nothing to prepare: records are already tokenized."""
+    def read_file(self, src: str) -> list[tuple[RLRow, str]]:
+        """The rows of one JSONL file, each with its ``file:line`` (`read_jsonl`)."""
+        return read_jsonl(src, self.vocab_size, self.seq_len)
 
-    def read_rows(self) -> list[RLRow]:
+    def check_rows(self, rows: list[tuple[RLRow, str]]) -> list[RLRow]:
+        """The rows of the whole data, with the same fields (`complete_fields`)."""
+        return complete_fields(rows)
+
+    def read_items(self) -> list[RLRow]:
         """Every record of ``paths`` as a row, checked, shuffled with ``seed``, cut to ``max_records``."""
-        rows = [row for src in self.sources for row in read_jsonl(src, self.vocab_size, self.seq_len)]
-        if not rows:
-            raise ConfigError(
-                f"data.paths: no record in {len(self.sources)} file(s) ({', '.join(self.sources)})"
-            )
-        rows = complete_fields(rows)
-        random.Random(self.seed).shuffle(rows)
-        return rows[: self.max_records] if self.max_records else rows
+        return self.shuffled(self.check_rows(self.read_records(self.read_file)), limit=self.max_records)
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
-        train_rows, val_rows = self._split(self.read_rows())
-
-        def build(rows: list[RLRow]) -> MicroBatchDataset:
-            return rows_dataset(
-                rows, self.seq_len, self.tokens_per_batch, packing=self.packing, pad_id=self.pad_id
-            )
-
-        self.train_set = build(train_rows)
-        self.val_set = build(val_rows) if val_rows else None
+    def build_dataset(self, items: list[RLRow]) -> MicroBatchDataset:
+        """Packed micro-batches of the rows (`rows_dataset`)."""
+        return rows_dataset(
+            items, self.seq_len, self.tokens_per_batch, packing=self.packing, pad_id=self.pad_id
+        )

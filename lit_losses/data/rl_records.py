@@ -42,7 +42,6 @@ are ignored.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -51,6 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lit_losses.data.files import jsonl_values
+from lit_losses.data.record_fields import RecordFields
 from lit_losses.errors import ConfigError
 
 IGNORE_INDEX = -100
@@ -114,23 +115,9 @@ class RLRow:
         return sum(label != IGNORE_INDEX for label in self.labels)
 
 
-class _Fields:
-    """Typed access to a record's fields; each error names ``where`` and the field."""
-
-    def __init__(
-        self, record: Mapping[str, Any], where: str, known: tuple[str, ...], foreign: Mapping[str, str]
-    ) -> None:
-        self.record = record
-        self.where = where
-        for key in record:
-            if key in foreign:
-                raise ConfigError(f"{where}: field {key!r} does not belong here: {foreign[key]}")
-            close = difflib.get_close_matches(str(key), [k for k in known if k not in record], 1, 0.85)
-            if key not in known and close:
-                raise ConfigError(f"{where}: unknown field {key!r}; did you mean {close[0]!r}?")
-
-    def fail(self, message: str) -> ConfigError:
-        return ConfigError(f"{self.where}: {message}")
+class _Fields(RecordFields):
+    """`RecordFields` with the typed numeric fields of RL records (a Tinker ``TensorData`` read as its
+    ``data``)."""
 
     def get(self, key: str, required: bool = True) -> Any:
         if key not in self.record or self.record[key] is None:
@@ -357,18 +344,10 @@ def read_jsonl(
     path: str, vocab_size: int | None = None, seq_len: int | None = None
 ) -> list[tuple[RLRow, str]]:
     """The rows of a JSONL file of records (blank lines skipped), each with its ``file:line``."""
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"{where} is not valid JSON ({err.msg}, column {err.colno})") from None
-            rows.append((parse_record(record, where, vocab_size, seq_len=seq_len), where))
-    return rows
+    return [
+        (parse_record(value, where, vocab_size, seq_len=seq_len), where)
+        for value, where in jsonl_values(path)
+    ]
 
 
 def parse_records(

@@ -3,19 +3,14 @@ byte-level BPE → packed micro-batches of a token budget."""
 
 from __future__ import annotations
 
-import glob
-import json
-import os
-import random
 import sysconfig
 from pathlib import Path
+from typing import Any
 
-import lightning as L
-from torch.utils.data import DataLoader
-
-from lit_losses.aggregation.loader import GlobalStatsLoader
+from lit_losses.data.datamodule import FileDataModule, check_limit
 from lit_losses.data.encoding import TokenEncoder
-from lit_losses.data.packing import EpochShuffleSampler, MicroBatchDataset, Pieces
+from lit_losses.data.files import jsonl_values, read_text_file
+from lit_losses.data.packing import MicroBatchDataset, Pieces
 from lit_losses.data.sft_records import (
     SFTRecord,
     check_generation_markers,
@@ -27,11 +22,11 @@ from lit_losses.data.sft_records import (
 from lit_losses.data.tokenizer import (
     EOS_TOKEN,
     MIN_VOCAB_SIZE,
-    corpus_fingerprint,
+    default_cache_dir,
     load_or_train_tokenizer,
+    tokenizer_cache_file,
 )
 from lit_losses.errors import ConfigError
-from lit_losses.validation import check_names
 
 #: Folders of the standard library left out of the default corpus (tests and generated tables).
 _STDLIB_EXCLUDED = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo"}
@@ -44,33 +39,19 @@ def stdlib_sources() -> list[str]:
     return sorted(str(p) for p in files)
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("LIT_LOSSES_CACHE", Path.home() / ".cache" / "lit_losses"))
-
-
-def read_text_file(src: str) -> str:
-    """The UTF-8 text of a corpus file; an unreadable, binary or undecodable file is a `ConfigError` naming
-    it."""
-    try:
-        data = Path(src).read_bytes()
-    except OSError as err:  # e.g. permission denied, or removed since the paths were resolved
-        raise ConfigError(f"data.paths: {src} cannot be read ({err.strerror or err})") from None
-    if b"\x00" in data[:8192]:
-        raise ConfigError(f"data.paths: {src} is a binary file (it holds NUL bytes), not UTF-8 text")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"data.paths: {src} is not UTF-8 text (byte {err.start}: {err.reason})") from None
-
-
-def jsonl_text(line: str, text_field: str, where: str) -> str | SFTRecord:
-    """The ``text_field`` string of one JSONL line, or the `SFTRecord` of a line with TRL's
+def jsonl_text(record: Any, text_field: str, where: str) -> str | SFTRecord:
+    """The ``text_field`` string of one decoded JSONL line, or the `SFTRecord` of a line with TRL's
     prompt-completion or conversational fields (``prompt``/``completion``, ``messages``) and no
-    ``text_field``; ``where`` (``file:line``) names it in every error."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"data.paths: {where} is not valid JSON ({err.msg}, column {err.colno})") from None
+    ``text_field``; ``where`` (``file:line``) names it in every error.
+
+    Example:
+        >>> jsonl_text({"text": "Hello."}, "text", "a.jsonl:1")
+        'Hello.'
+        >>> jsonl_text({"body": "Hello."}, "text", "a.jsonl:2")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: data.paths: a.jsonl:2 has no field data.text_field='text' (nor ...
+    """
     if is_sft_record(record) and text_field not in record:
         return parse_sft_record(record, where)
     if not isinstance(record, dict) or text_field not in record:
@@ -84,36 +65,7 @@ def jsonl_text(line: str, text_field: str, where: str) -> str | SFTRecord:
     return record[text_field]
 
 
-def matching_files(pattern: str) -> list[str]:
-    """The files that the glob ``pattern`` of ``data.paths`` matches (``~`` expanded, ``**`` recursive).
-
-    Raises:
-        ConfigError: it matches no file, naming the folder it matches instead and globs for its files.
-
-    Example:
-        >>> import tempfile
-        >>> matching_files(tempfile.mkdtemp())  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        lit_losses.errors.ConfigError: data.paths entry '/...' is a folder; name its files with a glob: ...
-    """
-    matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
-    files = [p for p in matches if os.path.isfile(p)]
-    if files:
-        return files
-    folders = [p.rstrip(os.sep) for p in matches if os.path.isdir(p)]
-    if not folders:
-        raise ConfigError(f"data.paths entry {pattern!r} matches no file")
-    globs = f"'{folders[0]}/*.txt' or '{folders[0]}/**/*.jsonl'"
-    if len(matches) == 1 and not glob.has_magic(pattern):
-        raise ConfigError(f"data.paths entry {pattern!r} is a folder; name its files with a glob: {globs}")
-    raise ConfigError(
-        f"data.paths entry {pattern!r} matches only folders ({', '.join(folders[:3])}), no file; name their "
-        f"files with a glob: {globs}"
-    )
-
-
-class TextDataModule(L.LightningDataModule):
+class TextDataModule(FileDataModule):
     """Train/validation micro-batches of packed, tokenized text.
 
     Documents are whole text files, or the ``text_field`` of each line of ``.jsonl`` files; with no
@@ -177,7 +129,6 @@ class TextDataModule(L.LightningDataModule):
         completion_only_loss: bool | None = None,
         assistant_only_loss: bool = False,
     ) -> None:
-        super().__init__()
         if vocab_size < MIN_VOCAB_SIZE:
             raise ConfigError(
                 f"data.vocab_size={vocab_size} is smaller than the byte-level alphabet plus special "
@@ -189,62 +140,50 @@ class TextDataModule(L.LightningDataModule):
             raise ConfigError(
                 f"data.tokens_per_batch={tokens_per_batch} is smaller than one sequence (seq_len={seq_len})"
             )
-        if not 0.0 <= val_fraction < 1.0:
-            raise ConfigError(f"data.val_fraction={val_fraction} must be in [0, 1)")
-        if max_documents is not None and max_documents < 1:
-            raise ConfigError(f"data.max_documents={max_documents} must be >= 1")
-        if num_workers < 0:
-            raise ConfigError(f"data.num_workers={num_workers} must be >= 0 (0: load in the main process)")
+        check_limit(max_documents, "max_documents")
+        super().__init__(paths, val_fraction=val_fraction, seed=seed, num_workers=num_workers)
         self.save_hyperparameters()
-        self.paths = paths
         self.text_field = text_field
         self.vocab_size = vocab_size
         self.seq_len = seq_len
         self.tokens_per_batch = tokens_per_batch
         self.packing = packing
-        self.val_fraction = val_fraction
         self.max_documents = max_documents
-        self.seed = seed
-        self.num_workers = num_workers
         self.completion_only_loss = completion_only_loss
         self.assistant_only_loss = assistant_only_loss
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-        self.sources = self._resolve_sources()
         self.tokenizer = None
         self.encoder: TokenEncoder | None = None
-        self.train_set: MicroBatchDataset | None = None
-        self.val_set: MicroBatchDataset | None = None
 
     # ---- corpus ------------------------------------------------------------------------------
-    def _resolve_sources(self) -> list[str]:
-        if not self.paths:
-            return stdlib_sources()
-        sources: list[str] = []
-        for pattern in check_names(self.paths, "data.paths", "file globs"):
-            sources.extend(matching_files(pattern))
-        return sources
+    def default_sources(self) -> list[str]:
+        """The standard library's ``.py`` sources (`stdlib_sources`)."""
+        return stdlib_sources()
 
-    def _read_documents(self) -> list[str | SFTRecord]:
-        documents: list[str | SFTRecord] = []
-        for src in self.sources:
-            text = read_text_file(src)
-            if src.endswith(".jsonl"):
-                for lineno, line in enumerate(text.splitlines(), start=1):
-                    if line.strip():
-                        documents.append(jsonl_text(line, self.text_field, f"{src}:{lineno}"))
-            else:
-                documents.append(text)
-        documents = [d for d in documents if not isinstance(d, str) or d.strip()]
+    def read_file(self, src: str) -> list[str | SFTRecord]:
+        """The documents of one file: the file's text, or each line's of a ``.jsonl`` file (`jsonl_text`)."""
+        if src.endswith(".jsonl"):
+            return [
+                jsonl_text(record, self.text_field, where)
+                for record, where in jsonl_values(src, prefix="data.paths: ")
+            ]
+        return [read_text_file(src)]
+
+    def read_items(self) -> list[str | SFTRecord]:
+        """The non-blank documents of every file, checked (`check_records`), shuffled with ``seed``, cut to
+        ``max_documents``."""
+        documents = [
+            d for src in self.sources for d in self.read_file(src) if not isinstance(d, str) or d.strip()
+        ]
         if not documents:
             named = ", ".join(self.sources[:3]) + (
                 f" and {len(self.sources) - 3} more" if len(self.sources) > 3 else ""
             )
             raise ConfigError(f"data.paths: the corpus is empty: no non-blank document in {named}")
-        self._check_records(documents)
-        random.Random(self.seed).shuffle(documents)
-        return documents[: self.max_documents] if self.max_documents else documents
+        self.check_records(documents)
+        return self.shuffled(documents, limit=self.max_documents)
 
-    def _check_records(self, documents: list[str | SFTRecord]) -> None:
+    def check_records(self, documents: list[str | SFTRecord]) -> None:
         """SFT records are not mixed with text documents, and take the loss options they allow."""
         records = [d for d in documents if isinstance(d, SFTRecord)]
         if records and len(records) < len(documents):
@@ -263,23 +202,20 @@ class TextDataModule(L.LightningDataModule):
                 records, self.completion_only_loss, assistant_only_loss=self.assistant_only_loss
             )
 
-    def _split(self, documents: list) -> tuple[list, list]:
-        n_val = round(len(documents) * self.val_fraction)
-        if self.val_fraction > 0 and len(documents) > 1:
-            n_val = max(1, n_val)
-        return documents[n_val:], documents[:n_val]
-
-    def _tokenizer_cache_file(self) -> Path:
-        key = corpus_fingerprint(self.sources, f"{self.vocab_size}|{self.seed}|{self.max_documents}")
-        return self.cache_dir / "tokenizers" / f"bpe-{self.vocab_size}-{key}.json"
-
-    # ---- Lightning hooks ---------------------------------------------------------------------
     # ---- tokenization ------------------------------------------------------------------------
     def token_encoder(self, train_docs: list[str | SFTRecord]) -> TokenEncoder:
         """The byte-level BPE trained on ``train_docs`` (or loaded from the cache)."""
         texts = [t for d in train_docs for t in ([d] if isinstance(d, str) else d.texts())]
-        self.tokenizer = load_or_train_tokenizer(texts, self.vocab_size, self._tokenizer_cache_file())
+        cache_file = tokenizer_cache_file(
+            self.cache_dir, self.sources, self.vocab_size, seed=self.seed, limit=self.max_documents
+        )
+        self.tokenizer = load_or_train_tokenizer(texts, self.vocab_size, cache_file)
         return TokenEncoder(self.tokenizer, "the built-in BPE tokenizer")
+
+    def prepare_encoding(self, train_items: list[str | SFTRecord]) -> None:
+        """The tokenizer of the training documents (`token_encoder`) and its padding id."""
+        self.encoder = self.token_encoder(train_items)
+        self.pad_id = self.encoder.pad_id
 
     def encode(self, documents: list[str]) -> list[list[int]]:
         """Token ids of each document, followed by the end-of-text token."""
@@ -319,54 +255,8 @@ class TextDataModule(L.LightningDataModule):
     # ---- Lightning hooks ---------------------------------------------------------------------
     def prepare_data(self) -> None:
         """Train and cache the tokenizer once (rank 0)."""
-        train_docs, _ = self._split(self._read_documents())
+        train_docs, _ = self.split(self.read_items())
         self.token_encoder(train_docs)
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
-        train_docs, val_docs = self._split(self._read_documents())
-        self.encoder = self.token_encoder(train_docs)
-        self.pad_id = self.encoder.pad_id
-        self.train_set = self.build_dataset(train_docs)
-        self.val_set = self.build_dataset(val_docs) if val_docs else None
-
-    ignore_index: int = -100
-    """The label value of positions without a target in this module's micro-batches."""
 
     append_eos: bool = True
     """Documents, and the completions of standard prompt-completion records, end with the EOS token."""
-
-    def batch_keys(self) -> tuple[str, ...]:
-        """The keys of this module's training micro-batches (after `setup`; empty before), so that a
-        model can refuse, before training, a loss term that reads a key the data never provides."""
-        if not self.train_set:
-            return ()
-        return tuple(sorted(self.train_set[0]))
-
-    def train_dataloader(self) -> GlobalStatsLoader:
-        """Micro-batches carrying the global counts of their optimizer step (`GlobalStatsLoader`).
-
-        The loader is resumable (Lightning saves its position in checkpoints and restores it, so that a
-        run resumed mid-epoch trains on exactly the micro-batches the uninterrupted run would); the
-        sampler shards this epoch's seeded permutation over the trainer's data-parallel ranks.
-        """
-        # the data-parallel ranks: the world under DDP, the data-parallel mesh dimension under
-        # ModelParallelStrategy (tensor-parallel peers must see the same micro-batches)
-        shards = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
-        world, rank = (shards["num_replicas"], shards["rank"]) if shards else (1, 0)
-        return GlobalStatsLoader(
-            self.train_set,
-            batch_size=None,
-            sampler=EpochShuffleSampler(len(self.train_set), self.seed, num_replicas=world, rank=rank),
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
-
-    def val_dataloader(self) -> DataLoader | list:
-        if self.val_set is None:
-            return []
-        return DataLoader(self.val_set, batch_size=None, shuffle=False, num_workers=self.num_workers)
-
-    def predict_dataloader(self) -> DataLoader | list:
-        return self.val_dataloader()

@@ -29,6 +29,25 @@ def corpus_fingerprint(sources: Sequence[str], extra: str = "") -> str:
     return digest.hexdigest()[:16]
 
 
+def default_cache_dir() -> Path:
+    """Where the trained tokenizers are cached: ``$LIT_LOSSES_CACHE``, else ``~/.cache/lit_losses``."""
+    return Path(os.environ.get("LIT_LOSSES_CACHE", Path.home() / ".cache" / "lit_losses"))
+
+
+def tokenizer_cache_file(
+    cache_dir: Path, sources: Sequence[str], vocab_size: int, *, seed: int, limit: int | None
+) -> Path:
+    """The cache file of the tokenizer trained on the documents of ``sources`` (shuffled with ``seed``, cut
+    to ``limit``) with ``vocab_size`` entries, under ``cache_dir/tokenizers``.
+
+    Example:
+        >>> tokenizer_cache_file(Path("/cache"), [], 300, seed=0, limit=None).name
+        'bpe-300-a837b1ea58b7f45f.json'
+    """
+    key = corpus_fingerprint(sources, f"{vocab_size}|{seed}|{limit}")
+    return cache_dir / "tokenizers" / f"bpe-{vocab_size}-{key}.json"
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """Train a byte-level BPE tokenizer of ``vocab_size`` entries (special tokens included)."""
     if vocab_size < MIN_VOCAB_SIZE:

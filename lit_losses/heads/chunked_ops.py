@@ -215,6 +215,42 @@ def gradient_buffers(
     return grad_h, grad_w, grad_b
 
 
+def input_gradient_buffers(
+    ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, acc: torch.dtype
+) -> Grads:
+    """`gradient_buffers` for an autograd Function whose first three inputs are ``(hidden, weight, bias)``:
+    a buffer for each of them that ``ctx.needs_input_grad`` asks for (none for an absent bias).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> ctx = SimpleNamespace(needs_input_grad=(False, True, True, False))
+        >>> hidden, weight = torch.ones(2, 4), torch.ones(8, 4)
+        >>> grads = input_gradient_buffers(ctx, hidden, weight, bias=None, acc=torch.float64)
+        >>> grads[0], grads[1].dtype, grads[1].shape, grads[2]
+        (None, torch.float64, torch.Size([8, 4]), None)
+    """
+    need_h, need_w, need_b = ctx.needs_input_grad[:3]
+    return gradient_buffers(
+        hidden, weight, acc, need_h=need_h, need_w=need_w, need_b=need_b and bias is not None
+    )
+
+
+def gradients_in_param_dtypes(grads: Grads, weight: Tensor, bias: Tensor | None) -> Grads:
+    """``(∂/∂hidden, ∂/∂weight, ∂/∂bias)`` with the weight's and the bias's gradients, accumulated in the
+    compute dtype, cast to the weight's and the bias's dtypes (``∂/∂hidden`` as it is; ``None`` stays).
+
+    Example:
+        >>> weight, bias = torch.ones(8, 4, dtype=torch.bfloat16), torch.ones(8, dtype=torch.float16)
+        >>> grads = (torch.zeros(2, 4), torch.zeros(8, 4), torch.zeros(8))
+        >>> [g.dtype for g in gradients_in_param_dtypes(grads, weight, bias)]
+        [torch.float32, torch.bfloat16, torch.float16]
+    """
+    grad_h, grad_w, grad_b = grads
+    grad_w = None if grad_w is None else grad_w.to(weight.dtype)
+    grad_b = None if grad_b is None else grad_b.to(bias.dtype)
+    return grad_h, grad_w, grad_b
+
+
 def backprop_chunk(
     dz: Tensor, targets: Tensor, g_target: Tensor, h: Tensor, weight: Tensor, grads: Grads
 ) -> None:
@@ -424,9 +460,7 @@ def differentiable_grads(
     if needs[0]:
         grad_h = torch.cat(parts) if parts else hidden.new_zeros(hidden.shape, dtype=acc)
         grad_h = grad_h.to(hidden.dtype)
-    grad_w = None if grad_w is None else grad_w.to(weight.dtype)
-    grad_b = None if grad_b is None else grad_b.to(bias.dtype)
-    return grad_h, grad_w, grad_b
+    return gradients_in_param_dtypes((grad_h, grad_w, grad_b), weight, bias)
 
 
 def recomputed_grads(

@@ -15,7 +15,8 @@ Cost beside the head's own pass: one more forward matmul ``2·N·D·V`` FLOPs ov
 (the head's per-token outputs take four, with their backward), an ``exp`` over the ``N × V`` logits;
 memory one ``[chunk, V_b]`` logits block (``V_b = V`` when the weight is already in the operand dtype,
 else at most ``chunk · V / D`` rows: the cast block is no larger than a logits chunk) and ``O(N)``
-statistics; nothing is saved for backward.
+statistics; nothing is saved for backward. A vocabulary-parallel head casts its local rows once, as its
+own pass does (`lit_losses.heads.VocabParallelHead`), so there the cast shard is added instead.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def _unsharded(settings: HeadSettings, h: Tensor) -> Tensor:
     dtype = compute_dtype(h, head.weight, head.bias, accum_dtype=head.accum_dtype)
     operands = operand_dtype(h, head.weight, dtype, matmul_precision=head.matmul_precision)
     with autocast_off(h.device):
-        _, s1, s2 = exp_sums(h.to(operands), head.weight, head.bias, dtype=dtype, chunk_size=head.chunk_size)
+        _, s1, s2 = _exp_sums(h.to(operands), head.weight, head.bias, dtype=dtype, chunk_size=head.chunk_size)
     return s2.log() - 2 * s1.log()
 
 
@@ -101,7 +102,7 @@ def _sharded(settings: ShardedSettings, h: Tensor, y: Tensor) -> Tensor:
     if shard.group is not None:
         check_same_targets(y, shard)
     with autocast_off(h.device):
-        m, s1, s2 = exp_sums(h, config.weight, config.bias, dtype=h.dtype, chunk_size=config.chunk_size)
+        m, s1, s2 = _exp_sums(h, config.weight, config.bias, dtype=h.dtype, chunk_size=config.chunk_size)
     if shard.group is not None:
         top = all_reduce_(m.clone(), dist.ReduceOp.MAX, shard.group)
         scale = torch.exp(m - top)  # 0 on a rank without rows (m = −inf)
@@ -109,7 +110,7 @@ def _sharded(settings: ShardedSettings, h: Tensor, y: Tensor) -> Tensor:
     return s2.log() - 2 * s1.log()
 
 
-def exp_sums(
+def _exp_sums(
     h: Tensor, weight: Tensor, bias: Tensor | None, *, dtype: torch.dtype, chunk_size: int | None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(m, Σ_v e_v, Σ_v e_v²)`` ``[n]`` in ``dtype`` over ``weight``'s rows, ``e_v = exp(z_v − m)``, ``m``
@@ -131,11 +132,11 @@ def exp_sums(
             z = mm_in(h[start:end], w, dtype)
             if b is not None:
                 z.add_(b)
-            fold_(z, m=m[start:end], s1=s1[start:end], s2=s2[start:end])
+            _fold_(z, m=m[start:end], s1=s1[start:end], s2=s2[start:end])
     return m, s1, s2
 
 
-def fold_(z: Tensor, *, m: Tensor, s1: Tensor, s2: Tensor) -> None:
+def _fold_(z: Tensor, *, m: Tensor, s1: Tensor, s2: Tensor) -> None:
     """Fold a block of logits ``z`` ``[c, V_b]`` (overwritten) into the running maximum ``m`` and the sums
     ``s1 = Σ e``, ``s2 = Σ e²`` of its tokens, in place: both sums rescaled to the new maximum."""
     top = torch.maximum(m, z.amax(1))

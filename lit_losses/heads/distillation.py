@@ -244,7 +244,10 @@ def linear_distillation(
             f"token_weights shape {tuple(token_weights.shape)} differs from the positions' {tuple(lead)}"
         )
     valid = None if targets is None else targets != ignore_index
-    h_s, h_t = _valid(student_hidden, valid, lead), _valid(teacher_hidden, valid, lead)
+    h_s, h_t = (at_valid_positions(h, valid=valid, lead=lead) for h in (student_hidden, teacher_hidden))
+    weights = token_weights
+    if weights is not None:
+        weights = at_valid_positions(weights.detach(), valid=valid, lead=lead)
     values, top1 = _compute(
         student=(h_s, student_weight, student_bias),
         teacher=tuple(None if x is None else x.detach() for x in (h_t, teacher_weight, teacher_bias)),
@@ -256,21 +259,40 @@ def linear_distillation(
             backend=backend,
             chunk_size=chunk_size,
             with_top1=return_top1,
-            token_weights=None if token_weights is None else _valid(token_weights.detach(), valid, lead),
+            token_weights=weights,
         ),
     )
     if token_weights is None:  # per-token values, 0 at ignored positions
-        values = _scatter(values, lead, valid)
-    return (values, _scatter(top1, lead, valid)) if return_top1 else values
+        values = to_positions(values, valid=valid, lead=lead)
+    return (values, to_positions(top1, valid=valid, lead=lead)) if return_top1 else values
 
 
-def _valid(x: Tensor, valid: Tensor | None, lead: torch.Size) -> Tensor:
-    """``x`` ``[*lead, ...]`` at the valid positions ``[n, ...]`` (all of them when ``valid`` is None)."""
+def at_valid_positions(x: Tensor, *, valid: Tensor | None, lead: torch.Size) -> Tensor:
+    """``x`` ``[*lead, ...]`` at the valid positions ``[n, ...]`` (all of them when ``valid`` is None).
+
+    Example:
+        >>> x = torch.arange(12.0).reshape(2, 3, 2)
+        >>> valid = torch.tensor([[True, False, True], [False, False, True]])
+        >>> at_valid_positions(x, valid=valid, lead=x.shape[:2])
+        tensor([[ 0.,  1.],
+                [ 4.,  5.],
+                [10., 11.]])
+        >>> at_valid_positions(x, valid=None, lead=x.shape[:2]).shape
+        torch.Size([6, 2])
+    """
     return x.reshape(-1, *x.shape[len(lead) :]) if valid is None else x[valid]
 
 
-def _scatter(x: Tensor, lead: torch.Size, valid: Tensor | None) -> Tensor:
-    """``x`` ``[n]`` of the valid positions back into ``lead``, zeros (``False``) elsewhere."""
+def to_positions(x: Tensor, *, valid: Tensor | None, lead: torch.Size) -> Tensor:
+    """``x`` ``[n]`` of the valid positions back into ``lead``, zeros (``False``) elsewhere: what
+    `at_valid_positions` took, put back.
+
+    Example:
+        >>> valid = torch.tensor([[True, False], [False, True]])
+        >>> to_positions(torch.tensor([1.0, 2.0]), valid=valid, lead=valid.shape)
+        tensor([[1., 0.],
+                [0., 2.]])
+    """
     return x.reshape(lead) if valid is None else x.new_zeros(lead).masked_scatter(valid, x)
 
 
@@ -302,46 +324,25 @@ def _compute(
     ]
     with ExitStack() as stack:
         (s_head, h_s), (t_head, h_t) = (stack.enter_context(in_compute_dtype(head, h)) for head, h in heads)
+        cast_s, cast_t = (h_s, s_head.weight, s_head.bias), (h_t, t_head.weight, t_head.bias)
         weights = options["token_weights"]
         if options["backend"] == "naive":
-            values, top1 = naive_distillation(
-                (h_s, s_head.weight, s_head.bias), (h_t, t_head.weight, t_head.bias), divergence, dtype=dtype
-            )
+            values, top1 = naive_distillation(cast_s, cast_t, divergence, dtype=dtype)
             return (values, top1) if weights is None else ((weights.to(values.dtype) * values).sum(), top1)
         n, vocab = h_s.shape[0], s_head.weight.shape[0]
         chunk = options["chunk_size"] or default_chunk_size(n, vocab, bytes_per_elem=8, device=h_s.device)
+        settings = (chunk, dtype, options["with_top1"])
         if weights is not None:
-            return ChunkedWeightedDistillation.apply(
-                h_s,
-                s_head.weight,
-                s_head.bias,
-                h_t,
-                t_head.weight,
-                t_head.bias,
-                weights,
-                divergence,
-                chunk,
-                dtype,
-                options["with_top1"],
-            )
-        return ChunkedDistillation.apply(
-            h_s,
-            s_head.weight,
-            s_head.bias,
-            h_t,
-            t_head.weight,
-            t_head.bias,
-            divergence,
-            chunk,
-            dtype,
-            options["with_top1"],
-        )
+            return ChunkedWeightedDistillation.apply(*cast_s, *cast_t, weights, divergence, *settings)
+        return ChunkedDistillation.apply(*cast_s, *cast_t, divergence, *settings)
 
 
 __all__ = [
     "DistillationBackend",
+    "at_valid_positions",
     "check_distillation_inputs",
     "check_targets",
     "linear_distillation",
     "naive_distillation",
+    "to_positions",
 ]

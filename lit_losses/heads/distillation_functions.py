@@ -21,6 +21,7 @@ The teacher's tensors get no gradient (they are not differentiated; the caller d
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -30,7 +31,8 @@ from lit_losses.heads.chunked_ops import (
     Grads,
     LogitScratch,
     accumulation_dtype,
-    gradient_buffers,
+    gradients_in_param_dtypes,
+    input_gradient_buffers,
     mm_in,
     save_gradients,
     scaled_gradients,
@@ -61,23 +63,36 @@ def project_logit_grad(dz: Tensor, h: Tensor, weight: Tensor, grads: Grads) -> N
         grad_b += dz.sum(0)
 
 
-class _Chunks:
-    """The two work tensors of one pass and the log-probabilities of a chunk of tokens."""
+class _TwoModelChunks:
+    """One pass over both models' chunks of tokens: the accumulation dtype ``promote(h_s, h_t, accum_dtype)``,
+    a reused work tensor per model, and, ``with_top1``, ``top1`` ``[n]``: whether the two models' most
+    probable tokens agree (written by `chunks`; empty without ``with_top1``)."""
 
-    def __init__(self, student: tuple, teacher: tuple, acc: torch.dtype) -> None:
+    def __init__(
+        self, student: tuple, teacher: tuple, accum_dtype: torch.dtype, with_top1: bool = False
+    ) -> None:
         self.student = student
         self.teacher = teacher
-        vocab, device = student[1].shape[0], student[0].device
-        self.scratch_s = LogitScratch(vocab, acc, device)
-        self.scratch_t = LogitScratch(vocab, acc, device)
+        h_s = student[0]
+        self.acc = accumulation_dtype(h_s, accumulation_dtype(teacher[0], accum_dtype))
+        self.n = h_s.shape[0]
+        self.with_top1 = with_top1
+        self.top1 = h_s.new_empty(self.n if with_top1 else 0, dtype=torch.bool)
+        vocab = student[1].shape[0]
+        self.scratch_s = LogitScratch(vocab, self.acc, h_s.device)
+        self.scratch_t = LogitScratch(vocab, self.acc, h_s.device)
 
-    def log_probs(self, s: int, e: int) -> tuple[Tensor, Tensor]:
-        """``(log p, log q)`` ``[e − s, V]`` of the student and the teacher for tokens ``s:e``."""
+    def chunks(self, chunk_size: int) -> Iterator[tuple[int, int, Tensor, Tensor]]:
+        """``(s, e, log p, log q)`` for each chunk of tokens ``s:e``: the student's and the teacher's
+        log-probabilities ``[e − s, V]`` (in the work tensors, valid until the next chunk)."""
         h_s, w_s, b_s = self.student
         h_t, w_t, b_t = self.teacher
-        lp = softmax_(self.scratch_s.logits(h_s[s:e], w_s, b_s), log=True)
-        lq = softmax_(self.scratch_t.logits(h_t[s:e], w_t, b_t), log=True)
-        return lp, lq
+        for s, e in token_chunks(self.n, chunk_size):
+            lp = softmax_(self.scratch_s.logits(h_s[s:e], w_s, b_s), log=True)
+            lq = softmax_(self.scratch_t.logits(h_t[s:e], w_t, b_t), log=True)
+            if self.with_top1:
+                self.top1[s:e] = lp.argmax(1) == lq.argmax(1)
+            yield s, e, lp, lq
 
 
 class ChunkedDistillation(torch.autograd.Function):
@@ -110,25 +125,21 @@ class ChunkedDistillation(torch.autograd.Function):
         accum_dtype: torch.dtype,
         with_top1: bool,
     ) -> tuple[Tensor, Tensor]:
-        acc = accumulation_dtype(s_hidden, accumulation_dtype(t_hidden, accum_dtype))
-        n = s_hidden.shape[0]
-        value = s_hidden.new_empty(n, dtype=acc)
-        top1 = s_hidden.new_empty(n if with_top1 else 0, dtype=torch.bool)
-        stat = s_hidden.new_empty(n if divergence.needs_stat else 0, dtype=acc)
-        chunks = _Chunks((s_hidden, s_weight, s_bias), (t_hidden, t_weight, t_bias), acc)
-        for s, e in token_chunks(n, chunk_size):
-            lp, lq = chunks.log_probs(s, e)
-            if with_top1:
-                top1[s:e] = lp.argmax(1) == lq.argmax(1)
+        pair = _TwoModelChunks(
+            (s_hidden, s_weight, s_bias), (t_hidden, t_weight, t_bias), accum_dtype, with_top1=with_top1
+        )
+        value = s_hidden.new_empty(pair.n, dtype=pair.acc)
+        stat = s_hidden.new_empty(pair.n if divergence.needs_stat else 0, dtype=pair.acc)
+        for s, e, lp, lq in pair.chunks(chunk_size):
             value[s:e], stat_c = divergence.terms(lp, lq)
             if stat_c is not None:
                 stat[s:e] = stat_c
         ctx.save_for_backward(s_hidden, s_weight, s_bias, t_hidden, t_weight, t_bias, stat)
         ctx.divergence = divergence
         ctx.chunk_size = chunk_size
-        ctx.acc = acc
-        ctx.mark_non_differentiable(top1)
-        return value, top1
+        ctx.acc = pair.acc
+        ctx.mark_non_differentiable(pair.top1)
+        return value, pair.top1
 
     @staticmethod
     def backward(ctx: Any, upstream: Tensor, _g_top1: Tensor | None):
@@ -138,22 +149,18 @@ class ChunkedDistillation(torch.autograd.Function):
         )
         s_hidden, s_weight, s_bias, t_hidden, t_weight, t_bias, stat = ctx.saved_tensors
         divergence, acc = ctx.divergence, ctx.acc
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h, grad_w, grad_b = gradient_buffers(
-            s_hidden, s_weight, acc, need_h=need_h, need_w=need_w, need_b=need_b and s_bias is not None
-        )
+        grad_h, grad_w, grad_b = input_gradient_buffers(ctx, s_hidden, s_weight, bias=s_bias, acc=acc)
         g = upstream.to(acc)
-        chunks = _Chunks((s_hidden, s_weight, s_bias), (t_hidden, t_weight, t_bias), acc)
+        # forward's acc is already promote(s_hidden, t_hidden, accum_dtype): the pass keeps it
+        pair = _TwoModelChunks((s_hidden, s_weight, s_bias), (t_hidden, t_weight, t_bias), acc)
         with autocast_off(s_hidden.device):
-            for s, e in token_chunks(s_hidden.shape[0], ctx.chunk_size):
-                lp, lq = chunks.log_probs(s, e)
+            for s, e, lp, lq in pair.chunks(ctx.chunk_size):
                 stat_c = stat[s:e] if divergence.needs_stat else None
                 dz = divergence.logit_grad_(lp, lq, stat=stat_c, upstream=g[s:e])
                 gh = None if grad_h is None else grad_h[s:e]
                 project_logit_grad(dz, s_hidden[s:e], s_weight, grads=(gh, grad_w, grad_b))
-        grad_w = None if grad_w is None else grad_w.to(s_weight.dtype)
-        grad_b = None if grad_b is None else grad_b.to(s_bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None, None, None, None
+        grads = gradients_in_param_dtypes((grad_h, grad_w, grad_b), s_weight, s_bias)
+        return *grads, None, None, None, None, None, None, None
 
 
 class ChunkedWeightedDistillation(torch.autograd.Function):
@@ -185,20 +192,13 @@ class ChunkedWeightedDistillation(torch.autograd.Function):
         accum_dtype: torch.dtype,
         with_top1: bool,
     ) -> tuple[Tensor, Tensor]:
-        acc = accumulation_dtype(s_hidden, accumulation_dtype(t_hidden, accum_dtype))
-        n = s_hidden.shape[0]
-        w = token_weights.to(acc)
-        total = s_hidden.new_zeros((), dtype=acc)
-        top1 = s_hidden.new_empty(n if with_top1 else 0, dtype=torch.bool)
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grads = gradient_buffers(
-            s_hidden, s_weight, acc, need_h=need_h, need_w=need_w, need_b=need_b and s_bias is not None
+        pair = _TwoModelChunks(
+            (s_hidden, s_weight, s_bias), (t_hidden, t_weight, t_bias), accum_dtype, with_top1=with_top1
         )
-        chunks = _Chunks((s_hidden, s_weight, s_bias), (t_hidden, t_weight, t_bias), acc)
-        for s, e in token_chunks(n, chunk_size):
-            lp, lq = chunks.log_probs(s, e)
-            if with_top1:
-                top1[s:e] = lp.argmax(1) == lq.argmax(1)
+        w = token_weights.to(pair.acc)
+        total = s_hidden.new_zeros((), dtype=pair.acc)
+        grads = input_gradient_buffers(ctx, s_hidden, s_weight, bias=s_bias, acc=pair.acc)
+        for s, e, lp, lq in pair.chunks(chunk_size):
             value, stat = divergence.terms(lp, lq)
             total += (w[s:e] * value).sum()
             if all(g is None for g in grads):
@@ -207,8 +207,8 @@ class ChunkedWeightedDistillation(torch.autograd.Function):
             gh = None if grads[0] is None else grads[0][s:e]
             project_logit_grad(dz, s_hidden[s:e], s_weight, grads=(gh, grads[1], grads[2]))
         save_gradients(ctx, grads, s_weight, s_bias)
-        ctx.mark_non_differentiable(top1)
-        return total, top1
+        ctx.mark_non_differentiable(pair.top1)
+        return total, pair.top1
 
     @staticmethod
     def backward(ctx: Any, g_loss: Tensor, _g_top1: Tensor | None):

@@ -40,7 +40,8 @@ from lit_losses.heads.chunked_ops import (
     chunk_loss_grads,
     entropy_kernels_for,
     entropy_logit_grad_,
-    gradient_buffers,
+    gradients_in_param_dtypes,
+    input_gradient_buffers,
     probs_and_entropy,
     recomputed_grads,
     save_gradients,
@@ -145,7 +146,7 @@ class ChunkedLogProbs(PerTokenFunction):
         g_lp = zeros if g_lp is None else g_lp.to(acc)
         g_lse = zeros if g_lse is None else g_lse.to(acc)
         use_entropy = ctx.with_entropy and g_ent is not None
-        grad_h, grad_w, grad_b = gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
+        grad_h, grad_w, grad_b = input_gradient_buffers(ctx, hidden, weight, bias=bias, acc=acc)
         scratch = LogitScratch(weight.shape[0], acc, hidden.device)
         compiled = use_entropy and entropy_kernels_for(hidden, weight, chunk)
         for s, e in token_chunks(n, chunk):
@@ -168,9 +169,7 @@ class ChunkedLogProbs(PerTokenFunction):
                 compiled=compiled,
             )
             backprop_chunk(dz, y, g_lp[s:e], h=h, weight=weight, grads=(gh, grad_w, grad_b))
-        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
-        grad_b = None if grad_b is None else grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b
+        return gradients_in_param_dtypes((grad_h, grad_w, grad_b), weight, bias)
 
 
 class ChunkedWeightedCE(torch.autograd.Function):
@@ -203,7 +202,7 @@ class ChunkedWeightedCE(torch.autograd.Function):
         n = hidden.shape[0]
         w_tok = token_weights.to(acc)
         logprobs = hidden.new_empty(n, dtype=acc)
-        grad_h, grad_w, grad_b = gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
+        grad_h, grad_w, grad_b = input_gradient_buffers(ctx, hidden, weight, bias=bias, acc=acc)
         scratch = LogitScratch(weight.shape[0], acc, hidden.device)
         for s, e in token_chunks(n, chunk_size):
             h, y, w_c = hidden[s:e], targets[s:e], w_tok[s:e]
@@ -263,7 +262,7 @@ class ChunkedPointwiseLoss(torch.autograd.Function):
     ) -> Tensor:
         acc = accumulation_dtype(hidden, accum_dtype)
         n = hidden.shape[0]
-        grad_h, grad_w, grad_b = gradient_buffers(hidden, weight, acc, *ctx.needs_input_grad[:3])
+        grad_h, grad_w, grad_b = input_gradient_buffers(ctx, hidden, weight, bias=bias, acc=acc)
         total = hidden.new_zeros((), dtype=acc)
         scratch = LogitScratch(weight.shape[0], acc, hidden.device)
         compiled = with_entropy and entropy_kernels_for(hidden, weight, chunk_size)

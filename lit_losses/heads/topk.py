@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from lit_losses.heads.chunked_ops import CPU_CHUNK_BYTES, DEFAULT_CHUNK_BYTES, default_chunk_size
-from lit_losses.heads.distillation import check_targets
+from lit_losses.heads.distillation import at_valid_positions, check_targets, to_positions
 from lit_losses.heads.divergence import DistillationLoss, Divergence
 from lit_losses.heads.functional import HeadSettings, check_head_options
 from lit_losses.heads.precision import MatmulPrecision, compute_dtype, in_compute_dtype
@@ -231,8 +231,11 @@ def topk_distillation(
         check_finite_weight(student_hidden, where="student_hidden")
         check_finite_weight(student_weight, where="student_weight")
     k = teacher_topk_ids.shape[-1]
-    pick = (lambda x: x.reshape(-1, x.shape[-1])) if valid is None else (lambda x: x[valid])
-    h, ids, lq = pick(student_hidden), pick(teacher_topk_ids).long(), pick(teacher_topk_logprobs).detach()
+    h, ids, lq = (
+        at_valid_positions(x, valid=valid, lead=lead)
+        for x in (student_hidden, teacher_topk_ids, teacher_topk_logprobs)
+    )
+    ids, lq = ids.long(), lq.detach()
     dtype = compute_dtype(student_hidden, student_weight, student_bias, accum_dtype=accum_dtype)
     lq_bins = teacher_bins(lq.to(dtype), tail=tail)
     if divergence.loss == "reverse_kl" and tail and bool((lq_bins[:, k] <= LOG_ZERO).any()):
@@ -255,11 +258,7 @@ def topk_distillation(
         lp_bins, top1 = _student_bins(cast, h_cast, ids, tail=tail, chunk_size=chunk_size, dtype=dtype)
         values = divergence.terms(lp_bins, lq_bins)[0]
     agree = top1 == ids.gather(1, lq.argmax(1, keepdim=True))[:, 0]
-    if valid is None:
-        values, agree = values.reshape(lead), agree.reshape(lead)
-    else:
-        values = values.new_zeros(lead).masked_scatter(valid, values)
-        agree = agree.new_zeros(lead).masked_scatter(valid, agree)
+    values, agree = to_positions(values, valid=valid, lead=lead), to_positions(agree, valid=valid, lead=lead)
     return (values, agree) if return_top1 else values
 
 

@@ -30,7 +30,8 @@ from torch import Tensor
 from lit_losses.heads.chunked_ops import (
     LogitScratch,
     accumulation_dtype,
-    gradient_buffers,
+    gradients_in_param_dtypes,
+    input_gradient_buffers,
     token_chunks,
 )
 from lit_losses.heads.distillation_functions import project_logit_grad
@@ -91,10 +92,7 @@ class TopkBinLogProbs(torch.autograd.Function):
         off_ids = g_tail * p_ids.sum(1) - total * p_tail
         at_ids = g_ids - p_ids * (total + g_tail)[:, None]
         lse_rest = torch.where(has_tail, lse + lp_tail, lse)
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h, grad_w, grad_b = gradient_buffers(
-            hidden, weight, acc, need_h=need_h, need_w=need_w, need_b=need_b and bias is not None
-        )
+        grad_h, grad_w, grad_b = input_gradient_buffers(ctx, hidden, weight, bias=bias, acc=acc)
         scratch = LogitScratch(weight.shape[0], acc, hidden.device)
         with autocast_off(hidden.device):
             for s, e in token_chunks(hidden.shape[0], ctx.chunk_size):
@@ -104,9 +102,7 @@ class TopkBinLogProbs(torch.autograd.Function):
                 dz.scatter_(1, ids[s:e], at_ids[s:e])
                 gh = None if grad_h is None else grad_h[s:e]
                 project_logit_grad(dz, hidden[s:e], weight, grads=(gh, grad_w, grad_b))
-        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
-        grad_b = None if grad_b is None else grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None
+        return *gradients_in_param_dtypes((grad_h, grad_w, grad_b), weight, bias), None, None, None
 
 
 class GatheredLogits(torch.autograd.Function):
@@ -143,10 +139,7 @@ class GatheredLogits(torch.autograd.Function):
     def backward(ctx: Any, g_ids: Tensor):
         refuse_double_backward("topk_distillation", "compute the loss from materialized logits instead")
         hidden, weight, bias, ids = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h, grad_w, grad_b = gradient_buffers(
-            hidden, weight, ctx.acc, need_h=need_h, need_w=need_w, need_b=need_b and bias is not None
-        )
+        grad_h, grad_w, grad_b = input_gradient_buffers(ctx, hidden, weight, bias=bias, acc=ctx.acc)
         for s, e in token_chunks(ids.shape[0], ctx.chunk_size):
             g = g_ids[s:e].to(hidden.dtype)
             if grad_h is not None:
@@ -156,6 +149,4 @@ class GatheredLogits(torch.autograd.Function):
                 grad_w.index_add_(0, ids[s:e].reshape(-1), outer.reshape(-1, hidden.shape[1]).to(ctx.acc))
         if grad_b is not None:
             grad_b.index_add_(0, ids.reshape(-1), g_ids.reshape(-1).to(ctx.acc))
-        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
-        grad_b = None if grad_b is None else grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None
+        return *gradients_in_param_dtypes((grad_h, grad_w, grad_b), weight, bias), None, None, None

@@ -43,7 +43,7 @@ from lit_losses.registry import closest
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-DType = Literal["auto", "float32", "bfloat16", "float16"]
+DType = Literal["auto", "float32", "float64", "bfloat16", "float16"]
 
 
 def build_causal_lm(
@@ -162,7 +162,8 @@ class HFCausalLM(RegularizedLM):
             vocabulary when building from ``config``, at most the model's otherwise.
         label_format: ``next_token`` or ``input_aligned`` (see above).
         attn_implementation: ``sdpa``, ``eager``, ``flash_attention_2``, ... (default: transformers').
-        dtype: dtype to load or build the weights in (default: transformers' default, fp32).
+        dtype: dtype to load or build the weights in (default: transformers' default, fp32; float64 for
+            exactness checks, where runs on different layouts agree to rounding).
         lora: ``peft.LoraConfig`` arguments, e.g. ``{r: 8, lora_alpha: 16, target_modules: [q_proj]}``.
         gradient_checkpointing: recompute the body's activations in backward.
         parallel: how ``configure_model`` shards the model under ``ModelParallelStrategy``

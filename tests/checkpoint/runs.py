@@ -18,13 +18,32 @@ from lit_losses.cli import cli_main
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 STEPS = 4
-ARGS = [
-    *("--config", str(CONFIGS / "tiny_lm.yaml")),
-    "--model.init_args.n_layers=1",
-    "--model.init_args.d_model=32",
-    "--model.init_args.n_heads=2",
-    # a learning rate that moves the loss at every step: a wrong optimizer state shows in the next step
-    "--model.init_args.optimizer={lr: 0.01, warmup_steps: 0, schedule: constant}",
+MODELS = {
+    "tiny": [
+        *("--config", str(CONFIGS / "tiny_lm.yaml")),
+        "--model.init_args.n_layers=1",
+        "--model.init_args.d_model=32",
+        "--model.init_args.n_heads=2",
+        # a learning rate that moves the loss at every step: a wrong optimizer state shows in the next step
+        "--model.init_args.optimizer={lr: 0.01, warmup_steps: 0, schedule: constant}",
+    ],
+    # the users' path: a Hugging Face Llama (random weights) with LoRA adapters on q/v and trainable copies
+    # of the RMSNorms (peft's modules_to_save: a second optimizer group, without weight decay), in float64
+    # (the topologies then agree to rounding); the stock config's clipping, warmup and cosine schedule
+    "hf_lora": [
+        *("--config", str(CONFIGS / "hf_causal_lm.yaml")),
+        "--model.init_args.config.num_hidden_layers=2",
+        "--model.init_args.config.hidden_size=16",
+        "--model.init_args.config.intermediate_size=32",
+        "--model.init_args.config.num_attention_heads=2",
+        "--model.init_args.config.max_position_embeddings=32",
+        "--model.init_args.dtype=float64",
+        "--model.init_args.lora={r: 2, lora_alpha: 4, target_modules: [q_proj, v_proj], "
+        "modules_to_save: [norm]}",
+        "--model.init_args.optimizer={lr: 0.01, warmup_steps: 1, schedule: cosine, total_steps: 4}",
+    ],
+}
+ARGS = [  # every model's
     "--data.init_args.max_documents=24",
     "--data.init_args.vocab_size=320",
     "--data.init_args.seq_len=32",
@@ -95,9 +114,9 @@ class KillInsideSave(L.Callback):
         dcp.save, io.save_checkpoint = dcp_save, file_save
 
 
-def fit_args(root: Path, topology: str, *extra: str, steps: int = STEPS) -> list[str]:
+def fit_args(root: Path, topology: str, *extra: str, steps: int = STEPS, model: str = "tiny") -> list[str]:
     trainer = [f"--trainer.max_steps={steps}", f"--trainer.default_root_dir={root}"]
-    return ["fit", *ARGS, *TOPOLOGIES[topology], *trainer, *extra]
+    return ["fit", *MODELS[model], *ARGS, *TOPOLOGIES[topology], *trainer, *extra]
 
 
 def fit_here(root: Path, *extra: str, steps: int = STEPS) -> dict[int, float]:
@@ -108,12 +127,16 @@ def fit_here(root: Path, *extra: str, steps: int = STEPS) -> dict[int, float]:
     return recorder.losses
 
 
-def fit_process(root: Path, topology: str, *extra: str, expect: int = 0, steps: int = STEPS):
-    """``lit-losses fit`` in processes of its own; ``(completed process, logged losses by step)``."""
+def fit_process(
+    root: Path, topology: str, *extra: str, expect: int = 0, steps: int = STEPS, model: str = "tiny"
+):
+    """``lit-losses fit`` of ``model`` (`MODELS`) in processes of its own; ``(completed process, logged
+    losses by step)``."""
     out = root.parent / f"{root.name}-losses.json"
     record = ["--trainer.callbacks+=tests.checkpoint.runs.RecordLosses", f"--trainer.callbacks.out={out}"]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "lit_losses.cli", *fit_args(root, topology, *record, *extra, steps=steps)]
+    args = fit_args(root, topology, *record, *extra, steps=steps, model=model)
+    cmd = [sys.executable, "-m", "lit_losses.cli", *args]
     proc = subprocess.run(cmd, cwd=root.parent, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == expect, proc.stderr[-4000:]
     losses = json.loads(out.read_text()) if out.exists() else {}

@@ -31,7 +31,8 @@ RUN_WORKER = (
 )
 """``python -m module`` whose process, when the module's run ended normally, ends its process group (if
 the worker has not) and exits without the interpreter's teardown: a gloo rank was seen to abort there (-6)
-after its run had written everything. An error or ``sys.exit`` exits as usual."""
+after its run had written everything. An error or ``sys.exit`` exits as usual. ``atexit`` handlers of a
+worker that returned do not run (a subprocess coverage plugin would miss its data)."""
 
 
 def free_port() -> int:
