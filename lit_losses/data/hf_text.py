@@ -123,7 +123,8 @@ class HFTextDataModule(TextDataModule):
         paths: file globs (text files or ``.jsonl``); default: the standard library sources.
         vocab_size: the vocabulary size, linked to ``model.init_args.vocab_size`` by the CLI: at least the
             tokenizer's size; ``None`` (default): the tokenizer's size (``len(tokenizer)``), so that a
-            pretrained model with its own tokenizer keeps its vocabulary.
+            pretrained model with its own tokenizer keeps its vocabulary. The hyper-parameters record the
+            size given to the model.
         add_special_tokens: let the tokenizer add its special tokens (e.g. BOS) to each document.
         append_eos: end each document with the tokenizer's EOS token.
         **kwargs: the other `TextDataModule` options (``text_field``, ``seq_len``, ``tokens_per_batch``,

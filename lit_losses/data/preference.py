@@ -74,7 +74,8 @@ class PreferenceDataModule(FileDataModule):
         vocab_size: the vocabulary size, linked to ``model.init_args.vocab_size`` by the CLI. With
             ``tokenizer``: at least its size; ``None`` (default): its size (``len(tokenizer)``), so that a
             pretrained model with its own tokenizer keeps its vocabulary. Without: the size of the
-            built-in BPE; ``None``: `BUILTIN_VOCAB_SIZE`.
+            built-in BPE; ``None``: `BUILTIN_VOCAB_SIZE`. The hyper-parameters record the size given to the
+            model.
         max_length: longest sequence (prompt + completion), in tokens (TRL's ``max_length``); ``None``:
             no truncation.
         truncation_mode: ``keep_start`` (TRL's default) or ``keep_end``.
