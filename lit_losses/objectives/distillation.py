@@ -27,6 +27,7 @@ from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
 from lit_losses.heads.divergence import DistillationLoss, check_beta
 from lit_losses.registry import closest
+from lit_losses.trl_fields import trl_hint
 
 WHERE = "model.distillation"
 
@@ -103,10 +104,8 @@ class DistillationConfig:
         fields = list(asdict(cls()))
         unknown = sorted(set(value) - set(fields))
         if unknown:
-            raise ConfigError(
-                f"{WHERE}.{unknown[0]}: not a field of {WHERE}{closest(unknown[0], fields)}; "
-                f"its fields are {fields}"
-            )
+            hint = trl_hint(unknown[0]) or f"{closest(unknown[0], fields)}; its fields are {fields}"
+            raise ConfigError(f"{WHERE}.{unknown[0]}: not a field of {WHERE}{hint}")
         return cls(**value)
 
 

@@ -51,6 +51,7 @@ from lit_losses.objectives.preference_kto import KTOLoss, KTOLossType, kto_loss
 from lit_losses.objectives.preference_orpo import ORPOLoss, orpo_loss
 from lit_losses.objectives.preference_sequences import SequenceReduction, ld_sequence_logps, sequence_logps
 from lit_losses.registry import closest
+from lit_losses.trl_fields import trl_hint
 
 PreferenceTrainer = Literal["dpo", "kto", "cpo", "orpo"]
 """The TRL trainers whose losses the presets give, and the option names ``model.<trainer>``."""
@@ -71,10 +72,8 @@ def coerce_fields(cls: type, value: Any) -> Any:
     fields = list(asdict(cls()))
     unknown = sorted(set(value) - set(fields))
     if unknown:
-        raise ConfigError(
-            f"{cls.where}.{unknown[0]}: not a field of {cls.where}{closest(unknown[0], fields)}; "
-            f"its fields are {fields}"
-        )
+        hint = trl_hint(unknown[0]) or f"{closest(unknown[0], fields)}; its fields are {fields}"
+        raise ConfigError(f"{cls.where}.{unknown[0]}: not a field of {cls.where}{hint}")
     return cls(**value)
 
 
@@ -158,8 +157,9 @@ class DPOPreset:
     def __post_init__(self) -> None:
         types = self.loss_types
         if self.loss_weights is not None:
-            weights = list(self.loss_weights)
-            if len(weights) != len(types) or not all(is_number(w) for w in weights):
+            listed = isinstance(self.loss_weights, list | tuple)  # a string is no list of its characters
+            weights = list(self.loss_weights) if listed else self.loss_weights
+            if not listed or len(weights) != len(types) or not all(is_number(w) for w in weights):
                 raise ConfigError(
                     f"{self.where}.loss_weights={weights!r}: one finite weight per loss type, "
                     f"{len(types)} for {types}"
