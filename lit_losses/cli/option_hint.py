@@ -50,7 +50,7 @@ def unknown_option_line(path: str, message: str) -> str | None:
     for owner in owners:
         cls = option_class(cls, owner) if cls is not None else None
     where = ".".join([path, *owners, name])
-    return _line(where, name, cls, accepted_options(cls) if cls is not None else [])
+    return _line(where, name, cls=cls, options=accepted_options(cls) if cls is not None else [])
 
 
 def unknown_key_line(message: str) -> str | None:
@@ -72,8 +72,8 @@ def unknown_key_line(message: str) -> str | None:
     if key.startswith("trainer.") and key.count(".") == 1:
         from lightning.pytorch import Trainer
 
-        return _line(key, name, Trainer, accepted_options(Trainer))
-    return _line(key, name, None, [])
+        return _line(key, name, cls=Trainer, options=accepted_options(Trainer))
+    return _line(key, name, cls=None, options=[])
 
 
 def _line(where: str, name: str, cls: type | None, options: list[str]) -> str:
