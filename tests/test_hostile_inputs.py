@@ -313,6 +313,20 @@ def test_refused_distillation_input_is_one_line(name, tmp_path, capsys):
     assert expected in line, line
 
 
+@pytest.mark.timeout(60)
+def test_a_run_refused_at_set_up_prints_its_line_only_and_leaves_no_run_folder(tmp_path, capsys):
+    pairs = [*PAIRS[:2], {"prompt": "2 + 2 =", "chosen": " 4"}]  # no rejected completion
+    root = tmp_path / "root"
+    args = ["fit", "--config", dpo_config(tmp_path, pairs), "--trainer.logger=true"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main([*args, f"--trainer.default_root_dir={root}"])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2
+    assert "pairs.jsonl:3: missing field 'rejected'" in captured.err
+    assert "fit ended" not in captured.out and "tensorboard --logdir" not in captured.out, captured.out
+    assert not list(root.rglob("run_end.json")) and not list(root.rglob("version_*"))
+
+
 # ---------------------------------------------------------------------------------------------------
 # lit-losses checkpoint
 # ---------------------------------------------------------------------------------------------------
