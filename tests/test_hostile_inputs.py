@@ -176,6 +176,57 @@ def test_a_nested_option_reads_null_as_null(args, path, expected, tmp_path, caps
         assert options["distillation"]["loss"] == "jsd"  # set in the file, not replaced
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        (
+            f"{D}tokens_per_batch",
+            "data.init_args.tokens_per_batch=null: expected int; remove the option for its default (4096)",
+        ),
+        (
+            f"{D}val_fraction",
+            "data.init_args.val_fraction=null: expected float; remove the option for its default",
+        ),
+        (
+            f"{D}truncation_mode",
+            "data.init_args.truncation_mode=null: expected one of ('keep_start', 'keep_end')",
+        ),
+        (
+            f"{M}tie_embeddings",
+            "model.init_args.tie_embeddings=null: expected bool; remove the option for its default (True)",
+        ),
+        (f"{M}dpo.loss_type", "model.init_args.dpo.loss_type=null: expected one of ('sigmoid', 'hinge',"),
+        (
+            f"{M}optimizer",
+            "model.init_args.optimizer=null: expected OptimizerConfig; remove the option for its default",
+        ),
+        (
+            f"{D}vocab_size",
+            "data.init_args.vocab_size=null is given to model.init_args.vocab_size, which expects "
+            "int; set data.init_args.vocab_size",
+        ),
+    ],
+    ids=["int", "float", "choice", "bool_read_as_false", "dataclass_field", "dataclass", "linked"],
+)
+def test_null_for_an_option_without_null_is_refused_before_anything_is_built(
+    option, expected, tmp_path, capsys
+):
+    line = refused(["fit", "--config", dpo_config(tmp_path), f"{option}=null"], capsys)
+    assert line.startswith(expected), line
+
+
+def test_null_where_the_option_takes_it_is_taken(tmp_path, capsys):
+    args = ["fit", "--config", dpo_config(tmp_path), f"{D}max_length=null", f"{M}dpo.ld_alpha=null"]
+    options = printed_config(args, capsys)
+    assert (
+        options["data"]["init_args"]["max_length"] is None
+        and options["model"]["init_args"]["dpo"]["ld_alpha"] is None
+    )
+    cli = cli_main([*args, f"{D}tokens_per_batch=256"])  # no truncation: the longest pair must fit
+    assert cli.trainer.global_step == 1 and cli.datamodule.hparams.max_length is None
+
+
 # ---------------------------------------------------------------------------------------------------
 # refused inputs, each one line naming the value and where it came from
 # ---------------------------------------------------------------------------------------------------
@@ -227,7 +278,7 @@ DPO_CASES = {
     ),
     "dpo_beta_null": (
         lambda tmp: [f"{M}dpo.beta=null"],
-        "model.dpo.beta must be a finite number > 0, got None",
+        "model.init_args.dpo.beta=null: expected float; remove the option for its default (0.1)",
     ),
     "reference_keyword_misspelled": (
         lambda tmp: [f"{M}ref_model=initial-policy"],

@@ -40,6 +40,7 @@ from lit_losses.checkpoint.verify import verify_checkpoint, warn_unverifiable
 from lit_losses.cli.console import quiet_console, use_step_progress_bar
 from lit_losses.cli.import_hint import import_error_line
 from lit_losses.cli.nested_values import parser_argument
+from lit_losses.cli.null_options import check_null_options
 from lit_losses.cli.option_hint import fields_expected_line, unknown_key_line, unknown_option_line
 from lit_losses.cli.run_dir import (
     RunClaim,
@@ -69,6 +70,8 @@ _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]")
 _TYPE = re.compile(r"Expected a <class '(\w+)'>")
 _VALUE = re.compile(r"(?:Got|Given) value: (.*)")
 _SUBCLASS_ROOTS = ("model", "data")
+LINKED = {"model.init_args.vocab_size": "data.init_args.vocab_size"}
+"""The options whose value is another's (LightningCLI's ``link_arguments``): target → source."""
 
 
 def one_line_error(message: str) -> str:
@@ -192,7 +195,8 @@ class LitLossesCLI(LightningCLI):
                 "data": {"class_path": "lit_losses.TextDataModule"},
             }
         )
-        parser.link_arguments("data.init_args.vocab_size", "model.init_args.vocab_size")
+        for target, source in LINKED.items():
+            parser.link_arguments(source, target)
         parser.add_argument(
             "--resume_changes",
             type=ResumeChanges,
@@ -219,6 +223,10 @@ class LitLossesCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         check_resume_options(self)
+        sub = self.config.get("subcommand")
+        config = self.config[sub] if sub else self.config
+        for root in ("data", "model"):  # the data's first: the model's vocab_size is the data's
+            check_null_options(config.get(root), root, linked=LINKED)
 
     def after_instantiate_classes(self) -> None:
         self.trainer.callbacks.append(self.run_started)

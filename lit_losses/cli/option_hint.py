@@ -11,12 +11,9 @@ fields lives (`lit_losses.trl_fields`).
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import inspect
 import re
-import typing
-from typing import Any
 
+from lit_losses.cli.class_options import accepted_options, import_class, option_class
 from lit_losses.registry import closest
 from lit_losses.trl_fields import trl_hint
 
@@ -46,7 +43,7 @@ def unknown_option_line(path: str, message: str) -> str | None:
         return None
     *owners, name = found[-1].split(".")
     classes = _CLASS.findall(message)
-    cls = _import(classes[-1]) if classes else None
+    cls = import_class(classes[-1]) if classes else None
     for owner in owners:
         cls = option_class(cls, owner) if cls is not None else None
     where = ".".join([path, *owners, name])
@@ -103,10 +100,10 @@ def fields_expected_line(path: str, message: str, value: str, whole: str = "") -
     """
     subtypes = _SUBTYPES.search(message)
     if subtypes is not None:
-        classes = [_import(name) for name in re.findall(r"<class '([\w.]+)'>", subtypes.group(1))]
+        classes = [import_class(name) for name in re.findall(r"<class '([\w.]+)'>", subtypes.group(1))]
     elif _UNLOADABLE.search(message) and _CLASS.findall(whole):  # a dataclass option that is not optional
         value = _UNLOADABLE.search(message).group(1)
-        owner = _import(_CLASS.findall(whole)[-1])
+        owner = import_class(_CLASS.findall(whole)[-1])
         classes = [option_class(owner, path.rpartition(".")[2]) if owner is not None else None]
     else:
         return None
@@ -117,74 +114,3 @@ def fields_expected_line(path: str, message: str, value: str, whole: str = "") -
     optional = " or null" if any(cls is type(None) for cls in classes) else ""
     names = ", ".join(accepted_options(cls))
     return f"{path}: expected a mapping of {cls.__name__}'s fields ({names}){optional}, got {value!r}"
-
-
-def accepted_options(cls: type) -> list[str]:
-    """The options ``cls`` takes: a dataclass's fields, else the keyword parameters of its ``__init__`` and
-    of its bases' while each passes ``**kwargs`` on.
-
-    Example:
-        >>> from lit_losses import TinyLM
-        >>> {"d_model", "loss_agg", "dpo"} <= set(accepted_options(TinyLM))
-        True
-    """
-    return list(_parameters(cls))
-
-
-def option_class(cls: type, name: str) -> type | None:
-    """The class of option ``name`` of ``cls`` (``X | None`` read as ``X``), or ``None``.
-
-    Example:
-        >>> from lit_losses import TinyLM
-        >>> option_class(TinyLM, "optimizer").__name__, option_class(TinyLM, "loss_agg")
-        ('OptimizerConfig', None)
-    """
-    hint = _parameters(cls).get(name)
-    if isinstance(hint, str):  # an annotation that the module's names do not resolve
-        return None
-    options = [t for t in typing.get_args(hint) if t is not type(None)] if typing.get_args(hint) else [hint]
-    classes = [t for t in options if inspect.isclass(t)]
-    return classes[0] if len(classes) == 1 and len(options) == 1 else None
-
-
-def _parameters(cls: type) -> dict[str, Any]:
-    """``{option: its type}`` of ``cls`` (`accepted_options`); a type that cannot be resolved is given
-    as its text."""
-    if dataclasses.is_dataclass(cls):
-        hints = _type_hints(cls)
-        return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(cls) if f.init}
-    found: dict[str, Any] = {}
-    for base in cls.__mro__:
-        init = base.__dict__.get("__init__")
-        if init is None:
-            continue
-        try:
-            parameters = list(inspect.signature(init).parameters.values())[1:]
-        except (TypeError, ValueError):
-            break
-        hints = _type_hints(init)
-        for p in parameters:
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-                found.setdefault(p.name, hints.get(p.name, p.annotation))
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            break
-    return found
-
-
-def _type_hints(obj: Any) -> dict[str, Any]:
-    """``typing.get_type_hints(obj)``, or ``{}`` when an annotation does not resolve."""
-    try:
-        return typing.get_type_hints(obj)
-    except Exception:  # any failure to resolve an annotation leaves it as text
-        return {}
-
-
-def _import(class_path: str) -> Any:
-    """The class at ``class_path``, or ``None``."""
-    if class_path == "NoneType":
-        return type(None)
-    module, _, name = class_path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return None
