@@ -50,7 +50,7 @@ def check_null_options(section: Any, where: str, linked: Mapping[str, str] | Non
         return
     cls = import_class(values["class_path"])
     if cls is not None:
-        _check(cls, values.get("init_args") or {}, f"{where}.init_args", dict(linked or {}))
+        _check(cls, values.get("init_args") or {}, where=f"{where}.init_args", linked=dict(linked or {}))
 
 
 def _check(cls: type, values: Mapping[str, Any], where: str, linked: dict[str, str]) -> None:
@@ -63,7 +63,7 @@ def _check(cls: type, values: Mapping[str, Any], where: str, linked: dict[str, s
             raise ConfigError(_null_line(f"{where}.{name}", option, linked))
         inner = option_class(cls, name)
         if isinstance(value, Mapping) and inner is not None and dataclasses.is_dataclass(inner):
-            _check(inner, value, f"{where}.{name}", linked)
+            _check(inner, value, where=f"{where}.{name}", linked=linked)
 
 
 def _null_line(path: str, option: Option, linked: dict[str, str]) -> str:
