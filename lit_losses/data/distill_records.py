@@ -44,6 +44,12 @@ def _fail(where: str, message: str) -> ConfigError:
 
 def _tokens(record: Mapping[str, Any], where: str, vocab_size: int | None) -> list[int]:
     tokens = record.get("tokens")
+    if tokens is None:
+        raise _fail(
+            where,
+            f"missing field 'tokens' (a record holds token ids: {', '.join(RECORD_KEYS)}); it has "
+            f"{sorted(record)}",
+        )
     if not isinstance(tokens, list) or len(tokens) < 2:
         raise _fail(
             where, "field 'tokens' must be a list of at least 2 token ids (a prompt and a completion)"
@@ -85,6 +91,11 @@ def _column(record: Mapping[str, Any], key: str, n: int, where: str) -> list:
 def _completion(record: Mapping[str, Any], ids: list, n: int, where: str) -> list[bool]:
     mask = record.get("completion_mask")
     if mask is None:
+        logprobs = record[LOGPROBS]
+        for i, (entry, values) in enumerate(zip(ids, logprobs, strict=True)):
+            if (entry is None) != (values is None):
+                null, given = (IDS, LOGPROBS) if entry is None else (LOGPROBS, IDS)
+                raise _fail(where, f"{null}[{i}] is null but {given}[{i}] is not; give both or neither")
         return [entry is not None for entry in ids]
     mask = _column(record, "completion_mask", n=n, where=where)
     if any(m not in (0, 1) for m in mask):

@@ -96,6 +96,10 @@ def parse_sft_record(record: Mapping[str, Any], where: str) -> SFTRecord:
             raise f.fail("field 'messages' is a string, not a list of messages")
         return SFTRecord(where, messages=messages)
     kind = "a prompt-completion record has 'prompt' and 'completion'"
+    if "completion" not in record and {"chosen", "rejected"} <= set(record):
+        raise f.fail(
+            "a preference record (chosen/rejected): train it with data.class_path: PreferenceDataModule"
+        )
     prompt, completion = f.text("prompt", kind), f.text("completion", kind)
     f.same_form(("prompt", "completion"))
     return SFTRecord(where, prompt, completion)
