@@ -61,7 +61,8 @@ class PreferenceDataModule(FileDataModule):
     rows of P pairs, then their rejected rows, with next-token ``labels``; a pair is never split over
     micro-batches. The training loader is a `GlobalStatsLoader` (it counts ``labels``: the number of
     pairs of a step is its number of counted sequences / 2) whose epoch order is a seeded permutation
-    sharded over the data-parallel ranks.
+    sharded over the data-parallel ranks. A subclass that overrides `read_records` (to filter the records,
+    say) trains on the records it returns.
 
     Args:
         paths: JSONL file globs (required).

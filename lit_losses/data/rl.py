@@ -101,6 +101,7 @@ class RLDataModule(FileDataModule):
     train/validation, then packed (a record is never split: one longer than ``seq_len`` is an error) into
     micro-batches of at most ``tokens_per_batch`` tokens. The training loader is a `GlobalStatsLoader`
     whose epoch order is a seeded permutation sharded over the data-parallel ranks (`FileDataModule`).
+    A subclass that overrides `read_rows` (to filter the records, say) trains on the rows it returns.
 
     Args:
         paths: JSONL file globs (required; e.g. ``data/rollouts.jsonl``, which
