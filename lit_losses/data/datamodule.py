@@ -61,9 +61,9 @@ class FileDataModule(L.LightningDataModule, abc.ABC):
 
     The subclass's constructor arguments are the config fields (``data.init_args.*``); the checks here
     name them ``data.<option>``. A constructor refuses bad options cheapest first: an empty ``paths``
-    (`check_paths`, unless the module reads `default_sources` then), the subclass's own options, then
-    ``val_fraction`` and ``num_workers``, then the globs of ``paths`` (the files must exist); anything
-    costlier (loading a tokenizer) comes after, so that the first error is the most basic one.
+    (`check_paths`, unless the module reads `default_sources` then), then the option values (the
+    subclass's, ``val_fraction``, ``num_workers``), then the globs of ``paths`` (the files must exist);
+    anything costlier (loading a tokenizer) comes after, so that the first error is the most basic one.
 
     Args:
         paths: file globs; ``None`` or empty: an error whose hint is the subclass's ``paths_hint``, or the
