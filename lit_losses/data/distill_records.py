@@ -123,7 +123,7 @@ def parse_distill_record(
     """
     if not isinstance(record, Mapping):
         raise _fail(where, f"a record must be a JSON object, got {type(record).__name__}")
-    tokens = _tokens(record, where, vocab_size)
+    tokens = _tokens(record, where=where, vocab_size=vocab_size)
     n = len(tokens)
     ids = _column(record, IDS, n=n, where=where)
     logprobs = _column(record, LOGPROBS, n=n, where=where)
@@ -154,7 +154,7 @@ def parse_distill_record(
         IDS: [[0] * k if v is None else v for v in row_ids],
         LOGPROBS: [[0.0] * k if v is None else v for v in row_logprobs],
     }
-    return RLRow(tokens[:-1], labels, fields)
+    return RLRow(input_ids=tokens[:-1], labels=labels, fields=fields)
 
 
 def topk_size(row: RLRow) -> int:
@@ -185,7 +185,7 @@ def read_distill_jsonl(
 ) -> list[tuple[RLRow, str]]:
     """The rows of a JSONL file of records (blank lines skipped), each with its ``file:line``."""
     return [
-        (parse_distill_record(value, where, vocab_size, seq_len=seq_len), where)
+        (parse_distill_record(value, where=where, vocab_size=vocab_size, seq_len=seq_len), where)
         for value, where in jsonl_values(path)
     ]
 
