@@ -322,18 +322,23 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         teacher = self.frozen_model("teacher")
         return (teacher.hidden_states(batch), *teacher.output_projection())
 
-    def check_teacher_vocabulary(self) -> None:
-        """Refuse a distillation teacher whose vocabulary is not the student's size (a `ConfigError`
-        naming both)."""
-        if "teacher" not in self.frozen_sources:
-            return
-        teacher = self.frozen_model("teacher").output_projection()[0]
-        student = self.output_projection()[0]
-        if teacher.shape[0] != student.shape[0]:
+    def check_frozen_vocabularies(self) -> None:
+        """Refuse a frozen model (a distillation teacher, a reference policy) whose vocabulary is not this
+        model's size (a `ConfigError` naming its option and both sizes)."""
+        size = self.output_projection()[0].shape[0]
+        for name, (_, where) in self.frozen_sources.items():
+            frozen = self.frozen_model(name)
+            other = frozen.output_projection()[0].shape[0]
+            if other == size:
+                continue
+            role, why = (
+                ("the student", "distillation compares distributions over one vocabulary")
+                if name == "teacher"
+                else ("the policy", "the reference scores the policy's tokens")
+            )
             raise ConfigError(
-                f"model.distillation.teacher={self.frozen_models['teacher'].source!r} has a vocabulary of "
-                f"{teacher.shape[0]} tokens and the student ({type(self).__name__}) {student.shape[0]}: "
-                "distillation compares distributions over one vocabulary (the same tokenizer)"
+                f"{where}={frozen.source!r} has a vocabulary of {other} tokens and {role} "
+                f"({type(self).__name__}) {size}: {why} (the same tokenizer)"
             )
 
     def forward_logits(self, batch: dict[str, Tensor]) -> Tensor:
@@ -407,7 +412,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
                 self.reference_model()
             for name in self.frozen_sources:
                 self.frozen_model(name)
-            self.check_teacher_vocabulary()
+            self.check_frozen_vocabularies()
         data = getattr(self._trainer, "datamodule", None) if stage == "fit" else None
         data_ignore = getattr(data, "ignore_index", self.ignore_index)
         if isinstance(data_ignore, int) and data_ignore != self.ignore_index:
@@ -422,11 +427,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         if provided and self.objective.preference is not None:
             self.objective.preference.check_data(provided, source=type(data).__name__)
         elif provided and self.objective.distillation is not None:
-            distillation = self.objective.distillation
-            reads = distillation.batch_keys()
-            check_provided(
-                reads=reads, provided=provided, reader=distillation.where, source=type(data).__name__
-            )
+            self.objective.distillation.check_data(provided, source=type(data).__name__)
         elif provided and self.objective.base_loss_weight > 0:
             reader = f"model.base_loss={self.objective.base_loss.name!r}"
             check_provided(

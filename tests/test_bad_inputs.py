@@ -343,7 +343,7 @@ CLI_CASES = [
     CliCase(
         "yaml_regularizer_unknown_field",
         ("--config={tmp}/reg.yaml",),
-        "model.init_args.regularizers: Option 'wieght' is not accepted",
+        "model.init_args.regularizers.wieght: not an option of RegularizerSpec; did you mean 'weight'?",
         files=(("reg.yaml", "model:\n  init_args:\n    regularizers:\n      - {name: z_loss, wieght: 1}\n"),),
     ),
     CliCase(

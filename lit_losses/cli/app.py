@@ -41,6 +41,9 @@ from lit_losses.cli.class_defaults import config_file_args, default_classes
 from lit_losses.cli.console import quiet_console, use_step_progress_bar
 from lit_losses.cli.import_hint import import_error_line
 from lit_losses.cli.nested_help import with_class_help
+from lit_losses.cli.nested_values import parser_argument
+from lit_losses.cli.null_options import check_null_options
+from lit_losses.cli.option_hint import fields_expected_line, unknown_key_line, unknown_option_line
 from lit_losses.cli.run_dir import (
     RunClaim,
     SharedLoggerVersions,
@@ -69,6 +72,10 @@ _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*?)\]")
 _TYPE = re.compile(r"Expected a <class '(\w+)'>")
 _VALUE = re.compile(r"(?:Got|Given) value: (.*)")
 _SUBCLASS_ROOTS = ("model", "data")
+LINKED = {"model.init_args.vocab_size": "data.init_args.vocab_size"}
+"""The options whose value is another's (LightningCLI's ``link_arguments``): target → source. The model's
+are the data module's attributes once it is built (``vocab_size``: a Hugging Face tokenizer's size unless
+given)."""
 
 
 def one_line_error(message: str) -> str:
@@ -80,13 +87,21 @@ def one_line_error(message: str) -> str:
         ...                "      Expected a typing.Literal['mean', 'sum']. Got value: maen")
         "model.init_args.agg: 'maen' is not one of ('mean', 'sum'); did you mean 'mean'?"
     """
-    keys = _KEY.findall(message)
+    found = _KEY.findall(message)
+    # a dataclass option that is not optional is named twice in a row (``Parser key "optimizer"``)
+    keys = [key for i, key in enumerate(found) if i == 0 or key != found[i - 1]]
     if not keys:
+        unknown = unknown_key_line(message)
+        if unknown is not None:
+            return unknown
         return " ".join(line.strip() for line in message.splitlines() if line.strip())
     path = keys[0]
     if len(keys) > 1:
         path += (".init_args." if keys[0] in _SUBCLASS_ROOTS else ".") + ".".join(keys[1:])
     inner = message[message.rindex(f'Parser key "{keys[-1]}"') :]
+    unknown = unknown_option_line(path + (".init_args" if path in _SUBCLASS_ROOTS else ""), inner)
+    if unknown is not None:
+        return unknown
     value = _VALUE.search(inner)
     value = value.group(1).strip() if value else "?"
     choices = tuple(c for group in _LITERAL.findall(inner) for c in ast.literal_eval(f"({group},)"))
@@ -95,6 +110,9 @@ def one_line_error(message: str) -> str:
     types = [t for t in _TYPE.findall(inner) if t != "NoneType"]
     if types:
         return f"{path}: expected {' or '.join(dict.fromkeys(types))}, got {value!r}"
+    fields = fields_expected_line(path, inner, value, whole=message)
+    if fields is not None:
+        return fields
     boilerplate = (
         "Does not validate",
         "Subtypes:",
@@ -118,6 +136,13 @@ class LitLossesParser(LightningArgumentParser):
         kwargs.setdefault("prog", "lit-losses")
         super().__init__(*args, **kwargs)
 
+    def parse_args(self, args: Any = None, namespace: Any = None, **kwargs: Any) -> Namespace:
+        """jsonargparse's ``parse_args``; a class's parser (``exit_on_error`` false) given one option nested
+        in it reads the option's ``null`` as null (`lit_losses.cli.nested_values`)."""
+        if not self.exit_on_error and isinstance(args, list) and len(args) == 1 and isinstance(args[0], str):
+            args = [parser_argument(args[0])]
+        return super().parse_args(args, namespace, **kwargs)
+
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
             super().error(message, ex)
@@ -131,8 +156,8 @@ ResumeChanges = Literal["apply", "error"]
 _NOT_DATA = ("num_workers", "cache_dir")
 """Data options that do not change which micro-batches a run trains on."""
 
-_LINKED_MODEL_OPTIONS = ("vocab_size",)
-"""Model options that the data module gives when it is built (``data.vocab_size``)."""
+_LINKED_MODEL_OPTIONS = tuple(target.rpartition(".")[2] for target in LINKED if target.startswith("model."))
+"""The model options that the data module gives when it is built (`LINKED`)."""
 
 
 class LitLossesCLI(LightningCLI):
@@ -180,9 +205,8 @@ class LitLossesCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         if self.class_defaults:
             parser.set_defaults(self.class_defaults)
-        # the data module's vocabulary, once built: a Hugging Face tokenizer's size unless given
-        for option in _LINKED_MODEL_OPTIONS:
-            parser.link_arguments(f"data.{option}", f"model.init_args.{option}", apply_on="instantiate")
+        for target, source in LINKED.items():  # when the data module is built: its attribute
+            parser.link_arguments(source.replace(".init_args.", "."), target, apply_on="instantiate")
         parser.add_argument(
             "--resume_changes",
             type=ResumeChanges,
@@ -212,6 +236,10 @@ class LitLossesCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         check_resume_options(self)
+        sub = self.config.get("subcommand")
+        config = self.config[sub] if sub else self.config
+        for root in ("data", "model"):  # the data's first: the model's vocab_size is the data's
+            check_null_options(config.get(root), root, linked=LINKED)
 
     def after_instantiate_classes(self) -> None:
         check_linked_options(self)

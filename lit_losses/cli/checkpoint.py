@@ -2,23 +2,25 @@
 
 ``convert`` writes a sharded checkpoint folder (FSDP2's) as one checkpoint file, or a file as a folder
 (`lit_losses.checkpoint.convert`); ``verify`` checks a checkpoint against its manifest
-(`lit_losses.checkpoint.verify`) and says what it holds. Errors are one line and exit code 2.
+(`lit_losses.checkpoint.verify`; one without a manifest must at least be readable) and says what it holds.
+Errors are one line and exit code 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 
 from lit_losses.checkpoint.convert import convert_checkpoint
+from lit_losses.checkpoint.resume import read_checkpoint
 from lit_losses.checkpoint.verify import verify_checkpoint
+from lit_losses.cli.arguments import OneLineArgumentParser
 from lit_losses.errors import ConfigError
 
 
 def checkpoint_main(args: list[str]) -> None:
     """``lit-losses checkpoint {convert,verify}``."""
-    parser = argparse.ArgumentParser(prog="lit-losses checkpoint", description="Checkpoint tools.")
+    parser = OneLineArgumentParser(prog="lit-losses checkpoint", description="Checkpoint tools.")
     commands = parser.add_subparsers(dest="command", required=True)
     convert = commands.add_parser(
         "convert",
@@ -37,7 +39,10 @@ def checkpoint_main(args: list[str]) -> None:
             if options.command == "convert":
                 message = f"lit-losses: wrote {convert_checkpoint(options.source, options.target)}"
             else:
-                found = verify_checkpoint(options.path, where="lit-losses checkpoint verify:")
+                where = "lit-losses checkpoint verify:"
+                found = verify_checkpoint(options.path, where=where)
+                if found.state == "unverifiable":  # no manifest: at least a checkpoint that can be read
+                    read_checkpoint(options.path, where=where)
                 step = found.manifest.global_step if found.manifest else None
                 message = f"lit-losses: {options.path}: {found.state}" + (
                     f" (step {step})" if step is not None else ""

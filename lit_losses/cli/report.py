@@ -21,7 +21,6 @@ Works on a run still going (what the logger flushed so far). A folder with no ev
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import io
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from lit_losses.cli.arguments import OneLineArgumentParser
 from lit_losses.cli.objective_line import describe_objective
 from lit_losses.cli.report_data import RunScalars, config_differences, final_values, finite, read_runs
 from lit_losses.errors import ConfigError
@@ -384,7 +384,7 @@ def write_report(folders: list[str | Path], out: str | Path | None = None) -> Pa
 
 def report_main(args: list[str]) -> None:
     """``lit-losses report``: errors as one line and exit code 2."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog="lit-losses report",
         description="Write one HTML page with plots of the logged scalars of one or more runs.",
     )

@@ -37,6 +37,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lit_losses.checkpoint.preemption import Preempted, PreemptionCheckpoint
 from lit_losses.cli.objective_line import describe_objective
 from lit_losses.controller import TrainingController
+from lit_losses.errors import ConfigError
 from lit_losses.loss.objective import Objective
 from lit_losses.loss.summary import objective_summary
 
@@ -57,7 +58,9 @@ class RunRecord(L.Callback):
     `TrainingController` rule asked to stop: its name and step are recorded), ``stopped`` (another
     callback set ``trainer.should_stop``), ``preempted`` (`lit_losses.PreemptionCheckpoint`: its exit code
     ``128 + signal`` and its checkpoint), ``interrupted`` (Ctrl+C) or ``error`` (the exception's type and
-    message). Written on global rank 0 only.
+    message). Written on global rank 0 only. A `ConfigError` raised before training started (a refused
+    record, option or model: ``lit-losses fit`` prints it as its one error line) is no run: nothing is
+    written or printed.
 
     Args:
         summary: print the summary (on rank 0) when the fit ends.
@@ -77,6 +80,7 @@ class RunRecord(L.Callback):
         """The end record (``None`` until the fit ended)."""
         self._sent: dict[int, int] = {}
         self._stopped: tuple[EndReason, str, dict[str, Any] | None] | None = None
+        self._started = False
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -90,6 +94,10 @@ class RunRecord(L.Callback):
         if stage == "fit":
             self.record = None
             self._stopped = None
+            self._started = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._started = True
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Save what the run optimizes, after presets, beside its hyper-parameters (``hparams.yaml``)."""
@@ -113,6 +121,8 @@ class RunRecord(L.Callback):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
+        if not self._started and refused(exception):  # its one error line says it all: no record
+            return
         reason, detail, exit_code = exception_reason(trainer, exception)
         record = end_record(trainer, reason=reason, detail=detail, controller=None)
         record["exit_code"] = exit_code
@@ -173,6 +183,14 @@ def stop_reason(trainer: L.Trainer) -> tuple[EndReason, str, dict[str, Any] | No
     if trainer.should_stop:
         return "stopped", "a callback set trainer.should_stop", None
     return "max_epochs", "the training data ended", None
+
+
+def refused(exception: BaseException) -> bool:
+    """Whether ``exception`` is (or was caused by) a `ConfigError`: a refused input, not a failed run."""
+    cause: BaseException | None = exception
+    while cause is not None and not isinstance(cause, ConfigError):
+        cause = cause.__cause__ or cause.__context__
+    return cause is not None
 
 
 def exception_reason(trainer: L.Trainer, exception: BaseException) -> tuple[EndReason, str, int | None]:

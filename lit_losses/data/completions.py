@@ -68,10 +68,10 @@ def split_completion(
         (True, True)
     """
     if isinstance(prompt, str):
-        return Split(encoder.encode(prompt), encoder.encode(prompt + completion))
+        return Split(prompt_ids=encoder.encode(prompt), full_ids=encoder.encode(prompt + completion))
     prompt_ids, _ = encoder.chat(prompt, where, add_generation_prompt=True)
     full_ids, mask = encoder.chat([*prompt, *completion], where, assistant_mask=assistant_mask)
-    return Split(prompt_ids, full_ids, mask)
+    return Split(prompt_ids=prompt_ids, full_ids=full_ids, assistant_mask=mask)
 
 
 def truncate(values: Sequence[int], max_length: int | None, mode: TruncationMode) -> list[int]:
@@ -98,7 +98,8 @@ def next_token_row(
         >>> next_token_row([5, 6, 7, 8], [0, 0, 1, 1], max_length=3)
         ([5, 6, 7], [-100, 7, -100])
     """
-    ids, targets = truncate(ids, max_length, mode), truncate(targets, max_length, mode)
+    ids = truncate(ids, max_length=max_length, mode=mode)
+    targets = truncate(targets, max_length=max_length, mode=mode)
     labels = [tok if target else IGNORE_INDEX for tok, target in zip(ids[1:], targets[1:], strict=True)]
     return ids, [*labels, IGNORE_INDEX]
 

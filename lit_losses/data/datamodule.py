@@ -21,6 +21,19 @@ from lit_losses.validation import check_names
 Item = TypeVar("Item")
 
 
+def check_val_fraction(value: float) -> None:
+    """Refuse a validation fraction outside ``[0, 1)`` (``data.val_fraction``).
+
+    Example:
+        >>> check_val_fraction(1.5)
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: data.val_fraction=1.5 must be in [0, 1)
+    """
+    if not 0.0 <= value < 1.0:
+        raise ConfigError(f"data.val_fraction={value} must be in [0, 1)")
+
+
 def check_limit(value: int | None, option: str) -> None:
     """Refuse a bound on the number of items (``max_records``, ``max_documents``) below 1.
 
@@ -38,7 +51,7 @@ class FileDataModule(L.LightningDataModule, abc.ABC):
     """Items read from the files that ``paths`` (globs) match, split into train/validation micro-batches.
 
     A subclass reads every item (`read_items`: a document or a record per item, each error naming its
-    ``file:line`` and the field; `read_records` reads them file by file), which this class shuffles with
+    ``file:line`` and the field; `read_sources` reads them file by file), which this class shuffles with
     ``seed`` and cuts to the subclass's bound (`shuffled`), splits (`split`: the first ``val_fraction`` of
     them are the validation items), and hands to the subclass: `prepare_encoding` sees the training items
     (to train or load a tokenizer), `build_dataset` turns items into a dataset whose item ``i`` is
@@ -47,11 +60,14 @@ class FileDataModule(L.LightningDataModule, abc.ABC):
     saves its position in checkpoints); the validation loader serves them in order.
 
     The subclass's constructor arguments are the config fields (``data.init_args.*``); the checks here
-    name them ``data.<option>``.
+    name them ``data.<option>``. A constructor refuses bad options cheapest first: an empty ``paths``
+    (`check_paths`, unless the module reads `default_sources` then), then the option values (the
+    subclass's, ``val_fraction``, ``num_workers``), then the globs of ``paths`` (the files must exist);
+    anything costlier (loading a tokenizer) comes after, so that the first error is the most basic one.
 
     Args:
-        paths: file globs; ``None`` or empty: the subclass's `default_sources` (none: an error whose hint is
-            the subclass's ``paths_hint``).
+        paths: file globs; ``None`` or empty: an error whose hint is the subclass's ``paths_hint``, or the
+            subclass's `default_sources` where ``paths_required`` is false.
         val_fraction: fraction of the items held out for validation, in ``[0, 1)``.
         seed: seed of the item shuffle and of each epoch's micro-batch order.
         num_workers: DataLoader workers (0: load in the main process).
@@ -62,7 +78,7 @@ class FileDataModule(L.LightningDataModule, abc.ABC):
         >>> class Numbers(FileDataModule):
         ...     paths_hint = "give the JSONL files of numbers"
         ...     def read_items(self):
-        ...         return self.shuffled(self.read_records(jsonl_values), limit=None)
+        ...         return self.shuffled(self.read_sources(jsonl_values), limit=None)
         ...     def build_dataset(self, items):
         ...         return [{"input_ids": torch.tensor([[value for value, _ in items]])}]
         >>> path = pathlib.Path(tempfile.mkdtemp()) / "numbers.jsonl"
@@ -80,15 +96,18 @@ class FileDataModule(L.LightningDataModule, abc.ABC):
     """
 
     paths_hint: ClassVar[str] = "give the files to read"
-    """What ``data.paths`` should name, for the error when it is empty (and `default_sources` has none)."""
+    """What ``data.paths`` should name, for the error when it is empty."""
+
+    paths_required: ClassVar[bool] = True
+    """Whether an empty ``paths`` is an error (else the module reads its `default_sources`)."""
 
     ignore_index: int = -100
     """The label value of positions without a target in this module's micro-batches."""
 
     def __init__(self, paths: list[str] | None, *, val_fraction: float, seed: int, num_workers: int) -> None:
         super().__init__()
-        if not 0.0 <= val_fraction < 1.0:
-            raise ConfigError(f"data.val_fraction={val_fraction} must be in [0, 1)")
+        self.check_paths(paths)
+        check_val_fraction(val_fraction)
         if num_workers < 0:
             raise ConfigError(f"data.num_workers={num_workers} must be >= 0 (0: load in the main process)")
         self.paths = paths
@@ -100,8 +119,26 @@ class FileDataModule(L.LightningDataModule, abc.ABC):
         self.val_set: Dataset | Sequence | None = None
 
     # ---- items -------------------------------------------------------------------------------
+    @classmethod
+    def check_paths(cls, paths: list[str] | None) -> None:
+        """Refuse an empty ``paths`` when the module has no default files (``paths_required``): the first
+        check of a constructor, before the subclass's options (it may run before ``super().__init__``).
+
+        Raises:
+            ConfigError: ``data.paths: <paths_hint>``.
+
+        Example:
+            >>> FileDataModule.check_paths([])
+            Traceback (most recent call last):
+            ...
+            lit_losses.errors.ConfigError: data.paths: give the files to read
+        """
+        if not paths and cls.paths_required:
+            raise ConfigError(f"data.paths: {cls.paths_hint}")
+
     def default_sources(self) -> list[str]:
-        """The files read when ``paths`` is empty: none here (an error naming ``data.paths``)."""
+        """The files read when ``paths`` is empty and ``paths_required`` is false: none here (an error
+        naming ``data.paths``)."""
         raise ConfigError(f"data.paths: {self.paths_hint}")
 
     def resolve_sources(self) -> list[str]:
@@ -109,11 +146,11 @@ class FileDataModule(L.LightningDataModule, abc.ABC):
         if not self.paths:
             return self.default_sources()
         sources: list[str] = []
-        for pattern in check_names(self.paths, "data.paths", "file globs"):
+        for pattern in check_names(self.paths, where="data.paths", what="file globs"):
             sources.extend(matching_files(pattern))
         return sources
 
-    def read_records(self, read: Callable[[str], list[Item]]) -> list[Item]:
+    def read_sources(self, read: Callable[[str], list[Item]]) -> list[Item]:
         """The records of every source file (``read(file)``: one file's, in file order).
 
         Raises:
@@ -181,7 +218,7 @@ class FileDataModule(L.LightningDataModule, abc.ABC):
         return GlobalStatsLoader(
             self.train_set,
             batch_size=None,
-            sampler=EpochShuffleSampler(len(self.train_set), self.seed, num_replicas=world, rank=rank),
+            sampler=EpochShuffleSampler(len(self.train_set), seed=self.seed, num_replicas=world, rank=rank),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )

@@ -44,6 +44,12 @@ def _fail(where: str, message: str) -> ConfigError:
 
 def _tokens(record: Mapping[str, Any], where: str, vocab_size: int | None) -> list[int]:
     tokens = record.get("tokens")
+    if tokens is None:
+        raise _fail(
+            where,
+            f"missing field 'tokens' (a record holds token ids: {', '.join(RECORD_KEYS)}); it has "
+            f"{sorted(record)}",
+        )
     if not isinstance(tokens, list) or len(tokens) < 2:
         raise _fail(
             where, "field 'tokens' must be a list of at least 2 token ids (a prompt and a completion)"
@@ -85,6 +91,11 @@ def _column(record: Mapping[str, Any], key: str, n: int, where: str) -> list:
 def _completion(record: Mapping[str, Any], ids: list, n: int, where: str) -> list[bool]:
     mask = record.get("completion_mask")
     if mask is None:
+        logprobs = record[LOGPROBS]
+        for i, (entry, values) in enumerate(zip(ids, logprobs, strict=True)):
+            if (entry is None) != (values is None):
+                null, given = (IDS, LOGPROBS) if entry is None else (LOGPROBS, IDS)
+                raise _fail(where, f"{null}[{i}] is null but {given}[{i}] is not; give both or neither")
         return [entry is not None for entry in ids]
     mask = _column(record, "completion_mask", n=n, where=where)
     if any(m not in (0, 1) for m in mask):
@@ -112,7 +123,7 @@ def parse_distill_record(
     """
     if not isinstance(record, Mapping):
         raise _fail(where, f"a record must be a JSON object, got {type(record).__name__}")
-    tokens = _tokens(record, where, vocab_size)
+    tokens = _tokens(record, where=where, vocab_size=vocab_size)
     n = len(tokens)
     ids = _column(record, IDS, n=n, where=where)
     logprobs = _column(record, LOGPROBS, n=n, where=where)
@@ -143,7 +154,7 @@ def parse_distill_record(
         IDS: [[0] * k if v is None else v for v in row_ids],
         LOGPROBS: [[0.0] * k if v is None else v for v in row_logprobs],
     }
-    return RLRow(tokens[:-1], labels, fields)
+    return RLRow(input_ids=tokens[:-1], labels=labels, fields=fields)
 
 
 def topk_size(row: RLRow) -> int:
@@ -174,7 +185,7 @@ def read_distill_jsonl(
 ) -> list[tuple[RLRow, str]]:
     """The rows of a JSONL file of records (blank lines skipped), each with its ``file:line``."""
     return [
-        (parse_distill_record(value, where, vocab_size, seq_len=seq_len), where)
+        (parse_distill_record(value, where=where, vocab_size=vocab_size, seq_len=seq_len), where)
         for value, where in jsonl_values(path)
     ]
 

@@ -51,7 +51,7 @@ class DistillationDataModule(RLDataModule):
 
     def read_file(self, src: str) -> list[tuple[RLRow, str]]:
         """The rows of one JSONL file of distillation records, each with its ``file:line``."""
-        return read_distill_jsonl(src, self.vocab_size, self.seq_len)
+        return read_distill_jsonl(src, vocab_size=self.vocab_size, seq_len=self.seq_len)
 
     def check_rows(self, rows: list[tuple[RLRow, str]]) -> list[RLRow]:
         """The rows of the whole data, when every one has the first's ``k`` (`check_same_k`)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,14 @@ def matching_files(pattern: str) -> list[str]:
         return files
     folders = [p.rstrip(os.sep) for p in matches if os.path.isdir(p)]
     if not folders:
-        raise ConfigError(f"data.paths entry {pattern!r} matches no file")
+        hub = re.fullmatch(r"[\w.-]+/[\w.-]+", pattern) and not os.path.splitext(pattern)[1]
+        hint = (
+            " (a Hugging Face Hub dataset name? nothing is downloaded: save it as JSONL first, e.g. "
+            f"datasets.load_dataset({pattern!r}, split='train').to_json('train.jsonl'))"
+            if hub
+            else ""
+        )
+        raise ConfigError(f"data.paths entry {pattern!r} matches no file{hint}")
     globs = f"'{folders[0]}/*.txt' or '{folders[0]}/**/*.jsonl'"
     if len(matches) == 1 and not glob.has_magic(pattern):
         raise ConfigError(f"data.paths entry {pattern!r} is a folder; name its files with a glob: {globs}")

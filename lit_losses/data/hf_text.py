@@ -47,7 +47,9 @@ class NextTokenCollator:
 
     def __call__(self, features: list[Any]) -> dict[str, Any]:
         batch = dict(self.collator(features))
-        batch["labels"] = shift_labels(batch["labels"], batch_segment_ids(batch), self.ignore_index)
+        batch["labels"] = shift_labels(
+            batch["labels"], segments=batch_segment_ids(batch), ignore_index=self.ignore_index
+        )
         return batch
 
 
@@ -73,7 +75,7 @@ def load_tokenizer(path: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(directory, local_files_only=True)
     except Exception as err:  # any failure to load the files the user pointed at is a configuration error
-        raise _tokenizer_error(directory, where, err) from err
+        raise _tokenizer_error(directory, where=where, err=err) from err
 
 
 def _tokenizer_error(path: str, where: str, err: Exception) -> ConfigError:

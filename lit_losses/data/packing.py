@@ -67,9 +67,9 @@ class Pieces:
                 lengths.append(min(seq_len, len(doc) - s))
             offset += len(doc)
         return cls(
-            torch.tensor(flat, dtype=torch.int32),
-            torch.tensor(starts, dtype=torch.int64),
-            torch.tensor(lengths, dtype=torch.int64),
+            tokens=torch.tensor(flat, dtype=torch.int32),
+            starts=torch.tensor(starts, dtype=torch.int64),
+            lengths=torch.tensor(lengths, dtype=torch.int64),
         )
 
     @classmethod
@@ -88,11 +88,11 @@ class Pieces:
         lengths = [len(seq) for seq in inputs]
         flat_fields = {k: [v for seq in rows for v in seq] for k, rows in fields.items()}
         return cls(
-            torch.tensor([tok for seq in inputs for tok in seq], dtype=torch.int32),
-            torch.tensor([0, *accumulate(lengths)][:-1], dtype=torch.int64),
-            torch.tensor(lengths, dtype=torch.int64),
-            torch.tensor([t for seq in labels for t in seq], dtype=torch.int32),
-            {k: field_tensor(values) for k, values in flat_fields.items()},
+            tokens=torch.tensor([tok for seq in inputs for tok in seq], dtype=torch.int32),
+            starts=torch.tensor([0, *accumulate(lengths)][:-1], dtype=torch.int64),
+            lengths=torch.tensor(lengths, dtype=torch.int64),
+            labels=torch.tensor([t for seq in labels for t in seq], dtype=torch.int32),
+            fields={k: field_tensor(values) for k, values in flat_fields.items()},
         )
 
     def __len__(self) -> int:
@@ -175,7 +175,7 @@ class MicroBatchDataset(torch.utils.data.Dataset):
     ) -> None:
         self.pieces = pieces
         self.pad_id = pad_id
-        self.rows = pack_rows(pieces.lengths.tolist(), seq_len, packing)
+        self.rows = pack_rows(pieces.lengths.tolist(), seq_len=seq_len, packing=packing)
         row_lengths = [int(pieces.lengths[row].sum()) for row in self.rows]
         self.batches = batch_rows(row_lengths, tokens_per_batch)
 
@@ -183,7 +183,7 @@ class MicroBatchDataset(torch.utils.data.Dataset):
         return len(self.batches)
 
     def __getitem__(self, index: int) -> dict[str, Tensor]:
-        return collate_rows(self.pieces, [self.rows[r] for r in self.batches[index]], self.pad_id)
+        return collate_rows(self.pieces, rows=[self.rows[r] for r in self.batches[index]], pad_id=self.pad_id)
 
 
 class EpochShuffleSampler(torch.utils.data.DistributedSampler):

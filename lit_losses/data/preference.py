@@ -63,7 +63,8 @@ class PreferenceDataModule(FileDataModule):
     rows of P pairs, then their rejected rows, with next-token ``labels``; a pair is never split over
     micro-batches. The training loader is a `GlobalStatsLoader` (it counts ``labels``: the number of
     pairs of a step is its number of counted sequences / 2) whose epoch order is a seeded permutation
-    sharded over the data-parallel ranks.
+    sharded over the data-parallel ranks. A subclass that overrides `read_records` (to filter the records,
+    say) trains on the records it returns.
 
     Args:
         paths: JSONL file globs (required).
@@ -118,7 +119,8 @@ class PreferenceDataModule(FileDataModule):
         cache_dir: str | None = None,
         num_workers: int = 0,
     ) -> None:
-        check_choice(truncation_mode, TruncationMode, "data.truncation_mode")
+        self.check_paths(paths)
+        check_choice(truncation_mode, choices=TruncationMode, where="data.truncation_mode")
         if max_length is not None and max_length < 2:
             raise ConfigError(f"data.max_length={max_length} must be >= 2 (a prompt token and a completion)")
         if max_length is not None and tokens_per_batch < 2 * max_length:
@@ -127,6 +129,9 @@ class PreferenceDataModule(FileDataModule):
                 f"{max_length})"
             )
         check_limit(max_records, "max_records")
+        super().__init__(paths, val_fraction=val_fraction, seed=seed, num_workers=num_workers)
+        self.save_hyperparameters()
+        # the tokenizer loads last: every cheap check (the options, the files) comes first
         hf = load_tokenizer(tokenizer) if tokenizer is not None else None
         if hf is not None and vocab_size is not None and vocab_size < len(hf):
             raise ConfigError(
@@ -134,8 +139,6 @@ class PreferenceDataModule(FileDataModule):
                 f"({tokenizer!r})"
             )
         size = vocab_size if vocab_size is not None else len(hf) if hf is not None else BUILTIN_VOCAB_SIZE
-        super().__init__(paths, val_fraction=val_fraction, seed=seed, num_workers=num_workers)
-        self.save_hyperparameters()
         # the hyper-parameters name the vocabulary given to the model (the CLI links it), as the model's do
         self.save_hyperparameters({**self.hparams, "vocab_size": size})
         self.hf_tokenizer = hf
@@ -152,10 +155,14 @@ class PreferenceDataModule(FileDataModule):
         self.builder: RowBuilder | None = None
 
     # ---- records -----------------------------------------------------------------------------
-    def read_items(self) -> list[Record]:
+    def read_records(self) -> list[Record]:
         """Every record of ``paths``, checked, KL partners paired (unpaired records, in file order),
-        shuffled with ``seed`` and cut to ``max_records``."""
-        records = self.read_records(read_preference_jsonl)
+        shuffled with ``seed`` and cut to ``max_records``.
+
+        The records the module splits and tokenizes: a subclass may override it (to filter the records,
+        say) and call ``super().read_records()``.
+        """
+        records = self.read_sources(read_preference_jsonl)
         check_records(records)
         if isinstance(records[0], UnpairedRecord):
             if len(records) < 2:
@@ -173,6 +180,10 @@ class PreferenceDataModule(FileDataModule):
             )
         return self.shuffled(records, limit=self.max_records)
 
+    def read_items(self) -> list[Record]:
+        """The records of `read_records`."""
+        return self.read_records()
+
     # ---- tokenization ------------------------------------------------------------------------
     def token_encoder(self, train_records: list[Record]) -> TokenEncoder:
         """The Hugging Face tokenizer, or the built-in BPE trained on ``train_records`` (cached)."""
@@ -180,21 +191,28 @@ class PreferenceDataModule(FileDataModule):
             return TokenEncoder(self.hf_tokenizer, f"data.tokenizer {self.tokenizer_path!r}")
         texts = [text for record in train_records for text in record_texts(record)]
         cache_file = tokenizer_cache_file(
-            self.cache_dir, self.sources, self.vocab_size, seed=self.seed, limit=self.max_records
+            cache_dir=self.cache_dir,
+            sources=self.sources,
+            vocab_size=self.vocab_size,
+            seed=self.seed,
+            limit=self.max_records,
         )
-        return TokenEncoder(load_or_train_tokenizer(texts, self.vocab_size, cache_file), BUILTIN)
+        bpe = load_or_train_tokenizer(texts, vocab_size=self.vocab_size, cache_file=cache_file)
+        return TokenEncoder(bpe, BUILTIN)
 
     def prepare_encoding(self, train_items: list[Record]) -> None:
         """The tokenizer (`token_encoder`), its padding id and the builder of the records' rows."""
         self.encoder = self.token_encoder(train_items)
         self.tokenizer = self.encoder.tokenizer
         self.pad_id = self.encoder.pad_id
-        self.builder = RowBuilder(self.encoder, self.max_length, self.truncation_mode)
+        self.builder = RowBuilder(
+            self.encoder, max_length=self.max_length, truncation_mode=self.truncation_mode
+        )
 
     def build_dataset(self, items: list[Record]) -> PreferenceDataset:
         """Micro-batches of whole records (`PreferenceDataset`)."""
         rows = [self.builder.rows(record) for record in items]
-        return PreferenceDataset(rows, self.tokens_per_batch, pad_id=self.pad_id)
+        return PreferenceDataset(rows, tokens_per_batch=self.tokens_per_batch, pad_id=self.pad_id)
 
     # ---- Lightning hooks ---------------------------------------------------------------------
     def prepare_data(self) -> None:

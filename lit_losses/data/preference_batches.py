@@ -110,7 +110,9 @@ class RowBuilder:
         key = (record.where, field)
         if key not in self._splits:
             completion = self.completion(getattr(record, field))
-            split = split_completion(self.encoder, record.prompt, completion, where=record.where)
+            split = split_completion(
+                self.encoder, prompt=record.prompt, completion=completion, where=record.where
+            )
             if not split.prefix_matches and not self.mismatch_warned:
                 self.mismatch_warned = True
                 rank_zero_warn(
@@ -127,7 +129,7 @@ class RowBuilder:
         ids = prompt_ids + completion_ids
         mask = [0] * len(prompt_ids) + [1] * len(completion_ids)
         row = next_token_row(ids, mask, max_length=self.max_length, mode=self.truncation_mode)
-        check_targets(row[1], where, what, max_length=self.max_length)
+        check_targets(row[1], where=where, what=what, max_length=self.max_length)
         return row
 
     def completion_row(self, record: Record, field: str, completion_of: Record | None = None) -> Row:
@@ -142,10 +144,10 @@ class RowBuilder:
         """The two rows of ``record`` (chosen and rejected; completion and KL row)."""
         if isinstance(record, PairRecord):
             first, second = self.completion_row(record, "chosen"), self.completion_row(record, "rejected")
-            return RecordRows(record.where, first, second, ref=record.ref)
+            return RecordRows(where=record.where, first=first, second=second, ref=record.ref)
         first = self.completion_row(record, "completion")
         second = self.completion_row(record, "completion", completion_of=record.kl_partner or record)
-        return RecordRows(record.where, first, second, ref=record.ref, label=record.label)
+        return RecordRows(where=record.where, first=first, second=second, ref=record.ref, label=record.label)
 
 
 def pad_rows(rows: Sequence[Row], pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -198,7 +200,7 @@ def collate_records(items: Sequence[RecordRows], pad_id: int) -> dict[str, Tenso
     """
     n = len(items)
     input_ids, attention_mask, labels = pad_rows(
-        [item.first for item in items] + [item.second for item in items], pad_id
+        [item.first for item in items] + [item.second for item in items], pad_id=pad_id
     )
     if items[0].label is None:  # pairs: chosen rows, then rejected rows
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
@@ -229,11 +231,13 @@ class PreferenceDataset(torch.utils.data.Dataset):
         self.items = list(items)
         self.pad_id = pad_id
         order = sorted(range(len(self.items)), key=lambda i: self.items[i].length)
-        groups = batch_rows([self.items[i].length for i in order], max(1, tokens_per_batch // 2))
+        groups = batch_rows(
+            [self.items[i].length for i in order], tokens_per_batch=max(1, tokens_per_batch // 2)
+        )
         self.batches = [[order[j] for j in group] for group in groups]
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, index: int) -> dict[str, Tensor]:
-        return collate_records([self.items[i] for i in self.batches[index]], self.pad_id)
+        return collate_records([self.items[i] for i in self.batches[index]], pad_id=self.pad_id)

@@ -105,7 +105,7 @@ def _paired(f: RecordFields) -> PairRecord:
             )
     if not isinstance(chosen, str) and (not chosen or not rejected):
         raise f.fail("after the prompt, 'chosen' or 'rejected' holds no message: no completion to train on")
-    return PairRecord(f.where, prompt, chosen, rejected=rejected, ref=f.refs(PAIRED_REF))
+    return PairRecord(where=f.where, prompt=prompt, chosen=chosen, rejected=rejected, ref=f.refs(PAIRED_REF))
 
 
 def _unpaired(f: RecordFields) -> UnpairedRecord:
@@ -120,7 +120,7 @@ def _unpaired(f: RecordFields) -> UnpairedRecord:
     refs = f.refs(UNPAIRED_REF)
     if "ref_KL_logps" in refs and "ref_logps" not in refs:
         raise f.fail("field 'ref_KL_logps' is given without 'ref_logps'")
-    return UnpairedRecord(f.where, prompt, completion, label=label, ref=refs)
+    return UnpairedRecord(where=f.where, prompt=prompt, completion=completion, label=label, ref=refs)
 
 
 def parse_preference_record(record: Any, where: str) -> Record:

@@ -80,7 +80,13 @@ class RecordFields:
             raise self.fail(f"{name}['content'] is a {type(message['content']).__name__}, not a string")
 
     def same_form(self, keys: tuple[str, ...]) -> None:
-        """All text fields strings, or all message lists."""
+        """All text fields strings, or all message lists (a field of another type is named as such)."""
+        for key in keys:
+            value = self.record.get(key, "")
+            if not isinstance(value, str | list):
+                raise self.fail(
+                    f"field {key!r} is a {type(value).__name__}, not a string or a list of messages"
+                )
         forms = {key: isinstance(self.record[key], str) for key in keys if key in self.record}
         if len(set(forms.values())) > 1:
             text = next(k for k, is_str in forms.items() if is_str)

@@ -28,16 +28,16 @@ def check_rl_options(seq_len: Any, tokens_per_batch: Any, vocab_size: Any, pad_i
         ...
         lit_losses.errors.ConfigError: data.tokens_per_batch=4 is smaller than one sequence (seq_len=8)
     """
-    _check_integer(seq_len, "data.seq_len", 2)
-    _check_integer(tokens_per_batch, "data.tokens_per_batch", 1)
+    _check_integer(seq_len, name="data.seq_len", minimum=2)
+    _check_integer(tokens_per_batch, name="data.tokens_per_batch", minimum=1)
     if tokens_per_batch < seq_len:
         raise ConfigError(
             f"data.tokens_per_batch={tokens_per_batch} is smaller than one sequence (seq_len={seq_len})"
         )
-    _check_integer(pad_id, "data.pad_id", 0)
+    _check_integer(pad_id, name="data.pad_id", minimum=0)
     if vocab_size is None:
         return
-    _check_integer(vocab_size, "data.vocab_size", 1)
+    _check_integer(vocab_size, name="data.vocab_size", minimum=1)
     if pad_id >= vocab_size:
         raise ConfigError(f"data.pad_id={pad_id} must be a token id in [0, {vocab_size}) (data.vocab_size)")
 
@@ -48,10 +48,12 @@ def rows_dataset(
     """Micro-batches of RL rows: each row one piece (never split), packed and batched as text is."""
     pieces = Pieces.from_sequences(
         [row.input_ids for row in rows],
-        [row.labels for row in rows],
-        {name: [row.fields[name] for row in rows] for name in (rows[0].fields if rows else {})},
+        labels=[row.labels for row in rows],
+        fields={name: [row.fields[name] for row in rows] for name in (rows[0].fields if rows else {})},
     )
-    return MicroBatchDataset(pieces, seq_len, tokens_per_batch, packing=packing, pad_id=pad_id)
+    return MicroBatchDataset(
+        pieces, seq_len=seq_len, tokens_per_batch=tokens_per_batch, packing=packing, pad_id=pad_id
+    )
 
 
 def rl_dataset(
@@ -77,10 +79,12 @@ def rl_dataset(
         ([[1.0, 1.0, -1.0]], [[1.0, 1.0, 0.5]])
     """
     check_rl_options(seq_len=seq_len, tokens_per_batch=tokens_per_batch, vocab_size=vocab_size, pad_id=pad_id)
-    rows = complete_fields(parse_records(records, vocab_size, seq_len))
+    rows = complete_fields(parse_records(records, vocab_size=vocab_size, seq_len=seq_len))
     if not rows:
         raise ConfigError("rl_dataset: records holds no record (give at least one)")
-    return rows_dataset(rows, seq_len, tokens_per_batch, packing=packing, pad_id=pad_id)
+    return rows_dataset(
+        rows, seq_len=seq_len, tokens_per_batch=tokens_per_batch, packing=packing, pad_id=pad_id
+    )
 
 
 class RLDataModule(FileDataModule):
@@ -97,6 +101,7 @@ class RLDataModule(FileDataModule):
     train/validation, then packed (a record is never split: one longer than ``seq_len`` is an error) into
     micro-batches of at most ``tokens_per_batch`` tokens. The training loader is a `GlobalStatsLoader`
     whose epoch order is a seeded permutation sharded over the data-parallel ranks (`FileDataModule`).
+    A subclass that overrides `read_rows` (to filter the records, say) trains on the rows it returns.
 
     Args:
         paths: JSONL file globs (required; e.g. ``data/rollouts.jsonl``, which
@@ -145,6 +150,7 @@ class RLDataModule(FileDataModule):
         pad_id: int = 0,
         num_workers: int = 0,
     ) -> None:
+        self.check_paths(paths)
         check_rl_options(
             seq_len=seq_len, tokens_per_batch=tokens_per_batch, vocab_size=vocab_size, pad_id=pad_id
         )
@@ -160,18 +166,30 @@ class RLDataModule(FileDataModule):
 
     def read_file(self, src: str) -> list[tuple[RLRow, str]]:
         """The rows of one JSONL file, each with its ``file:line`` (`read_jsonl`)."""
-        return read_jsonl(src, self.vocab_size, self.seq_len)
+        return read_jsonl(src, vocab_size=self.vocab_size, seq_len=self.seq_len)
 
     def check_rows(self, rows: list[tuple[RLRow, str]]) -> list[RLRow]:
         """The rows of the whole data, with the same fields (`complete_fields`)."""
         return complete_fields(rows)
 
+    def read_rows(self) -> list[RLRow]:
+        """Every record of ``paths`` as a row, checked, shuffled with ``seed``, cut to ``max_records``.
+
+        The rows the module splits and packs: a subclass may override it (to filter or reorder the
+        records, say) and call ``super().read_rows()``.
+        """
+        return self.shuffled(self.check_rows(self.read_sources(self.read_file)), limit=self.max_records)
+
     def read_items(self) -> list[RLRow]:
-        """Every record of ``paths`` as a row, checked, shuffled with ``seed``, cut to ``max_records``."""
-        return self.shuffled(self.check_rows(self.read_records(self.read_file)), limit=self.max_records)
+        """The rows of `read_rows`."""
+        return self.read_rows()
 
     def build_dataset(self, items: list[RLRow]) -> MicroBatchDataset:
         """Packed micro-batches of the rows (`rows_dataset`)."""
         return rows_dataset(
-            items, self.seq_len, self.tokens_per_batch, packing=self.packing, pad_id=self.pad_id
+            items,
+            seq_len=self.seq_len,
+            tokens_per_batch=self.tokens_per_batch,
+            packing=self.packing,
+            pad_id=self.pad_id,
         )

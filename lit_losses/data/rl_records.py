@@ -181,9 +181,10 @@ def _datum_tokens(fields: _Fields, vocab_size: int | None) -> list[int]:
         model_input = [t for c in chunks for t in c["tokens"]]
     elif isinstance(model_input, Mapping) and "tokens" in model_input:
         model_input = model_input["tokens"]
-    return _Fields({"model_input": model_input}, fields.where, DATUM_KEYS, foreign={}).ints(
-        "model_input", vocab_size
+    model_input_field = _Fields(
+        {"model_input": model_input}, where=fields.where, known=DATUM_KEYS, foreign={}
     )
+    return model_input_field.ints("model_input", vocab_size=vocab_size)
 
 
 def _flat_targets(f: _Fields, n: int, logprobs: list, weights: list | None) -> list[bool]:
@@ -215,20 +216,20 @@ def _flat_record(f: _Fields, vocab_size: int | None) -> Converted:
         raise f.fail(f"field 'tokens' has {n} token(s); a record needs a prompt token and a completion")
     logprobs = f.floats("logprobs", n, logprob=True)
     weights = f.floats("weights", n, required=False)
-    targets = _flat_targets(f, n, logprobs, weights=weights)
+    targets = _flat_targets(f, n=n, logprobs=logprobs, weights=weights)
     if f.get("advantage", required=False) is not None and f.get("advantages", required=False) is not None:
         raise f.fail("give 'advantage' (one per record) or 'advantages' (one per token), not both")
     if f.get("advantages", required=False) is not None:
         advantages = f.floats("advantages", n)
     elif f.get("advantage", required=False) is not None:
-        advantages = [f.scalar("advantage", None)] * n
+        advantages = [f.scalar("advantage", default=None)] * n
     else:
         raise f.fail("missing field 'advantage' (one per record) or 'advantages' (one per token)")
     columns = {"sampling_logprobs": ("logprobs", logprobs), "advantages": ("advantages", advantages)}
     if weights is not None:
         columns["loss_weights"] = ("weights", weights)
-    _optional_logprobs(f, columns, n)
-    return _shifted(f, tokens[:-1], tokens[1:], chosen=targets[1:], columns=columns, offset=1)
+    _optional_logprobs(f, columns=columns, n=n)
+    return _shifted(f, inputs=tokens[:-1], targets=tokens[1:], chosen=targets[1:], columns=columns, offset=1)
 
 
 def _optional_logprobs(f: _Fields, columns: Columns, n: int) -> None:
@@ -252,7 +253,7 @@ def _datum_record(f: _Fields, vocab_size: int | None) -> Converted:
         raise f.fail(f"field 'loss_fn_inputs' must be an object, got {type(inputs).__name__}")
     tokens = _datum_tokens(f, vocab_size)
     n = len(tokens)
-    g = _Fields(inputs, f"{f.where} loss_fn_inputs", DATUM_INPUTS, foreign=INPUTS_FOREIGN)
+    g = _Fields(inputs, where=f"{f.where} loss_fn_inputs", known=DATUM_INPUTS, foreign=INPUTS_FOREIGN)
     targets_ids = g.sequence("target_tokens", n)
     weights, mask = g.floats("weights", n, required=False), g.floats("mask", n, required=False)
     if weights is None and mask is None:
@@ -273,8 +274,8 @@ def _datum_record(f: _Fields, vocab_size: int | None) -> Converted:
     }
     if weights is not None:
         columns["loss_weights"] = ("weights", weights)
-    _optional_logprobs(g, columns, n)
-    return _shifted(g, tokens, targets_ids, chosen=targets, columns=columns, offset=0)
+    _optional_logprobs(g, columns=columns, n=n)
+    return _shifted(g, inputs=tokens, targets=targets_ids, chosen=targets, columns=columns, offset=0)
 
 
 def _shifted(
@@ -316,10 +317,10 @@ def parse_record(record: Any, where: str, vocab_size: int | None = None, seq_len
     if not isinstance(record, Mapping):
         raise ConfigError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
     if "tokens" in record:
-        f = _Fields(record, where, FLAT_KEYS, foreign=FLAT_FOREIGN)
+        f = _Fields(record, where=where, known=FLAT_KEYS, foreign=FLAT_FOREIGN)
         inputs, labels, fields = _flat_record(f, vocab_size)
     elif "model_input" in record or "loss_fn_inputs" in record:
-        f = _Fields(record, where, DATUM_KEYS, foreign=DATUM_FOREIGN)
+        f = _Fields(record, where=where, known=DATUM_KEYS, foreign=DATUM_FOREIGN)
         inputs, labels, fields = _datum_record(f, vocab_size)
     else:
         raise ConfigError(
@@ -331,10 +332,10 @@ def parse_record(record: Any, where: str, vocab_size: int | None = None, seq_len
             f"{len(inputs)} input positions do not fit data.seq_len={seq_len} (a record is never split); "
             "raise data.seq_len or shorten the record"
         )
-    sample_weight = f.scalar("sample_weight", 1.0, minimum=0.0)
+    sample_weight = f.scalar("sample_weight", default=1.0, minimum=0.0)
     if "sample_weight" in record:
         fields["sample_weights"] = [sample_weight if lab != IGNORE_INDEX else 0.0 for lab in labels]
-    row = RLRow(inputs, labels, fields)
+    row = RLRow(input_ids=inputs, labels=labels, fields=fields)
     if row.num_targets == 0:
         raise f.fail("has no completion token (every target is masked or has weight 0)")
     return row
@@ -345,7 +346,7 @@ def read_jsonl(
 ) -> list[tuple[RLRow, str]]:
     """The rows of a JSONL file of records (blank lines skipped), each with its ``file:line``."""
     return [
-        (parse_record(value, where, vocab_size, seq_len=seq_len), where)
+        (parse_record(value, where=where, vocab_size=vocab_size, seq_len=seq_len), where)
         for value, where in jsonl_values(path)
     ]
 
@@ -355,7 +356,7 @@ def parse_records(
 ) -> list[tuple[RLRow, str]]:
     """The rows of in-memory records, each with its ``records[i]``."""
     return [
-        (parse_record(r, f"{name}[{i}]", vocab_size, seq_len=seq_len), f"{name}[{i}]")
+        (parse_record(r, where=f"{name}[{i}]", vocab_size=vocab_size, seq_len=seq_len), f"{name}[{i}]")
         for i, r in enumerate(records)
     ]
 

@@ -170,14 +170,16 @@ def generate_rollouts(
         ['advantage', 'logprobs', 'old_logprobs', 'ref_logprobs', 'reward', 'text', 'tokens']
     """
     trainer = sampling_policy(seed)
-    model = trainer if engine_dtype is None else inference_engine(seed, engine_dtype)
+    model = trainer if engine_dtype is None else inference_engine(seed, dtype=engine_dtype)
     generator = torch.Generator().manual_seed(seed)
     records = []
     for _ in range(num_prompts):
         length = int(torch.randint(3, 7, (1,), generator=generator))
         word = torch.randint(0, 26, (length,), generator=generator).tolist()
         prompt = encode("".join(string.ascii_lowercase[i] for i in word) + "?")
-        group = sample_group(model, prompt, group_size, max_new_tokens=max_new_tokens, generator=generator)
+        group = sample_group(
+            model, prompt=prompt, group_size=group_size, max_new_tokens=max_new_tokens, generator=generator
+        )
         rewards = [reward(prompt, completion) for completion, _ in group]
         for (completion, logprobs), r, adv in zip(group, rewards, group_advantages(rewards), strict=True):
             lps = [None] * len(prompt) + [round(lp, DIGITS) for lp in logprobs]
@@ -250,7 +252,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"--engine-dtype={args.engine_dtype} is not a floating-point torch dtype (float8_e4m3fn)"
         )
     records = generate_rollouts(
-        args.num_prompts, args.group_size, args.max_new_tokens, seed=args.seed, engine_dtype=args.engine_dtype
+        num_prompts=args.num_prompts,
+        group_size=args.group_size,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        engine_dtype=args.engine_dtype,
     )
     write_jsonl(records, args.out)
     mean_reward = math.fsum(r["reward"] for r in records) / len(records)

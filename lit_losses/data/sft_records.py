@@ -96,9 +96,13 @@ def parse_sft_record(record: Mapping[str, Any], where: str) -> SFTRecord:
             raise f.fail("field 'messages' is a string, not a list of messages")
         return SFTRecord(where, messages=messages)
     kind = "a prompt-completion record has 'prompt' and 'completion'"
+    if "completion" not in record and {"chosen", "rejected"} <= set(record):
+        raise f.fail(
+            "a preference record (chosen/rejected): train it with data.class_path: PreferenceDataModule"
+        )
     prompt, completion = f.text("prompt", kind), f.text("completion", kind)
     f.same_form(("prompt", "completion"))
-    return SFTRecord(where, prompt, completion)
+    return SFTRecord(where, prompt=prompt, completion=completion)
 
 
 def check_sft_records(
@@ -194,11 +198,15 @@ def sft_row(
     """
     if record.messages is not None:
         ids, assistant = encoder.chat(record.messages, record.where, assistant_mask=assistant_only_loss)
-        split = Split([], ids, assistant)
+        split = Split(prompt_ids=[], full_ids=ids, assistant_mask=assistant)
     else:
         completion = with_eos(record.completion, encoder) if eos else record.completion
         split = split_completion(
-            encoder, record.prompt, completion, where=record.where, assistant_mask=assistant_only_loss
+            encoder,
+            prompt=record.prompt,
+            completion=completion,
+            where=record.where,
+            assistant_mask=assistant_only_loss,
         )
     targets = [1] * len(split.full_ids)
     if completion_only_loss:
@@ -208,5 +216,5 @@ def sft_row(
     ids, labels = next_token_row(split.full_ids, targets, max_length=seq_len)
     what = "the completion" if completion_only_loss else "the record"
     what = "its assistant turns" if assistant_only_loss else what
-    check_targets(labels, record.where, what, max_length=seq_len, option="data.seq_len")
+    check_targets(labels, where=record.where, what=what, max_length=seq_len, option="data.seq_len")
     return ids, labels

@@ -7,7 +7,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-from lit_losses.data.datamodule import FileDataModule, check_limit
+from lit_losses.data.datamodule import FileDataModule, check_limit, check_val_fraction
 from lit_losses.data.encoding import TokenEncoder
 from lit_losses.data.files import jsonl_values, read_text_file
 from lit_losses.data.packing import MicroBatchDataset, Pieces
@@ -140,6 +140,7 @@ class TextDataModule(FileDataModule):
             raise ConfigError(
                 f"data.tokens_per_batch={tokens_per_batch} is smaller than one sequence (seq_len={seq_len})"
             )
+        check_val_fraction(val_fraction)  # before max_documents, as the options are listed
         check_limit(max_documents, "max_documents")
         super().__init__(paths, val_fraction=val_fraction, seed=seed, num_workers=num_workers)
         self.save_hyperparameters()
@@ -155,6 +156,8 @@ class TextDataModule(FileDataModule):
         self.tokenizer = None
         self.encoder: TokenEncoder | None = None
 
+    paths_required = False  # no paths: the standard library's sources
+
     # ---- corpus ------------------------------------------------------------------------------
     def default_sources(self) -> list[str]:
         """The standard library's ``.py`` sources (`stdlib_sources`)."""
@@ -164,7 +167,7 @@ class TextDataModule(FileDataModule):
         """The documents of one file: the file's text, or each line's of a ``.jsonl`` file (`jsonl_text`)."""
         if src.endswith(".jsonl"):
             return [
-                jsonl_text(record, self.text_field, where)
+                jsonl_text(record, text_field=self.text_field, where=where)
                 for record, where in jsonl_values(src, prefix="data.paths: ")
             ]
         return [read_text_file(src)]
@@ -199,7 +202,9 @@ class TextDataModule(FileDataModule):
             )
         if records:
             check_sft_records(
-                records, self.completion_only_loss, assistant_only_loss=self.assistant_only_loss
+                records,
+                completion_only_loss=self.completion_only_loss,
+                assistant_only_loss=self.assistant_only_loss,
             )
 
     # ---- tokenization ------------------------------------------------------------------------
@@ -207,9 +212,13 @@ class TextDataModule(FileDataModule):
         """The byte-level BPE trained on ``train_docs`` (or loaded from the cache)."""
         texts = [t for d in train_docs for t in ([d] if isinstance(d, str) else d.texts())]
         cache_file = tokenizer_cache_file(
-            self.cache_dir, self.sources, self.vocab_size, seed=self.seed, limit=self.max_documents
+            cache_dir=self.cache_dir,
+            sources=self.sources,
+            vocab_size=self.vocab_size,
+            seed=self.seed,
+            limit=self.max_documents,
         )
-        self.tokenizer = load_or_train_tokenizer(texts, self.vocab_size, cache_file)
+        self.tokenizer = load_or_train_tokenizer(texts, vocab_size=self.vocab_size, cache_file=cache_file)
         return TokenEncoder(self.tokenizer, "the built-in BPE tokenizer")
 
     def prepare_encoding(self, train_items: list[str | SFTRecord]) -> None:
@@ -232,24 +241,30 @@ class TextDataModule(FileDataModule):
         rows = [
             sft_row(
                 record,
-                self.encoder,
-                self.seq_len,
+                encoder=self.encoder,
+                seq_len=self.seq_len,
                 completion_only_loss=completion_only,
                 assistant_only_loss=self.assistant_only_loss,
                 eos=self.append_eos,
             )
             for record in records
         ]
-        return Pieces.from_sequences([ids for ids, _ in rows], [labels for _, labels in rows], {})
+        return Pieces.from_sequences(
+            [ids for ids, _ in rows], labels=[labels for _, labels in rows], fields={}
+        )
 
     def build_dataset(self, documents: list[str | SFTRecord]) -> MicroBatchDataset:
         """Packed micro-batches of ``documents`` (text documents, or SFT records)."""
         if documents and isinstance(documents[0], SFTRecord):
             pieces = self.sft_pieces(documents)
         else:
-            pieces = Pieces.from_documents(self.encode(documents), self.seq_len)
+            pieces = Pieces.from_documents(self.encode(documents), seq_len=self.seq_len)
         return MicroBatchDataset(
-            pieces, self.seq_len, self.tokens_per_batch, packing=self.packing, pad_id=self.pad_id
+            pieces,
+            seq_len=self.seq_len,
+            tokens_per_batch=self.tokens_per_batch,
+            packing=self.packing,
+            pad_id=self.pad_id,
         )
 
     # ---- Lightning hooks ---------------------------------------------------------------------

@@ -23,7 +23,7 @@ without ``tail``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ from lit_losses.heads import (
 )
 from lit_losses.loss.context import logprobs_first
 from lit_losses.objectives.distillation import WHERE, DistillationConfig
+from lit_losses.objectives.inputs import check_provided
 
 TEACHER_TOPK_IDS = "teacher_topk_ids"
 """Batch key of the offline teacher's top-k token ids ``[B, T, k]`` (int64)."""
@@ -104,6 +105,36 @@ class Distillation:
     def metric_names(self) -> tuple[str, ...]:
         """`METRICS`."""
         return METRICS
+
+    def check_data(self, provided: Iterable[str], source: str) -> None:
+        """Before training: refuse data whose micro-batches lack a key the loss reads (`check_provided`),
+        and data carrying an offline teacher's top-k beside a teacher model (they would go unused).
+
+        Raises:
+            ConfigError: one line naming the option and the data.
+
+        Example:
+            >>> loss = Distillation(DistillationConfig(teacher="initial_policy"))
+            >>> loss.check_data(["input_ids", "labels", "teacher_topk_ids"], "DistillationDataModule")
+            Traceback (most recent call last):
+            ...
+            lit_losses.errors.ConfigError: model.distillation.teacher='initial_policy' computes the ...
+        """
+        provided = tuple(provided)
+        check_provided(reads=self.batch_keys(), provided=provided, reader=self.where, source=source)
+        offline = [key for key in (TEACHER_TOPK_IDS, TEACHER_TOPK_LOGPROBS) if key in provided]
+        if offline and not self.config.offline:
+            teacher = self.config.teacher
+            shown = (
+                f"config(model_type={teacher.get('model_type')!r})"
+                if isinstance(teacher, Mapping)
+                else repr(teacher)
+            )
+            raise ConfigError(
+                f"{WHERE}.teacher={shown} computes the teacher's distributions, but {source} carries an "
+                f"offline teacher's ({', '.join(offline)}), which would go unused; set {WHERE}.teacher: null "
+                "to train on the data's, or give the teacher model text data"
+            )
 
     def divergence(
         self,

@@ -62,7 +62,7 @@ from lit_losses.errors import ConfigError
 from lit_losses.heads import Backend, head_for
 from lit_losses.models.hf_batch import body_inputs, packing_leak, packing_tolerance
 from lit_losses.models.hf_load import causal_lm_of, check_plain_head, load_causal_lm, refused_as
-from lit_losses.registry import import_object
+from lit_losses.registry import closest, import_object
 
 __all__ = [
     "DISABLED_ADAPTERS",
@@ -279,16 +279,32 @@ def check_frozen_source(source: Any, where: str) -> FrozenSource:
         return source
     path = Path(source)
     if not path.exists():
-        raise ConfigError(
-            f"{where}={source!r}: no such file or directory (give a Hugging Face checkpoint directory, a "
-            f"RegularizedLM checkpoint file, a config dict, {INITIAL_POLICY!r} or {DISABLED_ADAPTERS!r})"
-        )
+        raise ConfigError(f"{where}={source!r}: no such file or directory{_source_hint(source)}")
     if path.is_dir() and not (path / "config.json").is_file():
         raise ConfigError(
             f"{where}={source!r} is a directory without config.json: not a Hugging Face checkpoint (save it "
             "with save_pretrained; a sharded Lightning checkpoint must be consolidated into one file first)"
         )
     return source
+
+
+def _source_hint(source: str) -> str:
+    """What a source that is no path may have meant: a keyword misspelled, or ``None`` (YAML's ``null``).
+
+    Example:
+        >>> _source_hint("initial-policy")
+        "; did you mean 'initial_policy'?"
+        >>> _source_hint("None")
+        "; for none write null, not the string 'None'"
+    """
+    if source.strip().lower() in ("none", "null", "~"):
+        return f"; for none write null, not the string {source!r}"
+    keyword = "/" not in source and "." not in source  # a path is never taken for a misspelled keyword
+    hint = closest(source, (INITIAL_POLICY, DISABLED_ADAPTERS)) if keyword else ""
+    return hint or (
+        " (give a Hugging Face checkpoint directory, a RegularizedLM checkpoint file, a config dict, "
+        f"{INITIAL_POLICY!r} or {DISABLED_ADAPTERS!r})"
+    )
 
 
 def load_frozen(source: FrozenSource, *, where: str, policy: Any) -> FrozenModel:

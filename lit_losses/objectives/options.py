@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 
 from lit_losses.errors import ConfigError
 from lit_losses.registry import closest
+from lit_losses.trl_fields import trl_hint
 
 Preset = TypeVar("Preset")
 
@@ -98,7 +99,8 @@ def coerce_fields(
         expected: what a mapping must hold, for the message (``GRPOConfig fields``).
 
     Raises:
-        ConfigError: ``value`` is no mapping, or has a key that is not a field (the closest field named).
+        ConfigError: ``value`` is no mapping, or has a key that is not a field (the option a TRL field name
+            is here, else the closest field named).
 
     Example:
         >>> from lit_losses.objectives.distillation import DistillationConfig
@@ -116,10 +118,8 @@ def coerce_fields(
     names = [field.name for field in fields(cls)]
     unknown = sorted(set(value) - set(names))
     if unknown:
-        raise ConfigError(
-            f"{where}.{unknown[0]}: not a field of {where}{closest(unknown[0], names)}; "
-            f"its fields are {names}"
-        )
+        hint = trl_hint(unknown[0]) or f"{closest(unknown[0], names)}; its fields are {names}"
+        raise ConfigError(f"{where}.{unknown[0]}: not a field of {where}{hint}")
     return cls(**value)
 
 

@@ -147,8 +147,9 @@ class DPOPreset:
     def __post_init__(self) -> None:
         types = self.loss_types
         if self.loss_weights is not None:
-            weights = list(self.loss_weights)
-            if len(weights) != len(types) or not all(is_number(w) for w in weights):
+            listed = isinstance(self.loss_weights, list | tuple)  # a string is no list of its characters
+            weights = list(self.loss_weights) if listed else self.loss_weights
+            if not listed or len(weights) != len(types) or not all(is_number(w) for w in weights):
                 raise ConfigError(
                     f"{self.where}.loss_weights={weights!r}: one finite weight per loss type, "
                     f"{len(types)} for {types}"

@@ -34,7 +34,7 @@ class Numbers(FileDataModule):
         self.max_records = max_records
 
     def read_items(self) -> list[int]:
-        values = self.read_records(lambda src: [int(word) for word in Path(src).read_text().split()])
+        values = self.read_sources(lambda src: [int(word) for word in Path(src).read_text().split()])
         return self.shuffled(values, limit=self.max_records)
 
     def build_dataset(self, items: list[int]) -> list[dict]:

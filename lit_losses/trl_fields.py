@@ -1,0 +1,59 @@
+"""Fields of TRL's trainer configs (``DPOConfig``, ``SFTConfig``, ``GKDConfig``, ``GRPOConfig``, and the
+``TrainingArguments`` they extend) that are other options here, or have none: the hint that an unknown
+option of that name gets (`trl_hint`).
+
+The loss fields of a TRL trainer keep their TRL names under ``model.dpo``, ``model.kto``, ``model.cpo``,
+``model.orpo``, ``model.grpo`` and ``model.distillation``; the fields below belong to the data, the
+optimizer or the trainer instead.
+"""
+
+from __future__ import annotations
+
+TRL_FIELDS = {
+    "max_length": "is data.init_args.max_length here (PreferenceDataModule; TextDataModule: seq_len)",
+    "max_seq_length": "is data.init_args.seq_len here",
+    "max_prompt_length": "has no counterpart: data.init_args.max_length bounds prompt + completion, "
+    "data.init_args.truncation_mode says which end is cut",
+    "max_completion_length": "has no counterpart: data.init_args.max_length bounds prompt + completion, "
+    "data.init_args.truncation_mode says which end is cut",
+    "padding_free": "is data.init_args.packing here (TextDataModule and its subclasses)",
+    "dataset_text_field": "has no counterpart: TextDataModule reads the records' 'text' field",
+    "rpo_alpha": "is model.dpo.loss_type: [sigmoid, sft] with model.dpo.loss_weights: [1.0, <rpo_alpha>] "
+    "here",
+    "lmbda": "has no counterpart: nothing is generated during training; give a teacher model "
+    "(model.distillation.teacher) or its top-k log-probabilities (lit_losses.data.DistillationDataModule)",
+    "seq_kd": "has no counterpart: nothing is generated during training; write the teacher's generations "
+    "as records",
+    "max_new_tokens": "has no counterpart: nothing is generated during training",
+    "num_generations": "has no counterpart: the records carry the sampled completions and their advantages",
+    "teacher_model_name_or_path": "is model.distillation.teacher here",
+    "learning_rate": "is model.init_args.optimizer.lr here",
+    "weight_decay": "is model.init_args.optimizer.weight_decay here",
+    "warmup_steps": "is model.init_args.optimizer.warmup_steps here",
+    "lr_scheduler_type": "is model.init_args.optimizer.schedule here",
+    "per_device_train_batch_size": "is data.init_args.tokens_per_batch here (a token budget per micro-batch)",
+    "gradient_accumulation_steps": "is trainer.accumulate_grad_batches here",
+    "num_train_epochs": "is trainer.max_epochs here",
+    "max_grad_norm": "is trainer.gradient_clip_val here",
+    "logging_steps": "is trainer.log_every_n_steps here",
+    "eval_steps": "is trainer.val_check_interval here",
+    "output_dir": "is trainer.default_root_dir here",
+    "bf16": "is trainer.precision=bf16-mixed here",
+    "fp16": "is trainer.precision=16-mixed here",
+    "seed": "is seed_everything here",
+}
+"""Fields of TRL's trainer configs that are other options here, by name: where to set each (or why
+there is none)."""
+
+
+def trl_hint(name: str) -> str:
+    """``"; TRL's <name> …"`` for a field of a TRL trainer config that is another option here (empty for
+    any other name).
+
+    Example:
+        >>> trl_hint("gradient_accumulation_steps")
+        "; TRL's gradient_accumulation_steps is trainer.accumulate_grad_batches here"
+        >>> trl_hint("beta")
+        ''
+    """
+    return f"; TRL's {name} {TRL_FIELDS[name]}" if name in TRL_FIELDS else ""
