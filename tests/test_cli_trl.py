@@ -217,7 +217,9 @@ def test_trls_max_length_on_text_data_is_refused_before_training(tmp_path, capsy
     with pytest.raises(SystemExit) as stop:
         cli_main(args)
     assert stop.value.code == 2
-    assert "max_length" in error_line(capsys)
+    line = error_line(capsys)
+    assert "data.init_args.max_length: not an option of HFTextDataModule" in line
+    assert "data.init_args.seq_len for text data" in line
     assert not list(tmp_path.rglob("*.ckpt"))
 
 

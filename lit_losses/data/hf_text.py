@@ -16,7 +16,7 @@ from lit_losses.data.encoding import TokenEncoder
 from lit_losses.data.text import TextDataModule
 from lit_losses.data.tokenizer import MIN_VOCAB_SIZE
 from lit_losses.errors import ConfigError
-from lit_losses.pretrained import local_pretrained
+from lit_losses.models.pretrained import local_pretrained
 
 
 class NextTokenCollator:
@@ -59,7 +59,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "voc
 
 def load_tokenizer(path: str) -> Any:
     """``AutoTokenizer.from_pretrained`` of a local directory, or of a Hub id whose files are in the local
-    Hugging Face cache (`lit_losses.pretrained.local_pretrained`); nothing is downloaded.
+    Hugging Face cache (`lit_losses.models.pretrained.local_pretrained`); nothing is downloaded.
 
     Raises:
         ConfigError: one line naming ``data.init_args.tokenizer`` and the directory (and the file, for a

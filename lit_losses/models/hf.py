@@ -34,10 +34,10 @@ from lit_losses.models.hf_batch import (
     shift_labels,
 )
 from lit_losses.models.hf_load import causal_lm_of, check_plain_head, import_transformers, refused_as
+from lit_losses.models.pretrained import local_pretrained
 from lit_losses.module import RegularizedLM
 from lit_losses.optim import check_trainable_dtypes
 from lit_losses.parallel import ParallelConfig
-from lit_losses.pretrained import local_pretrained
 from lit_losses.registry import closest
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def build_causal_lm(
     dtype: DType | None,
 ) -> PreTrainedModel:
     """A ``transformers`` causal LM from a local checkpoint directory, a Hub id in the local Hugging Face
-    cache (`lit_losses.pretrained.local_pretrained`) or a config dict (random weights); nothing is
+    cache (`lit_losses.models.pretrained.local_pretrained`) or a config dict (random weights); nothing is
     downloaded. Errors name the option (``model.init_args.<name>``)."""
     transformers = import_transformers("HFCausalLM")
     options: dict[str, Any] = {}
