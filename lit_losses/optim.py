@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -14,6 +16,9 @@ from lit_losses.errors import ConfigError
 from lit_losses.schedule import Schedule
 
 LRSchedule = Literal["cosine", "linear", "constant"]
+
+DEFAULT_WARMUP_STEPS = 100
+"""The warmup, in optimizer steps, when neither ``warmup_steps`` nor ``warmup_ratio`` is given."""
 
 ADAMW_WORDS = {"beta": "betas", "epsilon": "eps", "weight_decay": "weight_decay", "learning rate": "lr"}
 """The word of each ``torch.optim.AdamW`` refusal, and the option it is about."""
@@ -29,15 +34,22 @@ ADAMW_BOUNDS = {
 class OptimizerConfig:
     """AdamW with a per-step schedule ``lr(s) = lr · f(s)``.
 
-    ``f`` rises linearly from ``1/(warmup_steps+1)`` (never 0) to 1 over ``warmup_steps``, then follows
+    ``f`` rises linearly from ``1/(w+1)`` (never 0) to 1 over the ``w`` warmup steps (`warmup`), then follows
     ``schedule`` down to ``r = min_lr_ratio`` at ``total_steps``: ``cosine``: ``r + (1−r)·½(1+cos πu)``,
     ``linear``: ``1 − (1−r)·u``, ``constant``: 1, with ``u`` the fraction of the post-warmup steps done (one
     `Schedule`, the same type that schedules regularizer weights).
+
+    The warmup is given as transformers' ``TrainingArguments`` give it: a number of steps
+    (``warmup_steps: 100``), or a fraction of the run's optimizer steps, rounded up: ``warmup_steps: 0.1``
+    (a float below 1, as in transformers 5) or ``warmup_ratio: 0.1`` (transformers 4's name); one of the
+    two fields, not both.
 
     Example:
         >>> cfg = OptimizerConfig(lr=1e-3, warmup_steps=3, schedule="linear", min_lr_ratio=0.5)
         >>> [round(cfg.lr_factor(step, total_steps=7), 3) for step in range(8)]
         [0.25, 0.5, 0.75, 1.0, 0.875, 0.75, 0.625, 0.5]
+        >>> OptimizerConfig(warmup_ratio=0.1).warmup(total_steps=25), OptimizerConfig().warmup(total_steps=25)
+        (3, 100)
     """
 
     lr: float = 3e-4
@@ -48,8 +60,12 @@ class OptimizerConfig:
     """AdamW epsilon."""
     weight_decay: float = 0.1
     """Decoupled weight decay, applied to matrices only (not to norms, biases or 1-D parameters)."""
-    warmup_steps: int = 100
-    """Optimizer steps of linear warmup."""
+    warmup_steps: int | float | None = None
+    """Optimizer steps of linear warmup, or, a float in [0, 1), that fraction of ``total_steps`` (rounded
+    up, as transformers 5's ``warmup_steps``); ``None``: `DEFAULT_WARMUP_STEPS`, unless ``warmup_ratio``."""
+    warmup_ratio: float | None = None
+    """The warmup as a fraction of ``total_steps`` in [0, 1], rounded up to whole steps (transformers 4's
+    ``warmup_ratio``); not with ``warmup_steps``."""
     schedule: LRSchedule = "cosine"
     """Decay after warmup."""
     min_lr_ratio: float = 0.1
@@ -61,8 +77,7 @@ class OptimizerConfig:
         check_choice(self.schedule, LRSchedule, "optimizer.schedule")
         if self.lr <= 0:
             raise ConfigError(f"optimizer.lr must be > 0, got {self.lr}")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+        self.check_warmup()
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.total_steps is not None and self.total_steps < 1:
@@ -71,6 +86,57 @@ class OptimizerConfig:
         if len(self.betas) != 2:
             raise ConfigError(f"optimizer.betas={self.betas!r} must be {ADAMW_BOUNDS['betas']}")
         self.check_adamw()
+
+    def check_warmup(self) -> None:
+        """``warmup_steps`` is a number of steps or a fraction below 1, ``warmup_ratio`` a fraction in
+        [0, 1], and at most one of them is given.
+
+        Raises:
+            ConfigError: naming ``optimizer.<field>`` and its value.
+
+        Example:
+            >>> OptimizerConfig(warmup_steps=20, warmup_ratio=0.1)
+            Traceback (most recent call last):
+            ...
+            lit_losses.errors.ConfigError: optimizer.warmup_steps=20 and optimizer.warmup_ratio=0.1 both ...
+        """
+        steps, ratio = self.warmup_steps, self.warmup_ratio
+        if steps is not None and ratio is not None:
+            raise ConfigError(
+                f"optimizer.warmup_steps={steps} and optimizer.warmup_ratio={ratio} both set the warmup; "
+                "give one (warmup_steps: a number of steps, or a fraction below 1 as in transformers 5)"
+            )
+        if steps is not None and steps < 0:
+            raise ConfigError(f"optimizer.warmup_steps must be >= 0, got {steps}")
+        if steps is not None and steps >= 1 and steps != int(steps):
+            raise ConfigError(
+                f"optimizer.warmup_steps={steps} is neither a whole number of steps nor a fraction of the "
+                "run's steps (a float below 1)"
+            )
+        if ratio is not None and not 0.0 <= ratio <= 1.0:
+            raise ConfigError(
+                f"optimizer.warmup_ratio={ratio} must be in [0, 1] (a fraction of the run's steps)"
+            )
+
+    def warmup(self, total_steps: int) -> int:
+        """The number of warmup steps of a schedule of ``total_steps`` optimizer steps (``total_steps`` if
+        set): ``warmup_steps``, or ``ceil(fraction × total_steps)`` for a fraction, as transformers'
+        ``TrainingArguments.get_warmup_steps``."""
+        total = self.total_steps or total_steps
+        if self.warmup_ratio is not None:
+            return math.ceil(total * self.warmup_ratio)
+        if self.warmup_steps is None:
+            return DEFAULT_WARMUP_STEPS
+        if self.warmup_steps < 1:
+            return math.ceil(total * self.warmup_steps)
+        return int(self.warmup_steps)
+
+    def resolved(self) -> OptimizerConfig:
+        """The same settings with the default warmup written out (``warmup_steps``: `DEFAULT_WARMUP_STEPS`
+        when neither warmup field is given), so that two configs of the same run compare equal."""
+        if self.warmup_steps is None and self.warmup_ratio is None:
+            return dataclasses.replace(self, warmup_steps=DEFAULT_WARMUP_STEPS)
+        return self
 
     def check_adamw(self) -> None:
         """Let ``torch.optim.AdamW`` check the values it refuses (each beta in ``[0, 1)``, ``eps`` and
@@ -102,8 +168,8 @@ class OptimizerConfig:
         return cls(**value) if isinstance(value, dict) else value or cls()
 
     def lr_schedule(self, total_steps: int) -> Schedule:
-        """The `Schedule` of ``f``: warmup from ``1/(warmup_steps+1)`` (never a zero learning rate)."""
-        warmup = self.warmup_steps
+        """The `Schedule` of ``f``: warmup from ``1/(w+1)`` (never a zero learning rate)."""
+        warmup = self.warmup(total_steps)
         return Schedule(
             "linear_warmup" if self.schedule == "constant" else self.schedule,
             warmup_steps=warmup,

@@ -10,7 +10,8 @@ optimizer or the trainer instead.
 from __future__ import annotations
 
 TRL_FIELDS = {
-    "max_length": "is data.init_args.max_length here (PreferenceDataModule; TextDataModule: seq_len)",
+    "max_length": "is data.init_args.max_length here for preference data (PreferenceDataModule), "
+    "data.init_args.seq_len for text data (TextDataModule and its subclasses)",
     "max_seq_length": "is data.init_args.seq_len here",
     "max_prompt_length": "has no counterpart: data.init_args.max_length bounds prompt + completion, "
     "data.init_args.truncation_mode says which end is cut",
@@ -30,6 +31,7 @@ TRL_FIELDS = {
     "learning_rate": "is model.init_args.optimizer.lr here",
     "weight_decay": "is model.init_args.optimizer.weight_decay here",
     "warmup_steps": "is model.init_args.optimizer.warmup_steps here",
+    "warmup_ratio": "is model.init_args.optimizer.warmup_ratio here",
     "lr_scheduler_type": "is model.init_args.optimizer.schedule here",
     "per_device_train_batch_size": "is data.init_args.tokens_per_batch here (a token budget per micro-batch)",
     "gradient_accumulation_steps": "is trainer.accumulate_grad_batches here",

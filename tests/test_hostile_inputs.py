@@ -202,9 +202,9 @@ def test_a_nested_option_reads_null_as_null(args, path, expected, tmp_path, caps
             "model.init_args.optimizer=null: expected OptimizerConfig; remove the option for its default",
         ),
         (
-            f"{D}vocab_size",
-            "data.init_args.vocab_size=null is given to model.init_args.vocab_size, which expects "
-            "int; set data.init_args.vocab_size",
+            f"{M}vocab_size",
+            "model.init_args.vocab_size=null: model.init_args.vocab_size is set from "
+            "data.init_args.vocab_size when the data module is built",
         ),
     ],
     ids=["int", "float", "choice", "bool_read_as_false", "dataclass_field", "dataclass", "linked"],

@@ -142,7 +142,7 @@ def _canonical(key: str, value: Any) -> Any:
             specs = [_spec(v) for v in value or ()]
             return {spec.name: _canonical("", plain_data(spec)) for spec in specs}
         if key == "optimizer":
-            return _canonical("", plain_data(OptimizerConfig.coerce(value)))
+            return _canonical("", plain_data(OptimizerConfig.coerce(value).resolved()))
     except (TypeError, ValueError):
         pass  # as given
     value = plain_data(value)

@@ -2,8 +2,9 @@
 
 The model is any `RegularizedLM` subclass (``model.class_path``, e.g. `lit_losses.TinyLM`); the data
 is a `lit_losses.data.FileDataModule` subclass (``data.class_path``: `lit_losses.TextDataModule`, the default,
-`lit_losses.data.RLDataModule`, `lit_losses.data.hf_text.HFTextDataModule`, ...), whose ``vocab_size`` is
-linked to ``model.init_args.vocab_size``.
+`lit_losses.data.RLDataModule`, `lit_losses.data.hf_text.HFTextDataModule`, ...), whose ``vocab_size`` (a
+Hugging Face tokenizer's size unless given) becomes ``model.init_args.vocab_size`` when it is built. Each
+default class (`lit_losses.cli.class_defaults`) applies only when the run names no class of its own.
 Closed options are typed as ``Literal`` so that ``--help`` lists their choices. Every configuration
 error, whether jsonargparse's, a `ConfigError` raised while building or training, or Lightning refusing a
 trainer option before the run started (`lit_losses.cli.trainer_errors`), is reported as one
@@ -19,7 +20,6 @@ import ast
 import importlib
 import re
 import sys
-from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
@@ -34,11 +34,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 import lit_losses
 from lit_losses.checkpoint.latest import checkpoint_folders, latest_checkpoint
 from lit_losses.checkpoint.preemption import PreemptionCheckpoint
-from lit_losses.checkpoint.resume import check_changes, option_changes, read_checkpoint
+from lit_losses.checkpoint.resume import ARCHITECTURE_HINT, check_changes, option_changes, read_checkpoint
 from lit_losses.checkpoint.verified import VerifiedCheckpoints
 from lit_losses.checkpoint.verify import verify_checkpoint, warn_unverifiable
+from lit_losses.cli.class_defaults import config_file_args, default_classes
 from lit_losses.cli.console import quiet_console, use_step_progress_bar
 from lit_losses.cli.import_hint import import_error_line
+from lit_losses.cli.nested_help import with_class_help
 from lit_losses.cli.nested_values import parser_argument
 from lit_losses.cli.null_options import check_null_options
 from lit_losses.cli.option_hint import fields_expected_line, unknown_key_line, unknown_option_line
@@ -71,7 +73,9 @@ _TYPE = re.compile(r"Expected a <class '(\w+)'>")
 _VALUE = re.compile(r"(?:Got|Given) value: (.*)")
 _SUBCLASS_ROOTS = ("model", "data")
 LINKED = {"model.init_args.vocab_size": "data.init_args.vocab_size"}
-"""The options whose value is another's (LightningCLI's ``link_arguments``): target → source."""
+"""The options whose value is another's (LightningCLI's ``link_arguments``): target → source. The model's
+are the data module's attributes once it is built (``vocab_size``: a Hugging Face tokenizer's size unless
+given)."""
 
 
 def one_line_error(message: str) -> str:
@@ -152,6 +156,9 @@ ResumeChanges = Literal["apply", "error"]
 _NOT_DATA = ("num_workers", "cache_dir")
 """Data options that do not change which micro-batches a run trains on."""
 
+_LINKED_MODEL_OPTIONS = tuple(target.rpartition(".")[2] for target in LINKED if target.startswith("model."))
+"""The model options that the data module gives when it is built (`LINKED`)."""
+
 
 class LitLossesCLI(LightningCLI):
     """LightningCLI with the data→model vocabulary link, one-line configuration errors, ``--ckpt_path``
@@ -167,6 +174,13 @@ class LitLossesCLI(LightningCLI):
         self.run_claim = RunClaim()
         """The folders and config file this run created to claim its log folder."""
         self.run_started = RunStarted()
+        given = kwargs.get("args")
+        self.class_defaults = default_classes(sys.argv[1:] if given is None else given)
+        """The default class of each of ``model`` and ``data`` whose class the command line does not choose
+        (`lit_losses.cli.class_defaults`)."""
+        self.resumed_linked_options: tuple[str, dict[str, Any]] = ("", {})
+        """With ``--ckpt_path``: the checkpoint's values of the model options the data module gives when it
+        is built (`check_linked_options`)."""
         try:
             super().__init__(*args, **kwargs)
         except Exception as err:
@@ -189,14 +203,10 @@ class LitLossesCLI(LightningCLI):
         return trainer.as_dict() if isinstance(trainer, Namespace) else {}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.set_defaults(
-            {
-                "model": {"class_path": "lit_losses.TinyLM"},
-                "data": {"class_path": "lit_losses.TextDataModule"},
-            }
-        )
-        for target, source in LINKED.items():
-            parser.link_arguments(source, target)
+        if self.class_defaults:
+            parser.set_defaults(self.class_defaults)
+        for target, source in LINKED.items():  # when the data module is built: its attribute
+            parser.link_arguments(source.replace(".init_args.", "."), target, apply_on="instantiate")
         parser.add_argument(
             "--resume_changes",
             type=ResumeChanges,
@@ -215,7 +225,10 @@ class LitLossesCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        check_config_files(sys.argv[1:] if args is None else args)
+        given = sys.argv[1:] if args is None else args
+        check_config_files(given)
+        if isinstance(given, list | tuple) and with_class_help(list(given)) != list(given):
+            parser.parse_args(with_class_help(list(given)))  # --model.grpo.help alone: prints it and exits
         super().parse_arguments(parser, args)
         self.given_config = self.config.clone()
         """The options as given, before LightningCLI replaces the model's with a checkpoint's."""
@@ -229,6 +242,7 @@ class LitLossesCLI(LightningCLI):
             check_null_options(config.get(root), root, linked=LINKED)
 
     def after_instantiate_classes(self) -> None:
+        check_linked_options(self)
         self.trainer.callbacks.append(self.run_started)
         if not any(isinstance(c, VerifiedCheckpoints) for c in self.trainer.callbacks):
             self.trainer.callbacks.append(VerifiedCheckpoints())
@@ -273,10 +287,7 @@ def check_config_files(args: Any) -> None:
     """
     if not isinstance(args, (list, tuple)):
         return
-    args = [str(a) for a in args]
-    files = [b for a, b in pairwise(args) if a == "--config"]
-    files += [a.partition("=")[2] for a in args if a.startswith("--config=")]
-    for name in files:
+    for name in config_file_args(args):
         if not Path(name).is_file():
             continue  # jsonargparse reports it: "config: File does not exist: …"
         try:
@@ -449,20 +460,55 @@ def check_resume_options(cli: LitLossesCLI) -> None:
     checkpoint = read_checkpoint(ckpt_path)
     where = f"--ckpt_path {ckpt_path}"
     model, data = given["model"].as_dict(), given["data"].as_dict() if given.get("data") else {}
-    changes = option_changes(
-        checkpoint.get("hyper_parameters") or {},
-        {"_class_path": model["class_path"], **(model.get("init_args") or {})},
-        model_class=_class_of(model["class_path"]),
-    )
+    saved = checkpoint.get("hyper_parameters") or {}
+    changes = [
+        c
+        for c in option_changes(
+            saved,
+            {"_class_path": model["class_path"], **(model.get("init_args") or {})},
+            model_class=_class_of(model["class_path"]),
+        )
+        if c.path.rpartition(".")[2] not in _LINKED_MODEL_OPTIONS  # checked once built (check_linked_options)
+    ]
+    given_data = {**(data.get("init_args") or {})}
     saved_data = checkpoint.get("datamodule_hyper_parameters") or {}
     data_changes = [
         c
-        for c in option_changes(saved_data, {**(data.get("init_args") or {})}, prefix="data.init_args")
-        if c.path.rpartition(".")[2] not in _NOT_DATA
+        for c in option_changes(saved_data, given_data, prefix="data.init_args")
+        if _compared_data_option(c.path.rpartition(".")[2], given_data)
     ]
     check_changes(changes + data_changes, where, config.get("resume_changes", "apply") == "apply", warn=False)
     check_changes(data_changes, where)
     config["model"] = given["model"]
+    cli.resumed_linked_options = (
+        where,
+        {name: saved[name] for name in _LINKED_MODEL_OPTIONS if name in saved},
+    )
+
+
+def _compared_data_option(name: str, given: dict[str, Any]) -> bool:
+    """Whether a resumed run's data option ``name`` is compared with the checkpoint's before it is built: not
+    the options that do not change the micro-batches, nor a linked option left to the data module (``None``:
+    a tokenizer's size), which `check_linked_options` compares once it is built."""
+    return name not in _NOT_DATA and not (name in _LINKED_MODEL_OPTIONS and given.get(name) is None)
+
+
+def check_linked_options(cli: LitLossesCLI) -> None:
+    """With ``--ckpt_path``: the model options that the data module gave when it was built (its vocabulary,
+    a tokenizer's size unless given) are the checkpoint's.
+
+    Raises:
+        ConfigError: naming the option, both values and the data module that gave it.
+    """
+    where, saved_options = cli.resumed_linked_options
+    for name, saved in saved_options.items():
+        now = cli.model.hparams.get(name)
+        if now != saved:
+            raise ConfigError(
+                f"{where}: resuming with options that differ from the checkpoint's: model.init_args.{name}: "
+                f"{saved!r} in the checkpoint, {now!r} now (data.{name} of {type(cli.datamodule).__name__}); "
+                f"{ARCHITECTURE_HINT}"
+            )
 
 
 def _class_of(class_path: str) -> type | None:

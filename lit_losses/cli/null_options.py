@@ -31,7 +31,7 @@ def check_null_options(section: Any, where: str, linked: Mapping[str, str] | Non
         section: the parsed option.
         where: its path (``model``).
         linked: the options whose value is another's (``{"model.init_args.vocab_size":
-            "data.init_args.vocab_size"}``), named in the message as where the null came from.
+            "data.init_args.vocab_size"}``), named in the message as where the value comes from.
 
     Raises:
         ConfigError: ``<where>.init_args.<option>=null: expected <type>; remove the option for its default
@@ -70,7 +70,10 @@ def _null_line(path: str, option: Option, linked: dict[str, str]) -> str:
     """The error of a ``null`` for option ``path``, which takes none."""
     expected = type_text(option.type)
     if path in linked:
-        return f"{linked[path]}=null is given to {path}, which expects {expected}; set {linked[path]}"
+        return (
+            f"{path}=null: {path} is set from {linked[path]} when the data module is built (it expects "
+            f"{expected}); remove it, and set {linked[path]} if needed"
+        )
     shown = "" if option.default is inspect.Parameter.empty else repr(option.default)
     default = f" ({shown})" if shown and len(shown) <= 60 else ""  # not a whole dataclass's fields
     return f"{path}=null: expected {expected}; remove the option for its default{default}"

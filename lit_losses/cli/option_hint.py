@@ -36,7 +36,8 @@ def unknown_option_line(path: str, message: str) -> str | None:
         "model.init_args.dpo.betta: not an option of DPOPreset; did you mean 'beta'?"
         >>> print(unknown_option_line("model.init_args.dpo", message.replace("betta", "max_length")))
         model.init_args.dpo.max_length: not an option of DPOPreset; TRL's max_length is
-        data.init_args.max_length here (PreferenceDataModule; TextDataModule: seq_len)
+        data.init_args.max_length here for preference data (PreferenceDataModule), data.init_args.seq_len
+        for text data (TextDataModule and its subclasses)
     """
     found = _UNKNOWN.findall(message) or _UNRECOGNIZED.findall(message)
     if not found:

@@ -1,6 +1,7 @@
 """Text data for Hugging Face models: a local tokenizer directory, local text or JSONL files, the packed
 micro-batches of `lit_losses.data.packing` and `GlobalStatsLoader`; and Hugging Face collators made to
-give next-token labels (`NextTokenCollator`). Needs the ``[hf]`` extra; nothing is downloaded.
+give next-token labels (`NextTokenCollator`). Needs the ``[hf]`` extra; nothing is downloaded (a Hub id
+is read from the local Hugging Face cache).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from lit_losses.data.encoding import TokenEncoder
 from lit_losses.data.text import TextDataModule
 from lit_losses.data.tokenizer import MIN_VOCAB_SIZE
 from lit_losses.errors import ConfigError
+from lit_losses.models.pretrained import local_pretrained
 
 
 class NextTokenCollator:
@@ -56,27 +58,24 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "voc
 
 
 def load_tokenizer(path: str) -> Any:
-    """``AutoTokenizer.from_pretrained(path)`` of a local directory.
+    """``AutoTokenizer.from_pretrained`` of a local directory, or of a Hub id whose files are in the local
+    Hugging Face cache (`lit_losses.models.pretrained.local_pretrained`); nothing is downloaded.
 
     Raises:
         ConfigError: one line naming ``data.init_args.tokenizer`` and the directory (and the file, for a
-            JSON file that does not parse) when it is not a directory, holds no tokenizer file, or
-            ``transformers`` cannot load the tokenizer it holds.
+            JSON file that does not parse) when it is neither a directory nor a cached Hub id, holds no
+            tokenizer file, or ``transformers`` cannot load the tokenizer it holds.
     """
     where = f"data.init_args.tokenizer {path!r}"
-    if not os.path.isdir(path):
-        raise ConfigError(
-            f"{where} is not a local directory (a tokenizer saved with save_pretrained; nothing is "
-            "downloaded at run time)"
-        )
+    directory = local_pretrained(path, "data.init_args.tokenizer", saved_with="tokenizer.save_pretrained")
     try:
         from transformers import AutoTokenizer
     except ImportError as err:  # pragma: no cover - depends on the optional extra
         raise ConfigError("HFTextDataModule needs the optional extra: pip install 'lit_losses[hf]'") from err
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return AutoTokenizer.from_pretrained(directory, local_files_only=True)
     except Exception as err:  # any failure to load the files the user pointed at is a configuration error
-        raise _tokenizer_error(path, where=where, err=err) from err
+        raise _tokenizer_error(directory, where=where, err=err) from err
 
 
 def _tokenizer_error(path: str, where: str, err: Exception) -> ConfigError:
@@ -110,7 +109,8 @@ def _check_json(file: str, where: str) -> None:
 
 
 class HFTextDataModule(TextDataModule):
-    """`TextDataModule` with a Hugging Face tokenizer from a local directory instead of a trained BPE.
+    """`TextDataModule` with a Hugging Face tokenizer (a local directory, or a Hub id in the local cache)
+    instead of a trained BPE.
 
     Documents (whole text files, or the ``text_field`` of each ``.jsonl`` line; default: the standard
     library's sources) are tokenized with ``AutoTokenizer.from_pretrained(tokenizer)`` (its special tokens
@@ -120,10 +120,13 @@ class HFTextDataModule(TextDataModule):
     the training loader is a `GlobalStatsLoader`.
 
     Args:
-        tokenizer: local tokenizer directory (``save_pretrained``).
+        tokenizer: local tokenizer directory (``save_pretrained``), or a Hub id (``org/name``) already in
+            the local Hugging Face cache; usually the model's own (its ``model_name_or_path``).
         paths: file globs (text files or ``.jsonl``); default: the standard library sources.
-        vocab_size: the model's vocabulary (linked to ``model.init_args.vocab_size`` by the CLI); default
-            ``None`` (the model keeps its own; every token id must be below it).
+        vocab_size: the vocabulary size, linked to ``model.init_args.vocab_size`` by the CLI: at least the
+            tokenizer's size; ``None`` (default): the tokenizer's size (``len(tokenizer)``), so that a
+            pretrained model with its own tokenizer keeps its vocabulary. The hyper-parameters record the
+            size given to the model.
         add_special_tokens: let the tokenizer add its special tokens (e.g. BOS) to each document.
         append_eos: end each document with the tokenizer's EOS token.
         **kwargs: the other `TextDataModule` options (``text_field``, ``seq_len``, ``tokens_per_batch``,
@@ -170,7 +173,9 @@ class HFTextDataModule(TextDataModule):
             )
         # the parent's lower bound on vocab_size is its own byte-level BPE's; this tokenizer is given
         super().__init__(paths=paths, vocab_size=max(size, MIN_VOCAB_SIZE), **kwargs)
-        self.vocab_size = vocab_size
+        self.vocab_size = size if vocab_size is None else vocab_size
+        # the hyper-parameters name the vocabulary given to the model (the CLI links it), as the model's do
+        self.save_hyperparameters({**self.hparams, "vocab_size": self.vocab_size})
         self.tokenizer_path = tokenizer
         self.add_special_tokens = add_special_tokens
         self.append_eos = append_eos

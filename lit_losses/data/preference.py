@@ -26,6 +26,8 @@ from lit_losses.data.tokenizer import default_cache_dir, load_or_train_tokenizer
 from lit_losses.errors import ConfigError
 
 BUILTIN = "the built-in BPE tokenizer"
+BUILTIN_VOCAB_SIZE = 32768
+"""The size of the built-in BPE when ``vocab_size`` is not given (`TextDataModule`'s default)."""
 
 
 def record_texts(record: Record) -> list[str]:
@@ -66,12 +68,15 @@ class PreferenceDataModule(FileDataModule):
 
     Args:
         paths: JSONL file globs (required).
-        tokenizer: a local Hugging Face tokenizer directory (``save_pretrained``; needed for
-            conversational records: its chat template renders them); ``None``: the package's byte-level
-            BPE, trained on the training records (and cached in ``cache_dir``).
-        vocab_size: the model's vocabulary (linked to ``model.init_args.vocab_size`` by the CLI): the
-            size of the built-in BPE; with ``tokenizer``, at least its size, or ``None`` (the model keeps
-            its own).
+        tokenizer: a local Hugging Face tokenizer directory (``save_pretrained``) or a Hub id in the
+            local Hugging Face cache, usually the model's own (needed for conversational records: its chat
+            template renders them); ``None``: the package's byte-level BPE, trained on the training
+            records (and cached in ``cache_dir``).
+        vocab_size: the vocabulary size, linked to ``model.init_args.vocab_size`` by the CLI. With
+            ``tokenizer``: at least its size; ``None`` (default): its size (``len(tokenizer)``), so that a
+            pretrained model with its own tokenizer keeps its vocabulary. Without: the size of the
+            built-in BPE; ``None``: `BUILTIN_VOCAB_SIZE`. The hyper-parameters record the size given to the
+            model.
         max_length: longest sequence (prompt + completion), in tokens (TRL's ``max_length``); ``None``:
             no truncation.
         truncation_mode: ``keep_start`` (TRL's default) or ``keep_end``.
@@ -104,7 +109,7 @@ class PreferenceDataModule(FileDataModule):
         self,
         paths: list[str] | None = None,
         tokenizer: str | None = None,
-        vocab_size: int | None = 32768,
+        vocab_size: int | None = None,
         max_length: int | None = 1024,
         truncation_mode: TruncationMode = "keep_start",
         tokens_per_batch: int = 4096,
@@ -124,8 +129,6 @@ class PreferenceDataModule(FileDataModule):
                 f"{max_length})"
             )
         check_limit(max_records, "max_records")
-        if tokenizer is None and vocab_size is None:
-            raise ConfigError("data.vocab_size: give the built-in BPE tokenizer's size (or data.tokenizer)")
         super().__init__(paths, val_fraction=val_fraction, seed=seed, num_workers=num_workers)
         self.save_hyperparameters()
         # the tokenizer loads last: every cheap check (the options, the files) comes first
@@ -135,9 +138,12 @@ class PreferenceDataModule(FileDataModule):
                 f"data.vocab_size={vocab_size} is smaller than the tokenizer's {len(hf)} tokens "
                 f"({tokenizer!r})"
             )
+        size = vocab_size if vocab_size is not None else len(hf) if hf is not None else BUILTIN_VOCAB_SIZE
+        # the hyper-parameters name the vocabulary given to the model (the CLI links it), as the model's do
+        self.save_hyperparameters({**self.hparams, "vocab_size": size})
         self.hf_tokenizer = hf
         self.tokenizer_path = tokenizer
-        self.vocab_size = vocab_size
+        self.vocab_size = size
         self.max_length = max_length
         self.seq_len = max_length  # the longest row (None: no truncation), checked against a model's context
         self.truncation_mode = truncation_mode

@@ -11,7 +11,6 @@ states (logit soft-capping, logit scaling) or whose output layer is not a plain 
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -35,6 +34,7 @@ from lit_losses.models.hf_batch import (
     shift_labels,
 )
 from lit_losses.models.hf_load import causal_lm_of, check_plain_head, import_transformers, refused_as
+from lit_losses.models.pretrained import local_pretrained
 from lit_losses.module import RegularizedLM
 from lit_losses.optim import check_trainable_dtypes
 from lit_losses.parallel import ParallelConfig
@@ -53,8 +53,9 @@ def build_causal_lm(
     attn_implementation: str | None,
     dtype: DType | None,
 ) -> PreTrainedModel:
-    """A ``transformers`` causal LM from a local checkpoint directory or from a config dict (random
-    weights); nothing is downloaded. Errors name the option (``model.init_args.<name>``)."""
+    """A ``transformers`` causal LM from a local checkpoint directory, a Hub id in the local Hugging Face
+    cache (`lit_losses.models.pretrained.local_pretrained`) or a config dict (random weights); nothing is
+    downloaded. Errors name the option (``model.init_args.<name>``)."""
     transformers = import_transformers("HFCausalLM")
     options: dict[str, Any] = {}
     if attn_implementation is not None:
@@ -64,18 +65,15 @@ def build_causal_lm(
     if (model_name_or_path is None) == (config is None):
         raise ConfigError(
             "HFCausalLM: give exactly one of model.init_args.model_name_or_path (a local checkpoint "
-            "directory) and model.init_args.config (a config dict with model_type), or a built model "
-            f"(Python); got model_name_or_path={model_name_or_path!r}, config={config!r}"
+            "directory or a cached Hub id) and model.init_args.config (a config dict with model_type), or a "
+            f"built model (Python); got model_name_or_path={model_name_or_path!r}, config={config!r}"
         )
     if model_name_or_path is not None:
-        if not os.path.isdir(model_name_or_path):
-            raise ConfigError(
-                f"model.init_args.model_name_or_path {model_name_or_path!r} is not a local directory "
-                "(a checkpoint saved with save_pretrained; nothing is downloaded at run time)"
-            )
-        with refused_as("model.init_args.model_name_or_path", options):
+        where = "model.init_args.model_name_or_path"
+        directory = local_pretrained(model_name_or_path, where, saved_with="save_pretrained")
+        with refused_as(where, options):
             return transformers.AutoModelForCausalLM.from_pretrained(
-                model_name_or_path, local_files_only=True, **options
+                directory, local_files_only=True, **options
             )
     config = dict(config)
     model_type = config.pop("model_type", None)
@@ -156,7 +154,8 @@ class HFCausalLM(RegularizedLM):
     `ConfigError` if not. The sequence-level aggregation modes count those documents as sequences.
 
     Args:
-        model_name_or_path: local checkpoint directory (``save_pretrained``).
+        model_name_or_path: local checkpoint directory (``save_pretrained``), or a Hub id (``org/name``)
+            already in the local Hugging Face cache (``hf download org/name``); nothing is downloaded.
         config: a ``transformers`` config as a dict with ``model_type`` (random initial weights).
         model: an already built model (Python API; not saved in the hyper-parameters).
         vocab_size: vocabulary of the data (linked to ``data.vocab_size`` by the CLI): the config's

@@ -56,7 +56,7 @@ def test_documents_are_tokenized_packed_and_labelled_with_the_next_token(corpus)
                 assert ids[-1] == tok.eos_token_id
                 seen.append(tok.decode(ids[:-1]))
     assert sorted(seen) == sorted(TEXTS)
-    assert data.vocab_size is None and data.hf_tokenizer.vocab_size == len(tok) > 256
+    assert data.vocab_size == data.hf_tokenizer.vocab_size == len(tok) > 256  # the tokenizer's size
 
 
 def test_bad_settings_are_config_errors(corpus):
