@@ -167,7 +167,8 @@ class LitLossesCLI(LightningCLI):
 
     Lightning's refusal of a trainer option before the run started is raised as a `ConfigError`. A run
     that fails gives back the folders it claimed that are still empty, and its config file while empty
-    (nothing written yet) or, when it was refused before it started, in any case.
+    (nothing written yet); a run refused before it started (a `ConfigError`, or Lightning's refusal) gives
+    back its config file and its claimed folders in any case (`RunClaim.release`).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -188,7 +189,7 @@ class LitLossesCLI(LightningCLI):
                 None if self.run_started.started else lightning_config_error(err, self.trainer_options())
             )
             refused = not self.run_started.started and (translated is not None or config_error_in(err))
-            self.run_claim.release(written=bool(refused))
+            self.run_claim.release(refused=bool(refused))
             if translated is not None:
                 raise translated from err
             raise
