@@ -304,7 +304,7 @@ def local_path(source: str, where: str) -> Path:
         >>> local_path("initial-policy", "model.ref_model")
         Traceback (most recent call last):
         ...
-        lit_losses.errors.ConfigError: model.ref_model='initial-policy': no such file or directory; did you ...
+        lit_losses.errors.ConfigError: model.ref_model='initial-policy': no such file or directory; ...
     """
     path = Path(source)
     if path.exists():
@@ -352,7 +352,9 @@ def load_frozen(source: FrozenSource, *, where: str, policy: Any) -> FrozenModel
     path = str(local_path(source, where))
     if os.path.isdir(path):
         return FrozenModel(CausalLMRunner(load_causal_lm(path, where), where=where), source=description)
-    return FrozenModel(load_checkpoint_model(path, where=where, default_class=type(policy)), source=description)
+    return FrozenModel(
+        load_checkpoint_model(path, where=where, default_class=type(policy)), source=description
+    )
 
 
 def load_checkpoint_model(path: str, *, where: str, default_class: type) -> nn.Module:
