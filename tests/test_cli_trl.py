@@ -392,3 +392,62 @@ def test_a_frozen_hub_id_outside_the_cache_is_the_same_one_line(option, tmp_path
     )
     assert str(tmp_path / "empty-cache") in line and "hf download tiny-org/not-downloaded" in line
     assert not list(tmp_path.rglob("*.ckpt"))
+
+
+TEXT_RUN = [  # TextDataModule's BPE vocabulary of 320 tokens, one step
+    *TINY,
+    "--data.init_args.vocab_size=320",
+    "--data.init_args.max_documents=12",
+    "--data.init_args.seq_len=32",
+    "--data.init_args.tokens_per_batch=64",
+    "--trainer.max_steps=1",
+    "--trainer.logger=false",
+    "--trainer.enable_checkpointing=false",
+    *QUIET,
+]
+
+
+@pytest.mark.parametrize("where", ["command_line", "config_file"])
+@pytest.mark.parametrize("vocab_size", [500, 32768])  # 32768: TinyLM's own default, given
+def test_a_model_vocab_size_other_than_the_datas_is_refused(where, vocab_size, tmp_path, capsys):
+    """The data module's ``vocab_size`` replaces the model's when it is built: a model value given that
+    differs (even TinyLM's default, written out) is one line naming both options and values, exit 2."""
+    given = [f"--model.init_args.vocab_size={vocab_size}"]
+    if where == "config_file":
+        config = {"model": {"class_path": "lit_losses.TinyLM", "init_args": {"vocab_size": vocab_size}}}
+        (tmp_path / "model.yaml").write_text(yaml.safe_dump(config))
+        given = ["--config", str(tmp_path / "model.yaml")]
+    with pytest.raises(SystemExit) as stop:
+        cli_main(["fit", *given, *TEXT_RUN, f"--trainer.default_root_dir={tmp_path}"])
+    assert stop.value.code == 2
+    line = error_line(capsys)
+    assert f"model.init_args.vocab_size={vocab_size} differs from data.init_args.vocab_size=320" in line
+
+
+def test_a_model_vocab_size_equal_to_the_datas_is_taken(tmp_path):
+    cli = cli_main(
+        ["fit", "--model.init_args.vocab_size=320", *TEXT_RUN, f"--trainer.default_root_dir={tmp_path}"]
+    )
+    assert cli.trainer.global_step == 1
+    assert cli.model.hparams.vocab_size == 320 == cli.model.output_projection()[0].shape[0]
+
+
+def test_a_model_vocab_size_other_than_the_tokenizers_is_refused(tmp_path, capsys):
+    """With a tokenizer the data's vocabulary is its size (``data.init_args.vocab_size`` left null)."""
+    args = [
+        "fit",
+        *TINY,
+        "--model.init_args.vocab_size=999",
+        "--data=lit_losses.data.hf_text.HFTextDataModule",
+        f"--data.init_args.tokenizer={TOKENIZER}",
+        f"--data.init_args.paths=[{SFT}]",
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
+    with pytest.raises(SystemExit) as stop:
+        cli_main(args)
+    assert stop.value.code == 2
+    expected = (
+        f"model.init_args.vocab_size=999 differs from data.vocab_size={tokenizer_size()} (HFTextDataModule's "
+        "own: data.init_args.vocab_size is null), which the model takes when it is built"
+    )
+    assert expected in error_line(capsys)

@@ -3,7 +3,8 @@
 The model is any `RegularizedLM` subclass (``model.class_path``, e.g. `lit_losses.TinyLM`); the data
 is a `lit_losses.data.FileDataModule` subclass (``data.class_path``: `lit_losses.TextDataModule`, the default,
 `lit_losses.data.RLDataModule`, `lit_losses.data.hf_text.HFTextDataModule`, ...), whose ``vocab_size`` (a
-Hugging Face tokenizer's size unless given) becomes ``model.init_args.vocab_size`` when it is built. Each
+Hugging Face tokenizer's size unless given) becomes ``model.init_args.vocab_size`` when it is built (a
+different ``model.init_args.vocab_size`` given is refused: `lit_losses.cli.given_options`). Each
 default class (`lit_losses.cli.class_defaults`) applies only when the run names no class of its own.
 Closed options are typed as ``Literal`` so that ``--help`` lists their choices. Every configuration
 error, whether jsonargparse's, a `ConfigError` raised while building or training, or Lightning refusing a
@@ -39,6 +40,7 @@ from lit_losses.checkpoint.verified import VerifiedCheckpoints
 from lit_losses.checkpoint.verify import verify_checkpoint, warn_unverifiable
 from lit_losses.cli.class_defaults import config_file_args, default_classes
 from lit_losses.cli.console import quiet_console, use_step_progress_bar
+from lit_losses.cli.given_options import check_given_grpo, check_given_linked, given_options
 from lit_losses.cli.import_hint import import_error_line
 from lit_losses.cli.nested_help import with_class_help
 from lit_losses.cli.nested_values import parser_argument
@@ -75,7 +77,7 @@ _SUBCLASS_ROOTS = ("model", "data")
 LINKED = {"model.init_args.vocab_size": "data.init_args.vocab_size"}
 """The options whose value is another's (LightningCLI's ``link_arguments``): target → source. The model's
 are the data module's attributes once it is built (``vocab_size``: a Hugging Face tokenizer's size unless
-given)."""
+given); a value given to the model's that differs is refused (`check_given_linked`)."""
 
 
 def one_line_error(message: str) -> str:
@@ -233,9 +235,12 @@ class LitLossesCLI(LightningCLI):
         super().parse_arguments(parser, args)
         self.given_config = self.config.clone()
         """The options as given, before LightningCLI replaces the model's with a checkpoint's."""
+        self.given_options = given_options(parser, given)
+        """The options the command line and its config files give, without the defaults."""
         check_trainer_options(self)
 
     def before_instantiate_classes(self) -> None:
+        check_given_grpo(self.given_options)
         check_resume_options(self)
         sub = self.config.get("subcommand")
         config = self.config[sub] if sub else self.config
@@ -243,6 +248,9 @@ class LitLossesCLI(LightningCLI):
             check_null_options(config.get(root), root, linked=LINKED)
 
     def after_instantiate_classes(self) -> None:
+        sub = self.config.get("subcommand")
+        data_config = (self.config[sub] if sub else self.config).get("data")
+        check_given_linked(self.given_options, LINKED, datamodule=self.datamodule, data_config=data_config)
         check_linked_options(self)
         self.trainer.callbacks.append(self.run_started)
         if not any(isinstance(c, VerifiedCheckpoints) for c in self.trainer.callbacks):
