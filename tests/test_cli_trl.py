@@ -1,6 +1,6 @@
 """A TRL user's path through ``lit-losses``: a Hub model with its own tokenizer (from the local Hugging Face
-cache, no ``vocab_size``), another data class than the default one, ``--model.grpo.help``, TRL's
-``max_length`` on text data, and the warmup as a fraction of the run."""
+cache, no ``vocab_size``; also as the frozen reference or teacher), another data class than the default
+one, ``--model.grpo.help``, TRL's ``max_length`` on text data, and the warmup as a fraction of the run."""
 
 from __future__ import annotations
 
@@ -311,4 +311,143 @@ def test_a_run_on_a_tokenizers_vocabulary_resumes_and_refuses_another_vocabulary
         cli_main([*args, "--trainer.max_steps=3", f"--ckpt_path={ckpt}"])
     assert stop.value.code == 2
     expected = f"model.init_args.vocab_size: {tokenizer_size()} in the checkpoint, 650 now (data.vocab_size"
+    assert expected in error_line(capsys)
+
+
+FROZEN_OPTIONS = {  # option → (model options naming the Hub id, data, name of the frozen model)
+    "ref_model": (
+        {"dpo": {"loss_type": "sigmoid", "beta": 0.1}, "ref_model": HUB_ID},
+        {
+            "class_path": "lit_losses.PreferenceDataModule",
+            "init_args": {"paths": [str(PAIRS)], "max_length": 64},
+        },
+        "reference",
+    ),
+    "distillation.teacher": (
+        {"distillation": {"teacher": HUB_ID, "loss": "jsd"}},
+        {"class_path": "lit_losses.data.hf_text.HFTextDataModule", "init_args": {"paths": [str(SFT)]}},
+        "teacher",
+    ),
+}
+
+
+def frozen_run_config(tmp_path: Path, option: str, source: str) -> Path:
+    """A TinyLM run (the tokenizer's vocabulary) whose ``model.<option>`` is ``source``, as a config file."""
+    model, data, _ = FROZEN_OPTIONS[option]
+    model = json.loads(json.dumps(model).replace(HUB_ID, source))
+    data = {**data, "init_args": {**data["init_args"], "tokenizer": str(TOKENIZER), "tokens_per_batch": 256}}
+    config = {"model": {"class_path": "lit_losses.TinyLM", "init_args": model}, "data": data}
+    (tmp_path / "frozen.yaml").write_text(yaml.safe_dump(config))
+    return tmp_path / "frozen.yaml"
+
+
+@pytest.mark.parametrize("option", list(FROZEN_OPTIONS))
+def test_a_cached_hub_model_is_a_frozen_reference_or_teacher(option, hub_cache, tmp_path, monkeypatch):
+    """``model.ref_model`` / ``model.distillation.teacher`` a Hub id in the local cache (as
+    ``model_name_or_path``): the run trains with that model frozen, whose log-probabilities are the
+    snapshot's ``transformers`` model's (float64 reference), and the hyper-parameters keep the id."""
+    from huggingface_hub import constants
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache))
+    config = frozen_run_config(tmp_path, option, HUB_ID)
+    args = ["fit", "--config", str(config), *TINY, "--trainer.max_steps=1", "--trainer.logger=false"]
+    cli = cli_main(
+        [*args, "--trainer.enable_checkpointing=false", f"--trainer.default_root_dir={tmp_path}", *QUIET]
+    )
+    assert cli.trainer.global_step == 1
+    hparams = cli.model.hparams
+    given = hparams["ref_model"] if option == "ref_model" else hparams["distillation"]["teacher"]
+    assert given == HUB_ID
+    frozen = cli.model.frozen_model(FROZEN_OPTIONS[option][2])
+    data = HFTextDataModule(
+        str(TOKENIZER), paths=[str(SFT)], seq_len=64, tokens_per_batch=256, packing=False, val_fraction=0.25
+    )
+    data.setup("validate")
+    batch = next(iter(data.val_dataloader()))
+    labels = batch["labels"]
+    snapshot = hub_cache / f"models--{HUB_ID.replace('/', '--')}" / "snapshots" / COMMIT
+    reference = AutoModelForCausalLM.from_pretrained(snapshot).double().eval()
+    with torch.no_grad():
+        logp = reference(batch["input_ids"]).logits.log_softmax(-1)
+        got = frozen.logprobs(batch, labels)
+    expected = logp.gather(-1, labels.clamp_min(0)[..., None])[..., 0] * (labels != -100)
+    assert int((labels != -100).sum()) > 0
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("option", list(FROZEN_OPTIONS))
+def test_a_frozen_hub_id_outside_the_cache_is_the_same_one_line(option, tmp_path, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    config = frozen_run_config(tmp_path, option, "tiny-org/not-downloaded")
+    with pytest.raises(SystemExit) as stop:
+        cli_main(["fit", "--config", str(config), *TINY, f"--trainer.default_root_dir={tmp_path}"])
+    assert stop.value.code == 2
+    line = error_line(capsys)
+    assert (
+        f"model.{option} 'tiny-org/not-downloaded' is neither a local directory nor a Hub id in the local "
+        "Hugging Face cache" in line
+    )
+    assert str(tmp_path / "empty-cache") in line and "hf download tiny-org/not-downloaded" in line
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+TEXT_RUN = [  # TextDataModule's BPE vocabulary of 320 tokens, one step
+    *TINY,
+    "--data.init_args.vocab_size=320",
+    "--data.init_args.max_documents=12",
+    "--data.init_args.seq_len=32",
+    "--data.init_args.tokens_per_batch=64",
+    "--trainer.max_steps=1",
+    "--trainer.logger=false",
+    "--trainer.enable_checkpointing=false",
+    *QUIET,
+]
+
+
+@pytest.mark.parametrize("where", ["command_line", "config_file"])
+@pytest.mark.parametrize("vocab_size", [500, 32768])  # 32768: TinyLM's own default, given
+def test_a_model_vocab_size_other_than_the_datas_is_refused(where, vocab_size, tmp_path, capsys):
+    """The data module's ``vocab_size`` replaces the model's when it is built: a model value given that
+    differs (even TinyLM's default, written out) is one line naming both options and values, exit 2."""
+    given = [f"--model.init_args.vocab_size={vocab_size}"]
+    if where == "config_file":
+        config = {"model": {"class_path": "lit_losses.TinyLM", "init_args": {"vocab_size": vocab_size}}}
+        (tmp_path / "model.yaml").write_text(yaml.safe_dump(config))
+        given = ["--config", str(tmp_path / "model.yaml")]
+    with pytest.raises(SystemExit) as stop:
+        cli_main(["fit", *given, *TEXT_RUN, f"--trainer.default_root_dir={tmp_path}"])
+    assert stop.value.code == 2
+    line = error_line(capsys)
+    assert f"model.init_args.vocab_size={vocab_size} differs from data.init_args.vocab_size=320" in line
+
+
+def test_a_model_vocab_size_equal_to_the_datas_is_taken(tmp_path):
+    cli = cli_main(
+        ["fit", "--model.init_args.vocab_size=320", *TEXT_RUN, f"--trainer.default_root_dir={tmp_path}"]
+    )
+    assert cli.trainer.global_step == 1
+    assert cli.model.hparams.vocab_size == 320 == cli.model.output_projection()[0].shape[0]
+
+
+def test_a_model_vocab_size_other_than_the_tokenizers_is_refused(tmp_path, capsys):
+    """With a tokenizer the data's vocabulary is its size (``data.init_args.vocab_size`` left null)."""
+    args = [
+        "fit",
+        *TINY,
+        "--model.init_args.vocab_size=999",
+        "--data=lit_losses.data.hf_text.HFTextDataModule",
+        f"--data.init_args.tokenizer={TOKENIZER}",
+        f"--data.init_args.paths=[{SFT}]",
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
+    with pytest.raises(SystemExit) as stop:
+        cli_main(args)
+    assert stop.value.code == 2
+    expected = (
+        f"model.init_args.vocab_size=999 differs from data.vocab_size={tokenizer_size()} (HFTextDataModule's "
+        "own: data.init_args.vocab_size is null), which the model takes when it is built"
+    )
     assert expected in error_line(capsys)

@@ -105,3 +105,19 @@ def test_the_printed_resume_command_resumes_the_preempted_run(tmp_path, capsys):
     before = read_scalars(Path(record["log_dir"]))["train/loss_total"]
     after = read_scalars(resumed.parent)["train/loss_total"]
     assert sorted(before) == [0, 1] and sorted(after) == [2, 3, 4, 5]  # from step 2 on, none trained twice
+
+
+def test_a_trainer_option_lightning_refuses_at_set_up_is_one_line_and_no_run(tmp_path, capsys):
+    """``val_check_interval`` larger than the epoch: Lightning refuses it once the data is set up, after
+    the loggers wrote the hyper-parameters. The run never started: one error line, exit code 2, no summary,
+    no ``run_end.json``, no version folder nor config file left."""
+    root = tmp_path / "run"
+    with pytest.raises(SystemExit) as stop:
+        fit_short(root, "--trainer.val_check_interval=100000")
+    captured = capsys.readouterr()
+    assert stop.value.code == 2
+    errors = [line for line in captured.err.splitlines() if line.startswith("lit-losses: error:")]
+    assert len(errors) == 1 and "trainer.val_check_interval=100000 is larger than the number" in errors[0]
+    assert "fit ended" not in captured.out and "tensorboard --logdir" not in captured.out, captured.out
+    assert not list(root.rglob("run_end.json")) and not list(root.rglob("version_*"))
+    assert not list(root.rglob("config*.yaml")) and not list(root.rglob("hparams.yaml"))

@@ -3,7 +3,8 @@
 The model is any `RegularizedLM` subclass (``model.class_path``, e.g. `lit_losses.TinyLM`); the data
 is a `lit_losses.data.FileDataModule` subclass (``data.class_path``: `lit_losses.TextDataModule`, the default,
 `lit_losses.data.RLDataModule`, `lit_losses.data.hf_text.HFTextDataModule`, ...), whose ``vocab_size`` (a
-Hugging Face tokenizer's size unless given) becomes ``model.init_args.vocab_size`` when it is built. Each
+Hugging Face tokenizer's size unless given) becomes ``model.init_args.vocab_size`` when it is built (a
+different ``model.init_args.vocab_size`` given is refused: `lit_losses.cli.given_options`). Each
 default class (`lit_losses.cli.class_defaults`) applies only when the run names no class of its own.
 Closed options are typed as ``Literal`` so that ``--help`` lists their choices. Every configuration
 error, whether jsonargparse's, a `ConfigError` raised while building or training, or Lightning refusing a
@@ -39,6 +40,7 @@ from lit_losses.checkpoint.verified import VerifiedCheckpoints
 from lit_losses.checkpoint.verify import verify_checkpoint, warn_unverifiable
 from lit_losses.cli.class_defaults import config_file_args, default_classes
 from lit_losses.cli.console import quiet_console, use_step_progress_bar
+from lit_losses.cli.given_options import check_given_grpo, check_given_linked, given_options
 from lit_losses.cli.import_hint import import_error_line
 from lit_losses.cli.nested_help import with_class_help
 from lit_losses.cli.nested_values import parser_argument
@@ -75,7 +77,7 @@ _SUBCLASS_ROOTS = ("model", "data")
 LINKED = {"model.init_args.vocab_size": "data.init_args.vocab_size"}
 """The options whose value is another's (LightningCLI's ``link_arguments``): target → source. The model's
 are the data module's attributes once it is built (``vocab_size``: a Hugging Face tokenizer's size unless
-given)."""
+given); a value given to the model's that differs is refused (`check_given_linked`)."""
 
 
 def one_line_error(message: str) -> str:
@@ -167,7 +169,8 @@ class LitLossesCLI(LightningCLI):
 
     Lightning's refusal of a trainer option before the run started is raised as a `ConfigError`. A run
     that fails gives back the folders it claimed that are still empty, and its config file while empty
-    (nothing written yet) or, when it was refused before it started, in any case.
+    (nothing written yet); a run refused before it started (a `ConfigError`, or Lightning's refusal) gives
+    back its config file and its claimed folders in any case (`RunClaim.release`).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -188,7 +191,7 @@ class LitLossesCLI(LightningCLI):
                 None if self.run_started.started else lightning_config_error(err, self.trainer_options())
             )
             refused = not self.run_started.started and (translated is not None or config_error_in(err))
-            self.run_claim.release(written=bool(refused))
+            self.run_claim.release(refused=bool(refused))
             if translated is not None:
                 raise translated from err
             raise
@@ -232,9 +235,12 @@ class LitLossesCLI(LightningCLI):
         super().parse_arguments(parser, args)
         self.given_config = self.config.clone()
         """The options as given, before LightningCLI replaces the model's with a checkpoint's."""
+        self.given_options = given_options(parser, given)
+        """The options the command line and its config files give, without the defaults."""
         check_trainer_options(self)
 
     def before_instantiate_classes(self) -> None:
+        check_given_grpo(self.given_options)
         check_resume_options(self)
         sub = self.config.get("subcommand")
         config = self.config[sub] if sub else self.config
@@ -242,6 +248,9 @@ class LitLossesCLI(LightningCLI):
             check_null_options(config.get(root), root, linked=LINKED)
 
     def after_instantiate_classes(self) -> None:
+        sub = self.config.get("subcommand")
+        data_config = (self.config[sub] if sub else self.config).get("data")
+        check_given_linked(self.given_options, LINKED, datamodule=self.datamodule, data_config=data_config)
         check_linked_options(self)
         self.trainer.callbacks.append(self.run_started)
         if not any(isinstance(c, VerifiedCheckpoints) for c in self.trainer.callbacks):

@@ -17,6 +17,7 @@ import contextlib
 import inspect
 import json
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,13 +98,17 @@ class RunClaim:
     folders: list[Path] = field(default_factory=list)
     config_file: Path | None = None
 
-    def release(self, written: bool = False) -> None:
-        """Remove the claimed config file while still empty (or also once ``written``, for a run refused
-        before it started), and the claimed version folders that are left empty."""
+    def release(self, refused: bool = False) -> None:
+        """Remove the claimed config file while still empty, and the claimed version folders that are left
+        empty. A run ``refused`` before it started (a `ConfigError`, Lightning refusing a trainer option) is
+        no run: its config file goes in any case, and so do its version folders with what its loggers wrote
+        there before the refusal (the hyper-parameters, an event file), which this run alone created."""
         config = self.config_file
-        if config is not None and config.exists() and (written or config.stat().st_size == 0):
+        if config is not None and config.exists() and (refused or config.stat().st_size == 0):
             config.unlink()
         for folder in self.folders:
+            if refused:
+                shutil.rmtree(folder, ignore_errors=True)
             with contextlib.suppress(OSError):  # written to since: it stays, as a failed run's folder
                 folder.rmdir()
 

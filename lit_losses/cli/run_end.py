@@ -36,6 +36,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 
 from lit_losses.checkpoint.preemption import Preempted, PreemptionCheckpoint
 from lit_losses.cli.objective_line import describe_objective
+from lit_losses.cli.trainer_errors import lightning_config_error
 from lit_losses.controller import TrainingController
 from lit_losses.errors import ConfigError
 from lit_losses.loss.objective import Objective
@@ -59,8 +60,9 @@ class RunRecord(L.Callback):
     callback set ``trainer.should_stop``), ``preempted`` (`lit_losses.PreemptionCheckpoint`: its exit code
     ``128 + signal`` and its checkpoint), ``interrupted`` (Ctrl+C) or ``error`` (the exception's type and
     message). Written on global rank 0 only. A `ConfigError` raised before training started (a refused
-    record, option or model: ``lit-losses fit`` prints it as its one error line) is no run: nothing is
-    written or printed.
+    record, option or model), or Lightning refusing a trainer option then
+    (`lit_losses.cli.trainer_errors.lightning_config_error`: ``val_check_interval`` larger than the epoch),
+    is no run: ``lit-losses fit`` prints it as its one error line, and nothing is written or printed here.
 
     Args:
         summary: print the summary (on rank 0) when the fit ends.
@@ -121,8 +123,8 @@ class RunRecord(L.Callback):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        if not self._started and refused(exception):  # its one error line says it all: no record
-            return
+        if not self._started and (refused(exception) or lightning_config_error(exception) is not None):
+            return  # a refused input or trainer option: its one error line says it all, no record
         reason, detail, exit_code = exception_reason(trainer, exception)
         record = end_record(trainer, reason=reason, detail=detail, controller=None)
         record["exit_code"] = exit_code

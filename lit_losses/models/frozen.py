@@ -17,7 +17,9 @@ log-probabilities of the batch's labels through the fused head (no ``[tokens × 
 Sources (`load_frozen`):
 
 - a local Hugging Face checkpoint directory (``save_pretrained``): ``AutoModelForCausalLM.from_pretrained``
-  with ``local_files_only`` (nothing is downloaded);
+  with ``local_files_only`` (nothing is downloaded); or a Hub id (``org/name``) whose files are in the
+  local Hugging Face cache, as `lit_losses.HFCausalLM`'s ``model_name_or_path`` takes it
+  (`lit_losses.models.pretrained.local_pretrained`: its cached snapshot directory);
 - a ``transformers`` config dict with ``model_type`` (random weights from the seed: tests, shapes);
 - a `RegularizedLM` checkpoint file (``.ckpt``): the class its hyper-parameters name (``_class_path``,
   written by LightningCLI), else the policy's class, with ``load_from_checkpoint``;
@@ -62,6 +64,7 @@ from lit_losses.errors import ConfigError
 from lit_losses.heads import Backend, head_for
 from lit_losses.models.hf_batch import body_inputs, packing_leak, packing_tolerance
 from lit_losses.models.hf_load import causal_lm_of, check_plain_head, load_causal_lm, refused_as
+from lit_losses.models.pretrained import is_hub_id, local_pretrained
 from lit_losses.registry import closest, import_object
 
 __all__ = [
@@ -74,6 +77,7 @@ __all__ = [
     "check_frozen_source",
     "describe_source",
     "load_frozen",
+    "local_path",
 ]
 
 INITIAL_POLICY = "initial_policy"
@@ -83,7 +87,8 @@ DISABLED_ADAPTERS = "disabled_adapters"
 SourceKeyword = Literal["initial_policy", "disabled_adapters"]
 FrozenSource = str | dict[str, Any]
 """Where a frozen model comes from: a `SourceKeyword`, a local path (a Hugging Face checkpoint directory or
-a `RegularizedLM` checkpoint file), or a ``transformers`` config dict with ``model_type``."""
+a `RegularizedLM` checkpoint file), a Hub id in the local Hugging Face cache, or a ``transformers`` config
+dict with ``model_type``."""
 
 
 class FrozenRunner(Protocol):
@@ -256,7 +261,8 @@ def check_frozen_source(source: Any, where: str) -> FrozenSource:
 
     Raises:
         ConfigError: naming ``where``: not a string or mapping, a config without ``model_type``, a path that
-            does not exist, a directory without ``config.json``.
+            does not exist, a Hub id that is not in the local Hugging Face cache (with the command that
+            downloads it), a directory without ``config.json``.
 
     Example:
         >>> check_frozen_source("initial_policy", "model.dpo.ref_model")
@@ -277,9 +283,7 @@ def check_frozen_source(source: Any, where: str) -> FrozenSource:
         )
     if source in (INITIAL_POLICY, DISABLED_ADAPTERS):
         return source
-    path = Path(source)
-    if not path.exists():
-        raise ConfigError(f"{where}={source!r}: no such file or directory{_source_hint(source)}")
+    path = local_path(source, where)
     if path.is_dir() and not (path / "config.json").is_file():
         raise ConfigError(
             f"{where}={source!r} is a directory without config.json: not a Hugging Face checkpoint (save it "
@@ -288,23 +292,47 @@ def check_frozen_source(source: Any, where: str) -> FrozenSource:
     return source
 
 
-def _source_hint(source: str) -> str:
-    """What a source that is no path may have meant: a keyword misspelled, or ``None`` (YAML's ``null``).
+def local_path(source: str, where: str) -> Path:
+    """The local file or directory that the source string ``source`` names: the path itself, or the cached
+    snapshot directory of a Hub id (`lit_losses.models.pretrained.local_pretrained`).
+
+    Raises:
+        ConfigError: naming ``where``: no such path (with what a misspelled keyword or ``None`` meant), or a
+            Hub id that is not in the local Hugging Face cache.
 
     Example:
-        >>> _source_hint("initial-policy")
+        >>> local_path("initial-policy", "model.ref_model")
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: model.ref_model='initial-policy': no such file or directory; ...
+    """
+    path = Path(source)
+    if path.exists():
+        return path
+    typo = _typo_hint(source)
+    if typo or not is_hub_id(source):
+        hint = typo or (
+            " (give a Hugging Face checkpoint directory or a Hub id in the local Hugging Face cache, a "
+            f"RegularizedLM checkpoint file, a config dict, {INITIAL_POLICY!r} or {DISABLED_ADAPTERS!r})"
+        )
+        raise ConfigError(f"{where}={source!r}: no such file or directory{hint}")
+    return Path(local_pretrained(source, where, saved_with="save_pretrained"))
+
+
+def _typo_hint(source: str) -> str:
+    """What a source that is no path may have meant: a keyword misspelled, or ``None`` (YAML's ``null``);
+    empty when neither.
+
+    Example:
+        >>> _typo_hint("initial-policy")
         "; did you mean 'initial_policy'?"
-        >>> _source_hint("None")
+        >>> _typo_hint("None")
         "; for none write null, not the string 'None'"
     """
     if source.strip().lower() in ("none", "null", "~"):
         return f"; for none write null, not the string {source!r}"
     keyword = "/" not in source and "." not in source  # a path is never taken for a misspelled keyword
-    hint = closest(source, (INITIAL_POLICY, DISABLED_ADAPTERS)) if keyword else ""
-    return hint or (
-        " (give a Hugging Face checkpoint directory, a RegularizedLM checkpoint file, a config dict, "
-        f"{INITIAL_POLICY!r} or {DISABLED_ADAPTERS!r})"
-    )
+    return closest(source, (INITIAL_POLICY, DISABLED_ADAPTERS)) if keyword else ""
 
 
 def load_frozen(source: FrozenSource, *, where: str, policy: Any) -> FrozenModel:
@@ -319,10 +347,13 @@ def load_frozen(source: FrozenSource, *, where: str, policy: Any) -> FrozenModel
         return FrozenModel(policy.initial_copy(), source=description)
     if source == DISABLED_ADAPTERS:
         return FrozenModel(policy, source=description, shared=True, context=policy.adapters_disabled(where))
-    if isinstance(source, Mapping) or os.path.isdir(source):
+    if isinstance(source, Mapping):
         return FrozenModel(CausalLMRunner(load_causal_lm(source, where), where=where), source=description)
+    path = str(local_path(source, where))
+    if os.path.isdir(path):
+        return FrozenModel(CausalLMRunner(load_causal_lm(path, where), where=where), source=description)
     return FrozenModel(
-        load_checkpoint_model(source, where=where, default_class=type(policy)), source=description
+        load_checkpoint_model(path, where=where, default_class=type(policy)), source=description
     )
 
 

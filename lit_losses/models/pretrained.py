@@ -13,6 +13,29 @@ import os
 from lit_losses.errors import ConfigError
 
 
+def is_hub_id(source: str) -> bool:
+    """Whether ``source``, which names no existing file, reads as a Hub id (``org/name`` or ``name``, in
+    Hugging Face's repo-id characters) rather than a path (``/…``, ``./…``, ``~/…``, two or more ``/``, a
+    ``.ckpt`` file). Without ``huggingface_hub`` (the ``[hf]`` extra) nothing is a Hub id.
+
+    Example:
+        >>> is_hub_id("tiny-org/tiny-llama"), is_hub_id("runs/a/last.ckpt"), is_hub_id("runs/last.ckpt")
+        (True, False, False)
+    """
+    if source.startswith(("/", ".", "~")) or source.count("/") > 1 or source.endswith(".ckpt"):
+        return False
+    try:
+        from huggingface_hub.errors import HFValidationError
+        from huggingface_hub.utils import validate_repo_id
+    except ImportError:  # pragma: no cover - depends on the optional extra
+        return False
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        return False
+    return True
+
+
 def local_pretrained(source: str, where: str, saved_with: str = "save_pretrained") -> str:
     """The local directory to load ``source`` from: ``source`` itself when it is a directory, else the
     cached snapshot of the Hub id ``source``.

@@ -76,7 +76,7 @@ class BoundBaseLoss:
         own, correction_args = split_correction_args(entry, args, f"{where}_args")
         correction = None
         if correction_args:
-            options = RolloutCorrectionOptions.from_mapping(correction_args)
+            options = RolloutCorrectionOptions.from_mapping(correction_args, where=f"{where}_args")
             correction = options.resolve(f"{where}_args")
             check_correction(entry, correction, args=correction_args, where=f"{where}_args")
         return cls(entry, entry.bind(own, f"{where}_args"), correction)

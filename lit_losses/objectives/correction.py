@@ -224,7 +224,10 @@ class RolloutCorrectionOptions:
             ``sequence_mask`` (TRL's default).
         vllm_importance_sampling_clip_max: ``C_max`` (TRL's default 3.0; ``None``: no upper bound).
         vllm_importance_sampling_clip_min: ``C_min`` (default none).
-        vllm_importance_sampling_cap: TRL's deprecated name of ``vllm_importance_sampling_clip_max``.
+        vllm_importance_sampling_cap: TRL's deprecated name of ``vllm_importance_sampling_clip_max``: give
+            one of the two. Both given is an error; where only the values are known (this class's
+            constructor), a ``vllm_importance_sampling_clip_max`` given at its default 3.0 cannot be told
+            from one left out, and the cap sets ``C_max``.
         off_policy_mask_threshold: ``δ`` of DeepSeek-V3.2's off-policy sequence mask (default off).
         rollout_is: verl's importance weight, ``token`` or ``sequence`` (default off).
         rollout_is_threshold: its truncation (verl's default 2.0).
@@ -260,8 +263,12 @@ class RolloutCorrectionOptions:
         return tuple(f.name for f in fields(RolloutCorrectionOptions))
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> RolloutCorrectionOptions:
-        """The options of ``values`` (the correction's keys of ``base_loss_args``)."""
+    def from_mapping(cls, values: Mapping[str, Any], where: str | None = None) -> RolloutCorrectionOptions:
+        """The options of ``values`` (the correction's keys of ``base_loss_args``); with ``where`` (the
+        option path they were given under), the fields given together are checked first
+        (`check_given_fields`): the keys tell a field given at its default from one left out."""
+        if where is not None:
+            check_given_fields(values, where)
         return cls(**{name: values[name] for name in cls.names() if name in values})
 
     def given(self) -> dict[str, Any]:
@@ -283,7 +290,7 @@ class RolloutCorrectionOptions:
         """
         options = RolloutCorrectionOptions(**{name: getattr(self, name) for name in self.names()})
         options._check_types(where)
-        options = options._with_preset(where)._with_cap(where)
+        options = options._with_cap(where)._with_preset(where)
         trl = options._trl(where)
         verl_is = options._verl_is(where)
         if trl is not None and verl_is is not None:
@@ -453,6 +460,59 @@ class RolloutCorrectionOptions:
             if option not in options:
                 options.append(option)
         return rs_thresholds(options, spec, f"{where}.rollout_rs_threshold")
+
+
+NULL_IS_UNSET = ("vllm_importance_sampling_cap", "rollout_is_threshold", "rollout_rs_threshold")
+"""The fields whose ``null`` means "not given" (the default applies), not a value of their own."""
+
+
+def check_given_fields(values: Mapping[str, Any], where: str) -> None:
+    """Refuse fields given together that disagree when one of them is given at its default value, which
+    `RolloutCorrectionOptions` alone cannot tell from a field left out (so that the other would win
+    silently): ``vllm_importance_sampling_cap`` beside ``vllm_importance_sampling_clip_max`` (at its
+    default 3.0 too: two names of one bound), and a field that ``rollout_correction_preset`` sets, given at
+    its default beside the preset with another value than the preset's (``vllm_importance_sampling_mode:
+    sequence_mask`` beside ``icepop``). Fields given with another value than their default are checked by
+    `RolloutCorrectionOptions.resolve`.
+
+    Args:
+        values: the fields as given (the keys of a mapping, the options a config writes).
+        where: the option path they were given under (``model.grpo``), for messages.
+
+    Raises:
+        ConfigError: one line naming both fields and their values.
+
+    Example:
+        >>> given = {"vllm_importance_sampling_cap": 5.0, "vllm_importance_sampling_clip_max": 3.0}
+        >>> check_given_fields(given, "model.grpo")
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: model.grpo.vllm_importance_sampling_cap=5.0 and vllm_importance_sam...
+        >>> check_given_fields({"vllm_importance_sampling_cap": 5.0}, "model.grpo")  # one name: accepted
+    """
+    cap = values.get("vllm_importance_sampling_cap")
+    if cap is not None and "vllm_importance_sampling_clip_max" in values:
+        raise ConfigError(
+            f"{where}.vllm_importance_sampling_cap={cap!r} and vllm_importance_sampling_clip_max="
+            f"{values['vllm_importance_sampling_clip_max']!r} both set C_max; give vllm_importance_sampling_"
+            "clip_max only (TRL's current name; vllm_importance_sampling_cap is deprecated)"
+        )
+    name = values.get("rollout_correction_preset")
+    preset = PRESETS.get(name, {}) if isinstance(name, str) else {}
+    defaults = {f.name: f.default for f in fields(RolloutCorrectionOptions)}
+    for key, value in preset.items():
+        spelled = key
+        if key == "vllm_importance_sampling_clip_max" and key not in values and cap is not None:
+            spelled = "vllm_importance_sampling_cap"
+        given = values.get(spelled, defaults[spelled])
+        if spelled not in values or given != defaults[key] or given == value:
+            continue
+        if given is None and spelled in NULL_IS_UNSET:
+            continue
+        raise ConfigError(
+            f"{where}.{spelled}={given!r} beside rollout_correction_preset {name!r}, which sets {key}="
+            f"{value!r}: remove one of them"
+        )
 
 
 def rs_thresholds(options: list[str], spec: Any, where: str) -> tuple[RejectionCriterion, ...]:

@@ -36,7 +36,7 @@ from typing import Any, Literal
 from lit_losses.aggregation.modes import AggMode
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
-from lit_losses.objectives.correction import RolloutCorrectionOptions
+from lit_losses.objectives.correction import RolloutCorrectionOptions, check_given_fields
 from lit_losses.objectives.options import NumberBound, check_number, coerce_fields, first_set_option
 from lit_losses.objectives.ratios import ImportanceSamplingLevel
 
@@ -220,7 +220,14 @@ class GRPOPreset(RolloutCorrectionOptions):
 
     @classmethod
     def coerce(cls, value: GRPOPreset | Mapping[str, Any] | None) -> GRPOPreset | None:
-        """``value`` as a `GRPOPreset` (a mapping of its fields, e.g. from a checkpoint), or ``None``."""
+        """``value`` as a `GRPOPreset` (a mapping of its fields, e.g. from a checkpoint), or ``None``.
+
+        The rollout-correction fields of a mapping are checked as given first (`check_given_fields`: its
+        keys tell a field given at its default from one left out), unless it holds every field: a preset
+        written out whole (a checkpoint's hyper-parameters), whose keys do not tell what was given.
+        """
+        if isinstance(value, Mapping) and not {f.name for f in fields(cls)} <= set(value):
+            check_given_fields(value, WHERE)
         return coerce_fields(cls, value, WHERE, expected="GRPOConfig fields")
 
     @property

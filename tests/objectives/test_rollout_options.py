@@ -11,6 +11,7 @@ import pytest
 from lit_losses import GRPOPreset
 from lit_losses.cli import cli_main
 from lit_losses.errors import ConfigError
+from lit_losses.hparams import plain_data
 from lit_losses.loss.objective import Objective
 from lit_losses.objectives.correction import PRESETS, RolloutCorrectionOptions
 from tests.objectives import rollout_reference
@@ -261,3 +262,106 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, records, e
     assert err[0].startswith("lit-losses: error: ") and expected.replace("{path}", str(path)) in err[0], err[
         0
     ]
+
+
+# ---- fields given together: the keys tell a field given at its default from one left out ---------------
+CAP, CLIP_MAX, MODE = (
+    "vllm_importance_sampling_cap",
+    "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_mode",
+)
+ICEPOP = {"rollout_correction_preset": "icepop"}
+GIVEN_AT_DEFAULT = {  # fields as a config writes them → the line (after "<where>.")
+    "cap_beside_clip_max_at_its_default": (
+        {**VLLM, CAP: 5.0, CLIP_MAX: 3.0},
+        f"{CAP}=5.0 and {CLIP_MAX}=3.0 both set C_max; give {CLIP_MAX} only",
+    ),
+    "mode_at_its_default_beside_icepop": (
+        {**ICEPOP, MODE: "sequence_mask"},
+        f"{MODE}='sequence_mask' beside rollout_correction_preset 'icepop', which sets {MODE}='token_mask'",
+    ),
+    "clip_max_at_its_default_beside_icepop": (
+        {**ICEPOP, CLIP_MAX: 3.0},
+        f"{CLIP_MAX}=3.0 beside rollout_correction_preset 'icepop', which sets {CLIP_MAX}=5.0",
+    ),
+    "cap_at_the_default_bound_beside_icepop": (
+        {**ICEPOP, CAP: 3.0},
+        f"{CAP}=3.0 beside rollout_correction_preset 'icepop', which sets {CLIP_MAX}=5.0",
+    ),
+    "no_lower_bound_beside_icepop": (
+        {**ICEPOP, "vllm_importance_sampling_clip_min": None},
+        "vllm_importance_sampling_clip_min=None beside rollout_correction_preset 'icepop', which sets "
+        "vllm_importance_sampling_clip_min=0.5",
+    ),
+    "correction_off_beside_icepop": (
+        {**ICEPOP, "vllm_importance_sampling_correction": False},
+        "vllm_importance_sampling_correction=False beside rollout_correction_preset 'icepop', which sets "
+        "vllm_importance_sampling_correction=True",
+    ),
+    "no_weight_beside_a_weighting_preset": (
+        {"rollout_correction_preset": "decoupled_token_is", "rollout_is": None},
+        "rollout_is=None beside rollout_correction_preset 'decoupled_token_is', which sets "
+        "rollout_is='token'",
+    ),
+}
+
+
+def rl_run(tmp_path, grpo: dict) -> list[str]:
+    """``lit-losses fit`` arguments of a one-step GRPO run whose ``model.grpo`` a config file writes."""
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(WITH_OLD) + "\n")
+    config = {
+        "model": {"init_args": {"d_model": 16, "n_heads": 2, "n_layers": 1, "grpo": grpo}},
+        "data": {
+            "class_path": "lit_losses.data.RLDataModule",
+            "init_args": {"paths": [str(path)], "vocab_size": 10, "seq_len": 8, "tokens_per_batch": 16},
+        },
+        "trainer": {"max_steps": 1, "logger": False, "enable_checkpointing": False},
+    }
+    (tmp_path / "grpo.yaml").write_text(json.dumps(config))  # JSON is YAML
+    return ["fit", "--config", str(tmp_path / "grpo.yaml"), f"--trainer.default_root_dir={tmp_path}"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", list(GIVEN_AT_DEFAULT))
+def test_fields_given_together_that_disagree_are_one_line_through_the_cli(name, tmp_path, capsys):
+    """``model.grpo`` in a config file: a field given at its default beside one that sets it otherwise is
+    refused before anything is built (the dataclass alone would let the other win silently)."""
+    fields, expected = GIVEN_AT_DEFAULT[name]
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(rl_run(tmp_path, fields))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert err[0] == f"lit-losses: error: model.grpo.{expected}" or f"model.grpo.{expected}" in err[0], err[0]
+
+
+@pytest.mark.parametrize("name", list(GIVEN_AT_DEFAULT))
+def test_fields_given_together_that_disagree_are_refused_from_a_mapping(name):
+    fields, expected = GIVEN_AT_DEFAULT[name]
+    with pytest.raises(ConfigError) as info:
+        Objective.from_options(grpo=fields)
+    assert f"model.grpo.{expected}" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        Objective.from_options(base_loss="ppo", base_loss_args=fields)
+    assert f"{A}{expected}" in str(info.value)
+
+
+@pytest.mark.filterwarnings("ignore:.*vllm_importance_sampling_cap is deprecated")
+def test_a_field_given_alone_or_overriding_a_preset_is_taken():
+    """One name of ``C_max``; a preset's threshold replaced by another value (the deprecated name too); a
+    preset written out whole (a checkpoint's hyper-parameters: every field) loads as it ran."""
+    alone = Objective.from_options(grpo={**VLLM, CAP: 5.0}).base_loss.correction
+    assert (alone.vllm_mode, alone.clip_min, alone.clip_max) == ("sequence_mask", None, 5.0)
+    for name in (CLIP_MAX, CAP):
+        tighter = Objective.from_options(grpo={**ICEPOP, name: 2.0}).base_loss.correction
+        assert (tighter.vllm_mode, tighter.clip_min, tighter.clip_max) == ("token_mask", 0.5, 2.0), name
+    whole = plain_data(GRPOPreset(**VLLM, vllm_importance_sampling_cap=5.0))
+    assert whole[CAP] == 5.0 and whole[CLIP_MAX] == 3.0  # every field, the bound at its default
+    assert Objective.from_options(grpo=whole).base_loss.correction.clip_max == 5.0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore:.*vllm_importance_sampling_cap is deprecated")
+def test_the_deprecated_bound_alone_trains_through_the_cli(tmp_path):
+    cli = cli_main([*rl_run(tmp_path, {**VLLM, CAP: 5.0}), "--trainer.enable_progress_bar=false"])
+    assert cli.trainer.global_step == 1 and cli.model.objective.base_loss.correction.clip_max == 5.0
