@@ -33,23 +33,12 @@ import subprocess
 import sys
 import time
 
+from resident import reset_peak_rss, status_kib
+
 VARIANTS = ("naive", "fused", "fused_sum", "liger")  # naive first: the others are compared with it
 LOSSES = ("forward_kl", "reverse_kl", "jsd")
 #: glibc's threshold above which allocations are mmap'ed and returned at free: the resident set is live memory
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak_rss() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def _inputs(shape: str, device: str, dtype_name: str):
@@ -147,12 +136,12 @@ def measure(
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        _reset_peak_rss()
-        base = _status_kib("VmRSS") * 1024
+        reset_peak_rss()
+        base = status_kib("VmRSS") * 1024
     t0, c0 = time.perf_counter(), time.process_time()
     step()
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    peak = torch.cuda.max_memory_allocated() if device == "cuda" else _status_kib("VmHWM") * 1024
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else status_kib("VmHWM") * 1024
     v = s_weight.shape[0]
     floor = s_weight.numel() * s_weight.element_size() + 2 * chunk * v * 4
     return {

@@ -27,20 +27,9 @@ import subprocess
 import sys
 import time
 
+from resident import reset_peak_rss, status_kib
+
 TARGET = 1.25
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak_rss() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def measure(backend: str, dtype_name: str, path: str, shape: str, chunk: int, device: str) -> dict:
@@ -74,12 +63,12 @@ def measure(backend: str, dtype_name: str, path: str, shape: str, chunk: int, de
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        _reset_peak_rss()
-        base = _status_kib("VmRSS") * 1024
+        reset_peak_rss()
+        base = status_kib("VmRSS") * 1024
     t0 = time.perf_counter()
     step()
     seconds = time.perf_counter() - t0
-    peak = torch.cuda.max_memory_allocated() if device == "cuda" else _status_kib("VmHWM") * 1024
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else status_kib("VmHWM") * 1024
     floor = weight.numel() * weight.element_size() + 2 * chunk * v * 4
     return {
         "added_mib": (peak - base) / 2**20,

@@ -34,6 +34,8 @@ import subprocess
 import sys
 import time
 
+from resident import reset_peak_rss, status_kib
+
 VOCAB, D_MODEL, LAYERS, HEADS, BETA = 32768, 192, 3, 3, 0.1
 VARIANTS = ("fused", "precomputed", "naive")
 
@@ -126,24 +128,15 @@ def step(variant: str, model, batch) -> float:
     return float(loss.detach())
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def measure_memory(variant: str, pairs: int, width: int) -> dict:
     """In this (fresh) process: the peak resident memory one step adds above the state before it."""
     batch = preference_batch(pairs, width)
     model, data = build(variant, batch)
     step(variant, model, data)  # warm-up: gradients allocated, like every later step
-    before = _status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    before = status_kib("VmRSS")
+    reset_peak_rss()
     loss = step(variant, model, data)
-    return {"variant": variant, "peak_mib": (_status_kib("VmHWM") - before) / 1024, "loss": loss}
+    return {"variant": variant, "peak_mib": (status_kib("VmHWM") - before) / 1024, "loss": loss}
 
 
 def memory_of(variant: str, pairs: int, width: int, threads: int | None) -> dict:

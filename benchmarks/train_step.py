@@ -45,6 +45,8 @@ import sys
 import time
 from typing import Any
 
+from resident import reset_peak_rss, status_kib
+
 #: The variants, in table order.
 VARIANTS = ("lit_sft", "lit_sft_reg", "lit_grpo", "hf", "hf_liger")
 #: Llama 3.2 1B's shape (hidden, intermediate, layers, heads, key-value heads).
@@ -160,14 +162,6 @@ def build(variant: str, args: argparse.Namespace, mesh: Any) -> tuple[Any, Any]:
     return model, lit_loss
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def run_one(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     """Build, warm up and time one variant in this process."""
     import torch
@@ -198,10 +192,9 @@ def run_one(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the resident high-water mark
+        reset_peak_rss()
     times = [step()[0] for _ in range(args.steps)]
-    peak = torch.cuda.max_memory_allocated() if cuda else _status_kib("VmHWM") * 1024
+    peak = torch.cuda.max_memory_allocated() if cuda else status_kib("VmHWM") * 1024
     if mesh is not None:
         torch.distributed.destroy_process_group()
     median = statistics.median(times)
