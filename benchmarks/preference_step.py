@@ -184,8 +184,10 @@ def main() -> None:
     base_time, base_mem = statistics.median(times["naive"]), memory["naive"]["peak_mib"]
     for variant in VARIANTS:
         med, mem = statistics.median(times[variant]), memory[variant]["peak_mib"]
-        print(f"| {variant} | {losses[variant]:.6f} | {med * 1e3:.0f} | {med / base_time:.2f} | "
-              f"{min(times[variant]) * 1e3:.0f} | {mem:.0f} | {mem / base_mem:.2f} |")  # fmt: skip
+        print(
+            f"| {variant} | {losses[variant]:.6f} | {med * 1e3:.0f} | {med / base_time:.2f} | "
+            f"{min(times[variant]) * 1e3:.0f} | {mem:.0f} | {mem / base_mem:.2f} |"
+        )
     print(f"logits of one forward: {2 * args.pairs * args.width * VOCAB * 4 / 2**20:.0f} MiB (fp32)")
 
 

@@ -20,8 +20,15 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "rl_rollout_correction.yaml"
 DATA = REPO / "data" / "rollouts_fp8.jsonl"
 STEPS = 8
-TAGS = ("rollout_logprob_diff_mean", "rollout_logprob_diff_max", "rollout_k3_kl", "rollout_is_weight_mean",
-        "rollout_is_truncated_fraction", "rollout_rs_masked_fraction", "clip_fraction")  # fmt: skip
+TAGS = (
+    "rollout_logprob_diff_mean",
+    "rollout_logprob_diff_max",
+    "rollout_k3_kl",
+    "rollout_is_weight_mean",
+    "rollout_is_truncated_fraction",
+    "rollout_rs_masked_fraction",
+    "clip_fraction",
+)
 
 
 @pytest.mark.timeout(300)

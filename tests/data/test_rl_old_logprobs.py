@@ -48,8 +48,12 @@ def test_datum_old_logprobs_are_target_aligned_and_give_the_flat_row():
 
 
 def test_the_batch_carries_old_logprobs_where_the_records_have_them():
-    other = {"tokens": [2, 6, 8], "logprobs": [None, -0.75, -0.5], "old_logprobs": [None, -1.0, -0.25],
-             "advantage": -1.0}  # fmt: skip
+    other = {
+        "tokens": [2, 6, 8],
+        "logprobs": [None, -0.75, -0.5],
+        "old_logprobs": [None, -1.0, -0.25],
+        "advantage": -1.0,
+    }
     batch = rl_dataset([FLAT, other], seq_len=8, tokens_per_batch=16, vocab_size=10)[0]
     assert batch["labels"].tolist() == [[N, N, 4, 5, 1, 6, 8]]
     assert batch["old_logprobs"].tolist() == [[0.0, 0.0, -0.625, -1.0, -2.5, -1.0, -0.25]]
@@ -60,19 +64,41 @@ def test_the_batch_carries_old_logprobs_where_the_records_have_them():
 
 
 BAD = [
-    ("other_length", {**FLAT, "old_logprobs": [None, None, -0.5, -1.0, -2.5]},
-     "field 'old_logprobs' has 5 entries but 'logprobs' has 6: old_logprobs is aligned like logprobs"),
-    ("positive", {**FLAT, "old_logprobs": [None, None, None, -0.5, 0.25, -2.0]},
-     "old_logprobs[4]=0.25 is > 0, not a log-probability"),
-    ("null_at_a_completion_token", {**FLAT, "old_logprobs": [None, None, None, -0.5, None, -2.0]},
-     "old_logprobs[4] is null at a completion token"),
-    ("misspelt", {**FLAT_WITHOUT_OLD, "old_logprob": FLAT["old_logprobs"]},
-     "unknown field 'old_logprob'; did you mean 'old_logprobs'?"),
-    ("datum_other_length",
-     {"model_input": [7, 3], "loss_fn_inputs": {"target_tokens": [3, 9], "logprobs": [0, -1.0],
-      "old_logprobs": [-1.0], "advantages": [0, 1.0], "mask": [0, 1]}},
-     "loss_fn_inputs: field 'old_logprobs' has 1 entries but 'logprobs' has 2"),
-]  # fmt: skip
+    (
+        "other_length",
+        {**FLAT, "old_logprobs": [None, None, -0.5, -1.0, -2.5]},
+        "field 'old_logprobs' has 5 entries but 'logprobs' has 6: old_logprobs is aligned like logprobs",
+    ),
+    (
+        "positive",
+        {**FLAT, "old_logprobs": [None, None, None, -0.5, 0.25, -2.0]},
+        "old_logprobs[4]=0.25 is > 0, not a log-probability",
+    ),
+    (
+        "null_at_a_completion_token",
+        {**FLAT, "old_logprobs": [None, None, None, -0.5, None, -2.0]},
+        "old_logprobs[4] is null at a completion token",
+    ),
+    (
+        "misspelt",
+        {**FLAT_WITHOUT_OLD, "old_logprob": FLAT["old_logprobs"]},
+        "unknown field 'old_logprob'; did you mean 'old_logprobs'?",
+    ),
+    (
+        "datum_other_length",
+        {
+            "model_input": [7, 3],
+            "loss_fn_inputs": {
+                "target_tokens": [3, 9],
+                "logprobs": [0, -1.0],
+                "old_logprobs": [-1.0],
+                "advantages": [0, 1.0],
+                "mask": [0, 1],
+            },
+        },
+        "loss_fn_inputs: field 'old_logprobs' has 1 entries but 'logprobs' has 2",
+    ),
+]
 
 
 @pytest.mark.parametrize(("record", "expected"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])

@@ -70,8 +70,15 @@ def whole_batch(seed: int = 0) -> dict:
 
 def model_of(name: str) -> TinyLM:
     L.seed_everything(0, verbose=False)
-    return TinyLM(vocab_size=VOCAB, d_model=16, n_layers=1, n_heads=2, head_backend="chunked",
-                  optimizer={"warmup_steps": 0}, **PRESETS[name])  # fmt: skip
+    return TinyLM(
+        vocab_size=VOCAB,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        head_backend="chunked",
+        optimizer={"warmup_steps": 0},
+        **PRESETS[name],
+    )
 
 
 class Capture(L.Callback):
@@ -89,11 +96,19 @@ def step(name: str, devices: int, batches: list[dict], root: str) -> dict:
     """The first step of preset ``name`` on ``devices`` processes (2: DDP, ``ACCUMULATE`` micro-batches)."""
     capture = Capture()
     trainer = L.Trainer(
-        accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto", precision="64-true",
-        max_steps=1, accumulate_grad_batches=ACCUMULATE if devices > 1 else 1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=root, callbacks=[capture],
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
+        precision="64-true",
+        max_steps=1,
+        accumulate_grad_batches=ACCUMULATE if devices > 1 else 1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        callbacks=[capture],
+    )
     trainer.fit(model_of(name), GlobalStatsLoader(batches, batch_size=None, shuffle=False))
     return capture.result
 

@@ -141,9 +141,15 @@ def test_a_fit_keeps_the_reference_out_of_the_optimizer_and_the_checkpoint(tmp_p
     model = tiny(dpo={"beta": 0.2}, optimizer={"warmup_steps": 0})
     plain_keys = set(tiny().state_dict())
     trainer = L.Trainer(
-        accelerator="cpu", precision="64-true", max_steps=2, accumulate_grad_batches=2, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-    )  # fmt: skip
+        accelerator="cpu",
+        precision="64-true",
+        max_steps=2,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(model, GlobalStatsLoader(micro_batches(), batch_size=None))
     reference = model.frozen_models["reference"]
     frozen = list(reference.runner.parameters())
@@ -181,8 +187,15 @@ def test_one_dpo_step_with_a_32k_vocabulary_never_materializes_the_logits(use_we
 
     vocab, chunk = 32000, 16
     torch.manual_seed(0)
-    config = hf_config("llama", vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                       num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    config = hf_config(
+        "llama",
+        vocab_size=vocab,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     model = HFCausalLM(
         config=config, dpo={"beta": 0.1, "use_weighting": use_weighting}, head_chunk_size=chunk
     )
@@ -278,15 +291,32 @@ def test_a_resumed_dpo_run_rebuilds_the_same_initial_policy_reference(tmp_path):
 
     def fit(root: Path, ckpt_path=None) -> TinyLM:
         torch.manual_seed(0)  # the constructor's weights: the initial policy of both runs
-        model = TinyLM(vocab_size=300, d_model=16, n_layers=1, n_heads=2, dpo={"beta": 0.5},
-                       optimizer={"warmup_steps": 0, "lr": 0.05})  # fmt: skip
-        data = PreferenceDataModule(paths=[pairs], vocab_size=300, max_length=48, tokens_per_batch=192,
-                                    cache_dir=str(tmp_path / "cache"))  # fmt: skip
+        model = TinyLM(
+            vocab_size=300,
+            d_model=16,
+            n_layers=1,
+            n_heads=2,
+            dpo={"beta": 0.5},
+            optimizer={"warmup_steps": 0, "lr": 0.05},
+        )
+        data = PreferenceDataModule(
+            paths=[pairs],
+            vocab_size=300,
+            max_length=48,
+            tokens_per_batch=192,
+            cache_dir=str(tmp_path / "cache"),
+        )
         every = ModelCheckpoint(dirpath=root, every_n_train_steps=2, save_top_k=-1, filename="{step}")
         trainer = L.Trainer(
-            accelerator="cpu", max_steps=4, logger=False, enable_progress_bar=False,
-            enable_model_summary=False, default_root_dir=root, callbacks=[every], limit_val_batches=0,
-        )  # fmt: skip
+            accelerator="cpu",
+            max_steps=4,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=root,
+            callbacks=[every],
+            limit_val_batches=0,
+        )
         torch.manual_seed(123 if ckpt_path else 0)  # a resumed run must not depend on the global RNG
         trainer.fit(model, data, ckpt_path=ckpt_path)
         return model

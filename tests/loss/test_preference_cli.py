@@ -20,10 +20,16 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIGS = ["--config", str(REPO / "configs/hf_causal_lm.yaml"), "--config", str(REPO / "configs/dpo.yaml")]
 M, D = "--model.init_args.", "--data.init_args."
 FAST = [
-    "--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--trainer.check_val_every_n_epoch=1",
-    f"{M}config.num_hidden_layers=1", f"{M}config.hidden_size=48", f"{M}config.intermediate_size=64",
-    f"{D}vocab_size=320", f"{D}max_records=12", f"{D}tokens_per_batch=256",
-]  # fmt: skip
+    "--trainer.max_steps=2",
+    "--trainer.limit_val_batches=1",
+    "--trainer.check_val_every_n_epoch=1",
+    f"{M}config.num_hidden_layers=1",
+    f"{M}config.hidden_size=48",
+    f"{M}config.intermediate_size=64",
+    f"{D}vocab_size=320",
+    f"{D}max_records=12",
+    f"{D}tokens_per_batch=256",
+]
 
 
 def roots(tmp_path: Path) -> list[str]:

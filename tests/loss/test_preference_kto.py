@@ -24,8 +24,10 @@ def records(seed: int = 0) -> list[RecordRows]:
     """Unpaired rows (a prompt and its completion) and KL rows (the prompt with the previous record's
     completion, TRL's rotation)."""
     g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(3, VOCAB, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
-               for _ in LABELS]  # fmt: skip
+    prompts = [
+        torch.randint(3, VOCAB, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
+        for _ in LABELS
+    ]
     rows = [row(g, p) for p in prompts]
     completions = [ids[len(p) :] for (ids, _), p in zip(rows, prompts, strict=True)]
     out = []
@@ -126,18 +128,40 @@ def test_without_the_kl_estimate_a_split_step_is_the_mean_over_all_its_sequences
 
 
 def test_kto_trains_on_the_shipped_unpaired_records(tmp_path):
-    data = PreferenceDataModule(paths=["data/preference/unpaired.jsonl"], vocab_size=300, max_length=48,
-                                tokens_per_batch=256, cache_dir=str(tmp_path))  # fmt: skip
-    model = TinyLM(vocab_size=300, d_model=16, n_layers=1, n_heads=2, kto={"beta": 0.1},
-                   optimizer={"warmup_steps": 0, "lr": 0.01})  # fmt: skip
+    data = PreferenceDataModule(
+        paths=["data/preference/unpaired.jsonl"],
+        vocab_size=300,
+        max_length=48,
+        tokens_per_batch=256,
+        cache_dir=str(tmp_path),
+    )
+    model = TinyLM(
+        vocab_size=300,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        kto={"beta": 0.1},
+        optimizer={"warmup_steps": 0, "lr": 0.01},
+    )
     trainer = L.Trainer(
-        accelerator="cpu", max_steps=2, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
+        accelerator="cpu",
+        max_steps=2,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, data)
     metrics = model.telemetry["metrics"]
-    assert set(metrics) == {"rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen",
-                            "logps/rejected", "kl"}  # fmt: skip
+    assert set(metrics) == {
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/margins",
+        "logps/chosen",
+        "logps/rejected",
+        "kl",
+    }
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
 
 

@@ -101,10 +101,17 @@ def first_step(batches: list[dict], accumulate: int, root) -> dict:
     """The gradients and logged values of the first optimizer step of the ``wpo`` preset (float64)."""
     capture = worker.Capture()
     trainer = L.Trainer(
-        accelerator="cpu", precision="64-true", max_steps=1, accumulate_grad_batches=accumulate,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=root, callbacks=[capture],
-    )  # fmt: skip
+        accelerator="cpu",
+        precision="64-true",
+        max_steps=1,
+        accumulate_grad_batches=accumulate,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        callbacks=[capture],
+    )
     trainer.fit(worker.model_of("wpo"), GlobalStatsLoader(batches, batch_size=None, shuffle=False))
     return capture.result
 
