@@ -19,9 +19,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@
 
-# the tests also cover the [hf] extra (transformers, peft) and build the docs ([docs]: mkdocs)
+# the tests also cover the [hf] extra (transformers, peft), build the docs ([docs]: mkdocs) and run the
+# peers' own trainers on the same inputs ([peers]: TRL)
 $(VENV)/.installed-hf: $(VENV)/.installed pyproject.toml
-	$(BIN)/python -m pip install -q -e ".[dev,hf,docs]"
+	$(BIN)/python -m pip install -q -e ".[dev,hf,docs,peers]"
 	touch $@
 
 install: $(VENV)/.installed
