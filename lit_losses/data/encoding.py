@@ -77,6 +77,10 @@ class TokenEncoder:
             return self.tokenizer.encode(text).ids
         return list(self.tokenizer(text, add_special_tokens=self.add_special_tokens)["input_ids"])
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (special tokens included), for messages."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
     # ---- conversations -----------------------------------------------------------------------
     @property
     def chat_template(self) -> str | None:

@@ -210,7 +210,7 @@ def sft_row(
         )
     targets = [1] * len(split.full_ids)
     if completion_only_loss:
-        targets = [0] * len(split.prompt_ids) + targets[len(split.prompt_ids) :]
+        targets = [0] * split.prompt_length + targets[split.prompt_length :]
     if assistant_only_loss:
         targets = [t and m for t, m in zip(targets, split.assistant_mask, strict=True)]
     ids, labels = next_token_row(split.full_ids, targets, max_length=seq_len)
