@@ -12,7 +12,8 @@
 desirable).
 
 Fields are all strings (standard) or all message lists (conversational: ``{"role", "content"}`` objects,
-``role`` one of ``system``, ``user``, ``assistant``, ``tool``), and one data set holds one kind of record
+``role`` one of ``system``, ``user``, ``assistant``, ``tool``; a completion ends with the assistant's
+message), and one data set holds one kind of record
 (paired or unpaired) in one form (standard or conversational). Without ``prompt``, a pair's prompt is
 the longest common prefix of ``chosen`` and ``rejected`` (TRL's ``extract_prompt``: characters of text,
 messages of a conversation). Precomputed reference log-probabilities (sums over the completion's tokens)
@@ -105,6 +106,8 @@ def _paired(f: RecordFields) -> PairRecord:
             )
     if not isinstance(chosen, str) and (not chosen or not rejected):
         raise f.fail("after the prompt, 'chosen' or 'rejected' holds no message: no completion to train on")
+    f.ends_with_assistant("chosen", chosen)
+    f.ends_with_assistant("rejected", rejected)
     return PairRecord(where=f.where, prompt=prompt, chosen=chosen, rejected=rejected, ref=f.refs(PAIRED_REF))
 
 
@@ -112,6 +115,7 @@ def _unpaired(f: RecordFields) -> UnpairedRecord:
     kind = "an unpaired preference record has 'prompt', 'completion' and 'label'"
     prompt, completion = f.text("prompt", kind), f.text("completion", kind)
     f.same_form(("prompt", "completion"))
+    f.ends_with_assistant("completion", completion)
     if "label" not in f.record:
         raise f.fail(f"missing field 'label' ({kind}; true: the completion is desirable)")
     label = f.record["label"]

@@ -79,6 +79,25 @@ class RecordFields:
         if not isinstance(message["content"], str):
             raise self.fail(f"{name}['content'] is a {type(message['content']).__name__}, not a string")
 
+    def ends_with_assistant(self, key: str, value: Text) -> None:
+        """Refuse a conversation ``value`` (the field ``key``, or what is left of it after an implicit
+        prompt) whose last message is not the assistant's: the completion a record trains on is the
+        assistant's turn. Text passes.
+
+        Example:
+            >>> fields = RecordFields({}, "a.jsonl:3", known=())
+            >>> fields.ends_with_assistant("chosen", [{"role": "user", "content": "And?"}])
+            Traceback (most recent call last):
+            ...
+            lit_losses.errors.ConfigError: a.jsonl:3: field 'chosen' ends with a 'user' message, not the ...
+        """
+        if isinstance(value, str) or not value or value[-1]["role"] == "assistant":
+            return
+        raise self.fail(
+            f"field {key!r} ends with a {value[-1]['role']!r} message, not the assistant's: the completion "
+            "trained on is the assistant's turn (drop the trailing messages, or the record)"
+        )
+
     def same_form(self, keys: tuple[str, ...]) -> None:
         """All text fields strings, or all message lists (a field of another type is named as such)."""
         for key in keys:

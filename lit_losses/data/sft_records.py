@@ -2,7 +2,8 @@
 leave out the prompt (``completion_only_loss``) or everything but the assistant's turns
 (``assistant_only_loss``), as TRL's ``SFTConfig`` names the two options.
 
-Formats (one JSON object per line; other fields are ignored)::
+Formats (one JSON object per line; other fields are ignored; a conversation, or a conversational
+completion, ends with the assistant's message)::
 
     {"prompt": "Translate to French: cat", "completion": " chat"}                  # prompt-completion
     {"prompt": [{"role": "user", "content": "Translate to French: cat"}],          # conversational
@@ -94,6 +95,7 @@ def parse_sft_record(record: Mapping[str, Any], where: str) -> SFTRecord:
         messages = f.text("messages", "a conversational record")
         if isinstance(messages, str):
             raise f.fail("field 'messages' is a string, not a list of messages")
+        f.ends_with_assistant("messages", messages)
         return SFTRecord(where, messages=messages)
     kind = "a prompt-completion record has 'prompt' and 'completion'"
     if "completion" not in record and {"chosen", "rejected"} <= set(record):
@@ -102,6 +104,7 @@ def parse_sft_record(record: Mapping[str, Any], where: str) -> SFTRecord:
         )
     prompt, completion = f.text("prompt", kind), f.text("completion", kind)
     f.same_form(("prompt", "completion"))
+    f.ends_with_assistant("completion", completion)
     return SFTRecord(where, prompt=prompt, completion=completion)
 
 
