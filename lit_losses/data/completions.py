@@ -19,9 +19,9 @@ position 0 (no token precedes it) is a target.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from lit_losses.data.encoding import Message, TokenEncoder
 from lit_losses.errors import ConfigError
@@ -88,12 +88,18 @@ def shared_prompt_length(splits: Sequence[Split]) -> int:
 
 
 def split_completion(
-    encoder: TokenEncoder, prompt: Text, completion: Text, where: str, assistant_mask: bool = False
+    encoder: TokenEncoder,
+    prompt: Text,
+    completion: Text,
+    where: str,
+    assistant_mask: bool = False,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> Split:
     """Tokenize ``prompt`` and ``prompt + completion`` as TRL does (see the module docstring).
 
     Standard text is concatenated as given: append the EOS token's text to ``completion`` first where
-    TRL does (its trainers do for standard records).
+    TRL does (its trainers do for standard records). A conversation's ``template_kwargs`` (the record's
+    ``tools`` and ``chat_template_kwargs``) go to the chat template.
 
     Example:
         >>> from lit_losses.data.tokenizer import train_tokenizer
@@ -104,8 +110,10 @@ def split_completion(
     """
     if isinstance(prompt, str):
         return Split(prompt_ids=encoder.encode(prompt), full_ids=encoder.encode(prompt + completion))
-    prompt_ids, _ = encoder.chat(prompt, where, add_generation_prompt=True)
-    full_ids, mask = encoder.chat([*prompt, *completion], where, assistant_mask=assistant_mask)
+    prompt_ids, _ = encoder.chat(prompt, where, add_generation_prompt=True, template_kwargs=template_kwargs)
+    full_ids, mask = encoder.chat(
+        [*prompt, *completion], where, assistant_mask=assistant_mask, template_kwargs=template_kwargs
+    )
     return Split(prompt_ids=prompt_ids, full_ids=full_ids, assistant_mask=mask)
 
 

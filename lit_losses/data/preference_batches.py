@@ -113,7 +113,11 @@ class RowBuilder:
         if key not in self._splits:
             completion = self.completion(getattr(record, field))
             split = split_completion(
-                self.encoder, prompt=record.prompt, completion=completion, where=record.where
+                self.encoder,
+                prompt=record.prompt,
+                completion=completion,
+                where=record.where,
+                template_kwargs=record.template_kwargs,
             )
             if not split.prefix_matches and not self.mismatch_warned:
                 self.mismatch_warned = True

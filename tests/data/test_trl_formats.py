@@ -57,6 +57,23 @@ def bos_tokenizer(tmp_path_factory) -> str:
     return str(folder)
 
 
+TOOLS_PREAMBLE = (
+    "{%- if tools %}{{- '<|im_start|>system\\nTools: ' + (tools | tojson) + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- if brief %}{{- '<|im_start|>system\\nBe brief.<|im_end|>\\n' }}{%- endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizers(bos_tokenizer, tmp_path_factory) -> dict[str, str]:
+    """``chatml`` (shipped), ``bos`` (`bos_tokenizer`) and ``tools``: the shipped one whose template
+    also renders a record's ``tools`` and a ``brief`` keyword argument."""
+    tok = AutoTokenizer.from_pretrained(CHATML)
+    tok.chat_template = TOOLS_PREAMBLE + tok.chat_template
+    folder = tmp_path_factory.mktemp("tools-tokenizer")
+    tok.save_pretrained(folder)
+    return {"chatml": CHATML, "bos": bos_tokenizer, "tools": str(folder)}
+
+
 def tiny_llama(vocab_size: int, seed: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -182,6 +199,18 @@ IMPLICIT_CONVERSATIONAL = [
         "rejected": [user("Sky?"), assistant("Blue."), user("Sure?"), assistant("No, green.")],
     },
 ]
+TOOLS = json.dumps([{"type": "function", "function": {"name": "add", "parameters": {}}}])
+WITH_TOOLS = [  # TRL's ``tools`` (JSON text) and ``chat_template_kwargs``, in every record as Arrow needs
+    CONVERSATIONAL[0] | {"tools": TOOLS, "chat_template_kwargs": {"brief": True}},
+    CONVERSATIONAL[1] | {"tools": "[]", "chat_template_kwargs": {"brief": False}},
+    {
+        "prompt": [user("Add 2 and 3.")],
+        "chosen": [assistant("5")],
+        "rejected": [assistant("6")],
+        "tools": TOOLS,
+        "chat_template_kwargs": {"brief": False},
+    },
+]
 UNPAIRED = [
     {"prompt": "Hello there", "completion": " good answer", "label": True},
     {"prompt": "Sky is ", "completion": "blue", "label": True},
@@ -204,6 +233,7 @@ DPO_CASES = {
     "implicit prompt, BOS": (IMPLICIT, "bos", {}),
     "conversational": (CONVERSATIONAL, "chatml", {}),
     "implicit conversational": (IMPLICIT_CONVERSATIONAL, "chatml", {}),
+    "conversational, tools": (WITH_TOOLS, "tools", {}),
     "keep_start": (STANDARD, "chatml", {"max_length": 20, "truncation_mode": "keep_start"}),
     "keep_end": (STANDARD, "chatml", {"max_length": 7, "truncation_mode": "keep_end"}),
     "keep_end, conversational": (CONVERSATIONAL, "chatml", {"max_length": 9, "truncation_mode": "keep_end"}),
@@ -211,11 +241,11 @@ DPO_CASES = {
 
 
 @pytest.mark.parametrize("case", list(DPO_CASES))
-def test_preference_pairs_tokenize_as_trl_dpo_trainer(case, tmp_path, bos_tokenizer):
+def test_preference_pairs_tokenize_as_trl_dpo_trainer(case, tmp_path, tokenizers):
     """DPOTrainer's ``_prepare_dataset`` (prompt extraction, EOS, tokenization, the prompt where the two
     tokenizations diverge) and ``DataCollatorForPreference`` (truncation) give our pairs' rows."""
     records, which, options = DPO_CASES[case]
-    tokenizer = CHATML if which == "chatml" else bos_tokenizer
+    tokenizer = tokenizers[which]
     tok = AutoTokenizer.from_pretrained(tokenizer)
     options = {"max_length": None} | options
     trainer = DPOTrainer(
@@ -246,10 +276,17 @@ def test_a_prompt_that_merges_into_its_completion_keeps_the_completion_tokens(tm
 
 
 # ---- KTO ---------------------------------------------------------------------------------------
+UNPAIRED_TOOLS = [
+    {"prompt": r["prompt"], "completion": r[key], "label": key == "chosen"}
+    | {k: r[k] for k in ("tools", "chat_template_kwargs")}
+    for r in WITH_TOOLS
+    for key in ("chosen", "rejected")
+]
 KTO_CASES = {
     "standard": (UNPAIRED, "chatml", {"max_length": None}),
     "standard, BOS, no chat template": (UNPAIRED, "bos", {"max_length": None}),
     "conversational": (UNPAIRED_CONVERSATIONAL, "chatml", {"max_length": None}),
+    "conversational, tools": (UNPAIRED_TOOLS, "tools", {"max_length": None}),
     "max_length": (UNPAIRED, "chatml", {"max_length": 16}),
 }
 
@@ -269,11 +306,11 @@ def trl_unpaired(trainer) -> Counter:
 
 
 @pytest.mark.parametrize("case", list(KTO_CASES))
-def test_unpaired_records_tokenize_as_trl_kto_trainer(case, tmp_path, bos_tokenizer):
+def test_unpaired_records_tokenize_as_trl_kto_trainer(case, tmp_path, tokenizers):
     """KTOTrainer's rows and KL rows (the completions rotated by one over a chunk that holds the whole
     data set, as ours over the file) and labels."""
     records, which, options = KTO_CASES[case]
-    tokenizer = CHATML if which == "chatml" else bos_tokenizer
+    tokenizer = tokenizers[which]
     tok = AutoTokenizer.from_pretrained(tokenizer)
     trainer = KTOTrainer(
         model=tiny_llama(len(tok), seed=0),
@@ -308,6 +345,14 @@ MESSAGES = [
     {"messages": [user("Hi"), assistant("Hello!")]},
     {"messages": [SYSTEM, user("Sky?"), assistant("Blue."), user("Sure?"), assistant("Yes, quite.")]},
 ]
+MESSAGES_TOOLS = [
+    {
+        "messages": r["prompt"] + r["chosen"],
+        "tools": r["tools"],
+        "chat_template_kwargs": r["chat_template_kwargs"],
+    }
+    for r in WITH_TOOLS
+]
 ASSISTANT_ONLY = {"assistant_only_loss": True}
 SFT_CASES = {
     "text": (TEXT, "chatml", {}),
@@ -321,6 +366,7 @@ SFT_CASES = {
     "messages": (MESSAGES, "chatml", {}),
     "messages, assistant only": (MESSAGES, "chatml", ASSISTANT_ONLY),
     "messages, assistant only, max_length": (MESSAGES, "chatml", ASSISTANT_ONLY | {"max_length": 44}),
+    "messages, tools": (MESSAGES_TOOLS, "tools", ASSISTANT_ONLY | {"max_length": 256}),
 }
 
 
@@ -345,11 +391,11 @@ def our_sft_rows(data: HFTextDataModule) -> Counter:
 
 
 @pytest.mark.parametrize("case", list(SFT_CASES))
-def test_sft_records_tokenize_as_trl_sft_trainer(case, tmp_path, bos_tokenizer):
+def test_sft_records_tokenize_as_trl_sft_trainer(case, tmp_path, tokenizers):
     """SFTTrainer without packing (``completion_only_loss`` left to its default unless given,
     ``assistant_only_loss``, ``max_length`` as ``seq_len``) and `HFTextDataModule` without packing."""
     records, which, options = SFT_CASES[case]
-    tokenizer = CHATML if which == "chatml" else bos_tokenizer
+    tokenizer = tokenizers[which]
     tok = AutoTokenizer.from_pretrained(tokenizer)
     max_length = options.pop("max_length", 64)
     trainer = SFTTrainer(
@@ -413,3 +459,21 @@ def test_a_conversation_that_does_not_end_with_the_assistant_is_refused(kind, re
     message = str(err.value)
     assert f"{path}:2" in message and key in message and "assistant" in message, message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"tools": 5}, "field 'tools' is a int, not a list of function schemas"),
+        ({"tools": "[{"}, "field 'tools' is a string that is not JSON"),
+        ({"chat_template_kwargs": ["brief"]}, "field 'chat_template_kwargs' is a list, not a mapping"),
+        ({"chat_template_kwargs": {"tokenize": False}}, "the chat template of"),
+    ],
+)
+def test_bad_chat_template_arguments_are_one_line_naming_the_record(extra, message, tmp_path):
+    record = CONVERSATIONAL[0] | extra
+    path = write_jsonl(tmp_path, [CONVERSATIONAL[1], record])
+    with pytest.raises(ConfigError) as err:
+        preference_module(path, CHATML, max_length=None)
+    assert str(err.value).startswith(f"{path}:2: ") and message in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
