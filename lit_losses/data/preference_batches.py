@@ -51,6 +51,7 @@ from lit_losses.data.completions import (
 from lit_losses.data.encoding import TokenEncoder
 from lit_losses.data.packing import batch_rows
 from lit_losses.data.preference_records import PairRecord, Record, UnpairedRecord
+from lit_losses.errors import ConfigError
 
 Row = tuple[list[int], list[int]]
 """A sequence's ``(input_ids, labels)``."""
@@ -104,9 +105,20 @@ class RowBuilder:
         self._splits: dict[tuple[str, str], Split] = {}
 
     def completion(self, text: Text) -> Text:
-        """A standard completion ends with the EOS token's text (TRL adds it when missing)."""
+        """A standard completion ends with the EOS token's text (TRL adds it when missing).
+
+        Raises:
+            ConfigError: for a standard completion when the tokenizer has no EOS token.
+        """
+        if not isinstance(text, str):
+            return text
         eos = self.encoder.eos_token
-        return text + eos if isinstance(text, str) and eos and not text.endswith(eos) else text
+        if eos is None:
+            raise ConfigError(
+                f"data.tokenizer: {self.encoder.name} has no eos_token, which ends every standard (text) "
+                "completion, as in TRL; give a tokenizer with one"
+            )
+        return text if text.endswith(eos) else text + eos
 
     def split(self, record: Record, field: str) -> Split:
         key = (record.where, field)

@@ -477,3 +477,15 @@ def test_bad_chat_template_arguments_are_one_line_naming_the_record(extra, messa
         preference_module(path, CHATML, max_length=None)
     assert str(err.value).startswith(f"{path}:2: ") and message in str(err.value), str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_a_tokenizer_without_eos_is_refused_for_standard_completions(tmp_path):
+    """TRL appends the EOS token's text to every standard completion; without one there is none to
+    append (TRL fails on ``str + None``)."""
+    tok = AutoTokenizer.from_pretrained(CHATML)
+    tok.eos_token = None
+    tok.save_pretrained(tmp_path / "no-eos")
+    with pytest.raises(ConfigError, match="has no eos_token, which ends every standard"):
+        preference_module(write_jsonl(tmp_path, STANDARD), str(tmp_path / "no-eos"), max_length=None)
+    data = preference_module(write_jsonl(tmp_path, CONVERSATIONAL), str(tmp_path / "no-eos"), max_length=None)
+    assert len(our_pairs(data)) == len(CONVERSATIONAL)  # a conversation's template ends its turns
