@@ -3,9 +3,10 @@
 On the same JSONL records and the same tokenizer, `PreferenceDataModule` and `HFTextDataModule` give the
 rows (token ids, and the positions trained on) that TRL 1.16's trainers build: ``DPOTrainer`` and
 ``KTOTrainer`` (their ``_prepare_dataset``, run by the trainer's constructor, then the trainer's own
-collator) and ``SFTTrainer`` (its prepared ``train_dataset``, labels aligned with ``input_ids``). Two
-tokenizers: the shipped ChatML one (no BOS, a chat template with ``{% generation %}`` markers) and the same
-vocabulary with a BOS token added to every text and no chat template.
+collator) and ``SFTTrainer`` (its prepared ``train_dataset``, labels aligned with ``input_ids``). Three
+tokenizers: the shipped ChatML one (no BOS, a chat template with ``{% generation %}`` markers), the same
+vocabulary with a BOS token added to every text and no chat template, and the ChatML one with a template
+that also renders a record's ``tools`` and ``chat_template_kwargs``.
 
 Rows are compared as multisets (the data modules shuffle and group records by length): a row is its
 tokens and its next-token labels (``-100`` where no target), TRL's completion mask ``m`` giving
