@@ -3,10 +3,10 @@
 On the same JSONL records and the same tokenizer, `PreferenceDataModule` and `HFTextDataModule` give the
 rows (token ids, and the positions trained on) that TRL 1.16's trainers build: ``DPOTrainer`` and
 ``KTOTrainer`` (their ``_prepare_dataset``, run by the trainer's constructor, then the trainer's own
-collator) and ``SFTTrainer`` (its prepared ``train_dataset``, labels aligned with ``input_ids``). Three
+collator) and ``SFTTrainer`` (its prepared ``train_dataset``, labels aligned with ``input_ids``). Four
 tokenizers: the shipped ChatML one (no BOS, a chat template with ``{% generation %}`` markers), the same
-vocabulary with a BOS token added to every text and no chat template, and the ChatML one with a template
-that also renders a record's ``tools`` and ``chat_template_kwargs``.
+vocabulary with a BOS token (and, in a third, an EOS token) added to every text and no chat template, and
+the ChatML one with a template that also renders a record's ``tools`` and ``chat_template_kwargs``.
 
 Rows are compared as multisets (the data modules shuffle and group records by length): a row is its
 tokens and its next-token labels (``-100`` where no target), TRL's completion mask ``m`` giving
@@ -43,17 +43,15 @@ Row = tuple[tuple[int, ...], tuple[int, ...]]
 
 
 # ---- tokenizers, models, files -------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def bos_tokenizer(tmp_path_factory) -> str:
-    """The shipped vocabulary with ``<|im_start|>`` as a BOS token added to every text, and no chat
-    template."""
+def plain_tokenizer(folder: Path, single: str) -> str:
+    """The shipped vocabulary without a chat template, adding ``<|im_start|>`` (as BOS) and
+    ``<|endoftext|>`` to every text as the post-processor template ``single`` says."""
     tok = AutoTokenizer.from_pretrained(CHATML)
     tok.chat_template = None
     tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
-        single="<|im_start|> $A", pair="<|im_start|> $A $B", special_tokens=[("<|im_start|>", 2)]
+        single=single, special_tokens=[("<|im_start|>", 2), ("<|endoftext|>", 0)]
     )
     tok.bos_token = "<|im_start|>"
-    folder = tmp_path_factory.mktemp("bos-tokenizer")
     tok.save_pretrained(folder)
     return str(folder)
 
@@ -65,14 +63,21 @@ TOOLS_PREAMBLE = (
 
 
 @pytest.fixture(scope="module")
-def tokenizers(bos_tokenizer, tmp_path_factory) -> dict[str, str]:
-    """``chatml`` (shipped), ``bos`` (`bos_tokenizer`) and ``tools``: the shipped one whose template
-    also renders a record's ``tools`` and a ``brief`` keyword argument."""
+def tokenizers(tmp_path_factory) -> dict[str, str]:
+    """``chatml`` (shipped); ``bos``, ``bos+eos``: no chat template, BOS (and EOS) added to every text
+    (`plain_tokenizer`: a tokenized prompt then ends with an EOS that prompt + completion moves to the
+    end); ``tools``: the shipped one whose template also renders a record's ``tools`` and a ``brief``
+    keyword argument."""
     tok = AutoTokenizer.from_pretrained(CHATML)
     tok.chat_template = TOOLS_PREAMBLE + tok.chat_template
     folder = tmp_path_factory.mktemp("tools-tokenizer")
     tok.save_pretrained(folder)
-    return {"chatml": CHATML, "bos": bos_tokenizer, "tools": str(folder)}
+    return {
+        "chatml": CHATML,
+        "bos": plain_tokenizer(tmp_path_factory.mktemp("bos"), "<|im_start|> $A"),
+        "bos+eos": plain_tokenizer(tmp_path_factory.mktemp("bos-eos"), "<|im_start|> $A <|endoftext|>"),
+        "tools": str(folder),
+    }
 
 
 def tiny_llama(vocab_size: int, seed: int) -> LlamaForCausalLM:
@@ -229,6 +234,7 @@ UNPAIRED_CONVERSATIONAL = [
 DPO_CASES = {
     "standard": (STANDARD, "chatml", {}),
     "standard, BOS, no chat template": (STANDARD, "bos", {}),
+    "standard, BOS and EOS added": (STANDARD, "bos+eos", {}),
     "precomputed reference": ([r | ref for r, ref in zip(STANDARD, REFS)], "chatml", {}),
     "implicit prompt": (IMPLICIT, "chatml", {}),
     "implicit prompt, BOS": (IMPLICIT, "bos", {}),
@@ -286,6 +292,7 @@ UNPAIRED_TOOLS = [
 KTO_CASES = {
     "standard": (UNPAIRED, "chatml", {"max_length": None}),
     "standard, BOS, no chat template": (UNPAIRED, "bos", {"max_length": None}),
+    "standard, BOS and EOS added": (UNPAIRED, "bos+eos", {"max_length": None}),
     "conversational": (UNPAIRED_CONVERSATIONAL, "chatml", {"max_length": None}),
     "conversational, tools": (UNPAIRED_TOOLS, "tools", {"max_length": None}),
     "max_length": (UNPAIRED, "chatml", {"max_length": 16}),
@@ -360,6 +367,7 @@ SFT_CASES = {
     "text, BOS": (TEXT, "bos", {}),
     "prompt-completion": (PROMPT_COMPLETION, "chatml", {}),
     "prompt-completion, BOS": (PROMPT_COMPLETION, "bos", {}),
+    "prompt-completion, BOS and EOS added": (PROMPT_COMPLETION, "bos+eos", {}),
     "prompt-completion, every token": (PROMPT_COMPLETION, "chatml", {"completion_only_loss": False}),
     "prompt-completion, max_length": (PROMPT_COMPLETION, "chatml", {"max_length": 24}),
     "conversational prompt-completion": (CONVERSATIONAL_PC, "chatml", {}),
