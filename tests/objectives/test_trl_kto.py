@@ -1,0 +1,107 @@
+"""``model.kto`` against TRL's own ``KTOTrainer`` (1.16): on the token ids of the trainer's collated batch
+(its rows, its mismatched KL rows, its labels) and the same float64 weights, `HFCausalLM` with the
+``KTOConfig`` fields a TRL user writes gives ``trainer.compute_loss``'s loss, every parameter's gradient
+and the metrics TRL logs, for each loss type, with the reference model or precomputed reference values."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from trl import KTOConfig, KTOTrainer
+
+from tests.objectives.peer_trainers import (
+    UNPAIRED,
+    assert_same_grads,
+    first_batch,
+    our_loss,
+    our_module,
+    perturbed,
+    tiny_llama,
+    tokenizer,
+    trl_loss,
+    trl_trainer,
+    unpaired_batch,
+)
+
+CASES = {
+    "kto-weights": {"loss_type": "kto", "beta": 0.3, "desirable_weight": 0.8, "undesirable_weight": 1.3},
+    "kto-precomputed": {"loss_type": "kto", "beta": 0.2, "precompute_ref_log_probs": True},
+    "apo_zero_unpaired": {"loss_type": "apo_zero_unpaired", "beta": 0.5, "undesirable_weight": 1.2},
+}
+RTOL, ATOL = 1e-6, 1e-7
+"""TRL's fused head computes the log-probabilities in float32 (the bodies here are float64)."""
+METRIC_ATOL = 1e-5
+"""The rewards ``β (π − ρ)`` are differences of float32 sums of about 60 nats."""
+NOT_LOGGED = {"entropy", "num_tokens", "logits/chosen", "logits/rejected"}
+"""TRL's KTO metrics that `model.kto` does not log (they need the head's entropy or mean logits)."""
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """The reference (random weights, saved as a Hugging Face directory) and the policy: a perturbed copy
+    whose KL estimate on the records is > 0 (not clamped)."""
+    tok = tokenizer()
+    reference = tiny_llama(len(tok), tok.pad_token_id)
+    policy = perturbed(reference, seed=3, scale=0.05)
+    ref_dir = tmp_path_factory.mktemp("kto_ref")
+    reference.save_pretrained(ref_dir)
+    return policy, reference, str(ref_dir)
+
+
+@pytest.fixture(scope="module")
+def runs(models, tmp_path_factory):
+    """Each case: TRL's loss, gradients and metrics, and our batch built from TRL's collated batch."""
+    policy, reference, _ = models
+    out = {}
+    for name, fields in CASES.items():
+        trainer = trl_trainer(
+            KTOTrainer,
+            KTOConfig,
+            records=UNPAIRED,
+            model=copy.deepcopy(policy),
+            ref_model=copy.deepcopy(reference),
+            out_dir=tmp_path_factory.mktemp(name),
+            **fields,
+        )
+        batch = first_batch(trainer)
+        out[name] = (
+            trl_loss(trainer, batch),
+            unpaired_batch(batch, ref=fields.get("precompute_ref_log_probs", False)),
+        )
+    return out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kto_gives_trls_loss_gradients_and_metrics(name, models, runs):
+    policy, _, ref_dir = models
+    (loss, grads, logged), batch = runs[name]
+    fields = CASES[name]
+    options = {"kto": fields}
+    if not fields.get("precompute_ref_log_probs"):
+        options["ref_model"] = ref_dir
+    ours, our_grads, metrics = our_loss(our_module(policy, **options), batch)
+
+    torch.testing.assert_close(ours, loss.double(), rtol=RTOL, atol=ATOL)
+    assert_same_grads(our_grads, grads, rtol=10 * RTOL, atol=ATOL)
+    assert set(logged) - set(metrics) == NOT_LOGGED and set(metrics) <= set(logged)
+    for key, value in metrics.items():
+        assert value == pytest.approx(logged[key], rel=RTOL, abs=METRIC_ATOL), key
+    if fields["loss_type"] == "kto":
+        assert logged["kl"] > 0.01  # the estimate enters the loss unclamped
+    else:
+        assert logged["kl"] == 0
+
+
+def test_the_kl_rows_are_trls_rotation_of_the_batch(runs):
+    """KTOTrainer pairs each prompt with the completion of the record before it in the batch (the first
+    with the last); our KL rows of TRL's batch are those rows, row for row."""
+    (_, _, _), batch = runs["kto-weights"]
+    prompts = [r["prompt"] for r in UNPAIRED]
+    tok = tokenizer()
+    rows = batch["kl_input_ids"]
+    for i, prompt in enumerate(prompts):
+        partner = UNPAIRED[i - 1]["completion"] + tok.eos_token
+        text = tok.decode(rows[i][batch["kl_attention_mask"][i].bool()])
+        assert text == prompt + partner
