@@ -21,11 +21,11 @@ from torch import Tensor
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from datasets import Dataset, disable_progress_bars  # noqa: E402
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from datasets import Dataset, disable_progress_bars
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from lit_losses import HFCausalLM  # noqa: E402
-from lit_losses.data.preference_batches import RecordRows, collate_records  # noqa: E402
+from lit_losses import HFCausalLM
+from lit_losses.data.preference_batches import RecordRows, collate_records
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "data" / "tokenizers" / "chatml-bpe"
 IGNORE = -100
