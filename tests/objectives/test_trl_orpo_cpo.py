@@ -1,0 +1,88 @@
+"""``model.cpo`` (CPO, SimPO, AlphaPO) and ``model.orpo`` against TRL's own ``CPOTrainer`` and
+``ORPOTrainer`` (``trl.experimental``, 1.16): on the token ids of the trainer's collated batch and the same
+float64 weights, `HFCausalLM` with the ``CPOConfig``/``ORPOConfig`` fields a TRL user writes gives
+``trainer.compute_loss``'s loss, every parameter's gradient and the metrics TRL logs, for every loss type
+and option ``model.cpo`` accepts."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from trl.experimental.cpo import CPOConfig, CPOTrainer
+from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+from tests.objectives.peer_trainers import (
+    PAIRED,
+    assert_same_grads,
+    first_batch,
+    our_loss,
+    our_module,
+    paired_batch,
+    tiny_llama,
+    tokenizer,
+    trl_loss,
+    trl_trainer,
+)
+
+CPO_CASES = {
+    "sigmoid-smoothing": {"loss_type": "sigmoid", "beta": 0.2, "label_smoothing": 0.1},
+    "sigmoid-alpha": {"loss_type": "sigmoid", "beta": 0.1, "alpha": 0.05, "cpo_alpha": 0.5},
+    "hinge": {"loss_type": "hinge", "beta": 0.3, "cpo_alpha": 0.7},
+    "ipo": {"loss_type": "ipo", "beta": 0.4},
+    "simpo": {
+        "loss_type": "simpo",
+        "beta": 2.0,
+        "simpo_gamma": 0.7,
+        "cpo_alpha": 0.0,
+        "label_smoothing": 0.05,
+    },
+    "cpo-simpo": {"loss_type": "simpo", "beta": 1.5, "cpo_alpha": 0.3},
+    "alphapo": {"loss_type": "alphapo", "beta": 2.5, "alpha": 0.4, "simpo_gamma": 0.6},
+}
+NOT_LOGGED = {"logits/chosen", "logits/rejected"}
+"""TRL's metrics that `model.cpo`/`model.orpo` do not log: means over every position of the materialized
+logits (padding included), which the fused head never forms."""
+
+
+@pytest.fixture(scope="module")
+def policy():
+    tok = tokenizer()
+    return tiny_llama(len(tok), tok.pad_token_id, seed=1)
+
+
+def run(trainer_cls, config_cls, fields, policy, out_dir):
+    """TRL's loss, gradients and metrics on its first batch, and our batch of the same token ids."""
+    trainer = trl_trainer(
+        trainer_cls, config_cls, records=PAIRED, model=copy.deepcopy(policy), out_dir=out_dir, **fields
+    )
+    batch = first_batch(trainer)
+    return trl_loss(trainer, batch), paired_batch(batch)
+
+
+def check(ours, theirs, rtol: float, atol: float) -> None:
+    """Loss, gradients and metrics (each one TRL logs, but the logits' means) agree."""
+    (loss, grads, logged), (our_total, our_grads, metrics) = theirs, ours
+    torch.testing.assert_close(our_total, loss, rtol=rtol, atol=atol)
+    assert_same_grads(our_grads, grads, rtol=rtol, atol=atol)
+    assert set(logged) - set(metrics) == NOT_LOGGED and set(metrics) <= set(logged)
+    for key, value in metrics.items():
+        tolerance = 1e-7 if key == "rewards/accuracies" else atol  # TRL's fraction is a float32 mean
+        assert value == pytest.approx(logged[key], rel=rtol, abs=tolerance), key
+
+
+@pytest.mark.parametrize("name", list(CPO_CASES))
+def test_cpo_gives_trls_loss_gradients_and_metrics(name, policy, tmp_path):
+    fields = CPO_CASES[name]
+    theirs, batch = run(CPOTrainer, CPOConfig, fields, policy, tmp_path)
+    ours = our_loss(our_module(policy, cpo=fields), batch)
+    check(ours, theirs, rtol=1e-9, atol=1e-12)  # float64 on both sides: TRL materializes the logits
+    if fields.get("cpo_alpha", 1.0) != 0 and fields["loss_type"] != "alphapo":
+        assert theirs[2]["nll_loss"] > 1  # the NLL term is in the loss
+
+
+def test_orpo_gives_trls_loss_gradients_and_metrics(policy, tmp_path):
+    theirs, batch = run(ORPOTrainer, ORPOConfig, {"beta": 0.25}, policy, tmp_path)
+    ours = our_loss(our_module(policy, orpo={"beta": 0.25}), batch)
+    check(ours, theirs, rtol=1e-6, atol=1e-7)  # TRL casts the log-probabilities to float32 for the odds
