@@ -6,12 +6,15 @@ and the metrics TRL logs, for each loss type, with the reference model or precom
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
 from trl import KTOConfig, KTOTrainer
 
+from lit_losses import PreferenceDataModule
 from tests.objectives.peer_trainers import (
+    TOKENIZER,
     UNPAIRED,
     assert_same_grads,
     first_batch,
@@ -105,3 +108,20 @@ def test_the_kl_rows_are_trls_rotation_of_the_batch(runs):
         partner = UNPAIRED[i - 1]["completion"] + tok.eos_token
         text = tok.decode(rows[i][batch["kl_attention_mask"][i].bool()])
         assert text == prompt + partner
+
+
+def test_the_data_module_gives_trls_batch_kl_rows_included(models, runs, tmp_path):
+    """`PreferenceDataModule` (the CLI's) on the same records as JSONL, one micro-batch: TRL's rows and KL
+    rows (row order aside), hence TRL's loss, gradients and KL estimate."""
+    policy, _, ref_dir = models
+    (loss, grads, logged), _ = runs["kto-weights"]
+    path = tmp_path / "unpaired.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in UNPAIRED))
+    data = PreferenceDataModule(paths=[str(path)], tokenizer=str(TOKENIZER), tokens_per_batch=4096)
+    data.setup("fit")
+    assert len(data.train_set) == 1
+    module = our_module(policy, kto=CASES["kto-weights"], ref_model=ref_dir)
+    ours, our_grads, metrics = our_loss(module, data.train_set[0])
+    torch.testing.assert_close(ours, loss.double(), rtol=RTOL, atol=ATOL)
+    assert_same_grads(our_grads, grads, rtol=10 * RTOL, atol=ATOL)
+    assert metrics["kl"] == pytest.approx(logged["kl"], rel=RTOL, abs=METRIC_ATOL)

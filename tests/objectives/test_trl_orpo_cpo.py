@@ -7,14 +7,17 @@ and option ``model.cpo`` accepts."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
 from trl.experimental.cpo import CPOConfig, CPOTrainer
 from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
+from lit_losses import PreferenceDataModule
 from tests.objectives.peer_trainers import (
     PAIRED,
+    TOKENIZER,
     assert_same_grads,
     first_batch,
     our_loss,
@@ -86,3 +89,22 @@ def test_orpo_gives_trls_loss_gradients_and_metrics(policy, tmp_path):
     theirs, batch = run(ORPOTrainer, ORPOConfig, {"beta": 0.25}, policy, tmp_path)
     ours = our_loss(our_module(policy, orpo={"beta": 0.25}), batch)
     check(ours, theirs, rtol=1e-6, atol=1e-7)  # TRL casts the log-probabilities to float32 for the odds
+
+
+@pytest.mark.parametrize(
+    ("trainer", "fields"),
+    [("orpo", {"beta": 0.25}), ("cpo", CPO_CASES["cpo-simpo"])],
+)
+def test_the_data_module_gives_trls_batch(trainer, fields, policy, tmp_path):
+    """`PreferenceDataModule` (the CLI's) on the same records as JSONL, one micro-batch: TRL's rows (row
+    order aside), hence TRL's loss and gradients (ORPO's NLL over prompt and completion tokens included)."""
+    classes = {"orpo": (ORPOTrainer, ORPOConfig), "cpo": (CPOTrainer, CPOConfig)}[trainer]
+    (loss, grads, _), _ = run(*classes, fields, policy, tmp_path)
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in PAIRED))
+    data = PreferenceDataModule(paths=[str(path)], tokenizer=str(TOKENIZER), tokens_per_batch=4096)
+    data.setup("fit")
+    assert len(data.train_set) == 1
+    ours, our_grads, _ = our_loss(our_module(policy, **{trainer: fields}), data.train_set[0])
+    torch.testing.assert_close(ours, loss, rtol=1e-6, atol=1e-7)
+    assert_same_grads(our_grads, grads, rtol=1e-6, atol=1e-7)
