@@ -85,10 +85,11 @@ def trl_trainer(
     model: LlamaForCausalLM,
     out_dir: Path,
     ref_model: LlamaForCausalLM | None = None,
+    peft_config: Any = None,
     **fields: Any,
 ) -> Any:
     """A TRL trainer on CPU over ``records`` (one batch of all of them), with the config ``fields``
-    (``ref_model`` for the trainers with a reference)."""
+    (``ref_model`` for the trainers with a reference; ``peft_config`` a ``peft.LoraConfig``)."""
     disable_progress_bars()
     args = config_cls(
         output_dir=str(out_dir),
@@ -109,6 +110,7 @@ def trl_trainer(
             train_dataset=Dataset.from_list(records),
             processing_class=tokenizer(),
             **({} if ref_model is None else {"ref_model": ref_model}),
+            **({} if peft_config is None else {"peft_config": peft_config}),
         )
 
 

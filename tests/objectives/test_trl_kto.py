@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from peft import LoraConfig
 from trl import KTOConfig, KTOTrainer
 
 from lit_losses import PreferenceDataModule
@@ -125,3 +126,35 @@ def test_the_data_module_gives_trls_batch_kl_rows_included(models, runs, tmp_pat
     torch.testing.assert_close(ours, loss.double(), rtol=RTOL, atol=ATOL)
     assert_same_grads(our_grads, grads, rtol=10 * RTOL, atol=ATOL)
     assert metrics["kl"] == pytest.approx(logged["kl"], rel=RTOL, abs=METRIC_ATOL)
+
+
+def test_kto_with_lora_gives_trls_with_its_peft_config(models, tmp_path):
+    """``lora`` here, ``peft_config`` there: the reference is the base model with the adapters disabled in
+    both (the KL rows' too), and the adapters' gradients agree (their random initial weights copied)."""
+    _, base, _ = models
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "init_lora_weights": False}
+    fields = {"beta": 0.5, "undesirable_weight": 1.2}
+    trainer = trl_trainer(
+        KTOTrainer,
+        KTOConfig,
+        records=UNPAIRED,
+        model=copy.deepcopy(base),
+        out_dir=tmp_path,
+        peft_config=LoraConfig(**lora),
+        **fields,
+    )
+    batch = first_batch(trainer)
+    loss, grads, logged = trl_loss(trainer, batch)
+    module = our_module(base, kto=fields, lora=lora)
+    adapters = dict(trainer.model.named_parameters())
+    with torch.no_grad():
+        for name, p in module.model.named_parameters():
+            if p.requires_grad:
+                p.copy_(adapters[name])
+    ours, our_grads, metrics = our_loss(module, unpaired_batch(batch))
+    assert len(our_grads) == 8  # the adapters' A and B of q_proj and v_proj in both layers, nothing else
+    torch.testing.assert_close(ours, loss.double(), rtol=RTOL, atol=ATOL)
+    assert_same_grads(our_grads, grads, rtol=10 * RTOL, atol=ATOL)
+    assert logged["kl"] > 0.01 and abs(logged["rewards/chosen"]) > 1e-4  # the adapters move the policy
+    for key, value in metrics.items():
+        assert value == pytest.approx(logged[key], rel=RTOL, abs=METRIC_ATOL), key
