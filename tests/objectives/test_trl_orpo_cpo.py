@@ -2,19 +2,24 @@
 ``ORPOTrainer`` (``trl.experimental``, 1.16): on the token ids of the trainer's collated batch and the same
 float64 weights, `HFCausalLM` with the ``CPOConfig``/``ORPOConfig`` fields a TRL user writes gives
 ``trainer.compute_loss``'s loss, every parameter's gradient and the metrics TRL logs, for every loss type
-and option ``model.cpo`` accepts."""
+and option ``model.cpo`` accepts. The ``model.kto``/``cpo``/``orpo`` fields are those of TRL's configs,
+with their defaults; the configs' other fields are refused."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
 import torch
+from transformers import TrainingArguments
+from trl import KTOConfig
 from trl.experimental.cpo import CPOConfig, CPOTrainer
 from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-from lit_losses import PreferenceDataModule
+from lit_losses import ConfigError, CPOPreset, KTOPreset, ORPOPreset, PreferenceDataModule
+from lit_losses.trl_fields import TRL_FIELDS
 from tests.objectives.peer_trainers import (
     PAIRED,
     TOKENIZER,
@@ -108,3 +113,30 @@ def test_the_data_module_gives_trls_batch(trainer, fields, policy, tmp_path):
     ours, our_grads, _ = our_loss(our_module(policy, **{trainer: fields}), data.train_set[0])
     torch.testing.assert_close(ours, loss, rtol=1e-6, atol=1e-7)
     assert_same_grads(our_grads, grads, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("preset", "config"),
+    [(KTOPreset, KTOConfig), (CPOPreset, CPOConfig), (ORPOPreset, ORPOConfig)],
+    ids=["kto", "cpo", "orpo"],
+)
+def test_the_presets_take_trls_loss_fields_with_trls_defaults_and_refuse_the_others(preset, config):
+    """Each preset field is a field of TRL's config with TRL's default (CPO's ``cpo_alpha``: ``None``
+    stands for TRL's 1, or 0 for ``alphapo``); every other field TRL's config adds to
+    ``TrainingArguments`` is refused with one error naming it (and where it is set here, if anywhere)."""
+    trl_fields = {f.name: f for f in dataclasses.fields(config)}
+    ours = preset()
+    for field in dataclasses.fields(preset):
+        assert field.name in trl_fields, field.name
+        default = getattr(ours, field.name)
+        if (preset, field.name) == (CPOPreset, "cpo_alpha"):
+            default = ours.nll_weight
+        assert default == trl_fields[field.name].default, field.name
+    own = {name for name in trl_fields} - {f.name for f in dataclasses.fields(TrainingArguments)}
+    for name in sorted(own - {f.name for f in dataclasses.fields(preset)}):
+        with pytest.raises(ConfigError) as info:
+            preset.coerce({name: 1})
+        message = str(info.value)
+        assert message.startswith(f"{preset.where}.{name}: not a field of {preset.where}"), message
+        if name in TRL_FIELDS:
+            assert f"TRL's {name} {TRL_FIELDS[name]}" in message
