@@ -158,3 +158,32 @@ def test_kto_with_lora_gives_trls_with_its_peft_config(models, tmp_path):
     assert logged["kl"] > 0.01 and abs(logged["rewards/chosen"]) > 1e-4  # the adapters move the policy
     for key, value in metrics.items():
         assert value == pytest.approx(logged[key], rel=RTOL, abs=METRIC_ATOL), key
+
+
+def test_kto_with_desirable_records_only(models, tmp_path):
+    """TRL's empty undesirable branch: the same loss and gradients; TRL logs no undesirable means and no
+    margin for the step, here they are 0 and the desirable mean (documented)."""
+    policy, reference, ref_dir = models
+    records = [record for record in UNPAIRED if record["label"]]
+    trainer = trl_trainer(
+        KTOTrainer,
+        KTOConfig,
+        records=records,
+        model=copy.deepcopy(policy),
+        ref_model=copy.deepcopy(reference),
+        out_dir=tmp_path,
+        beta=0.3,
+    )
+    batch = first_batch(trainer)
+    loss, grads, logged = trl_loss(trainer, batch)
+    ours, our_grads, metrics = our_loss(
+        our_module(policy, kto={"beta": 0.3}, ref_model=ref_dir), unpaired_batch(batch)
+    )
+    torch.testing.assert_close(ours, loss.double(), rtol=RTOL, atol=ATOL)
+    assert_same_grads(our_grads, grads, rtol=10 * RTOL, atol=ATOL)
+    absent = {"rewards/rejected", "logps/rejected", "rewards/margins"}
+    assert set(metrics) - set(logged) == absent
+    assert metrics["rewards/rejected"] == metrics["logps/rejected"] == 0
+    assert metrics["rewards/margins"] == metrics["rewards/chosen"]
+    for key in set(metrics) - absent:
+        assert metrics[key] == pytest.approx(logged[key], rel=RTOL, abs=METRIC_ATOL), key

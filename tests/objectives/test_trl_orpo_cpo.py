@@ -18,7 +18,7 @@ from trl import KTOConfig
 from trl.experimental.cpo import CPOConfig, CPOTrainer
 from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-from lit_losses import ConfigError, CPOPreset, KTOPreset, ORPOPreset, PreferenceDataModule
+from lit_losses import ConfigError, CPOPreset, KTOPreset, ORPOPreset, PreferenceDataModule, cpo_loss
 from lit_losses.trl_fields import TRL_FIELDS
 from tests.objectives.peer_trainers import (
     PAIRED,
@@ -140,3 +140,20 @@ def test_the_presets_take_trls_loss_fields_with_trls_defaults_and_refuse_the_oth
         assert message.startswith(f"{preset.where}.{name}: not a field of {preset.where}"), message
         if name in TRL_FIELDS:
             assert f"TRL's {name} {TRL_FIELDS[name]}" in message
+
+
+def test_alphapo_on_long_sums_is_finite_where_trls_underflows(policy, tmp_path):
+    """AlphaPO's reward ``(1 − p^{−a}) / a`` of a summed log-probability ``π = −200`` in float32: TRL forms
+    ``p = e^π``, which underflows to 0 (an infinite reward, a NaN loss); `cpo_loss` gets the float64 value
+    from ``expm1`` without forming ``p``."""
+    fields = {"loss_type": "sigmoid", "beta": 0.1, "alpha": 0.05, "cpo_alpha": 0.0}
+    trainer = trl_trainer(
+        CPOTrainer, CPOConfig, records=PAIRED, model=copy.deepcopy(policy), out_dir=tmp_path, **fields
+    )
+    chosen, rejected = torch.tensor([-200.0]), torch.tensor([-210.0])
+    theirs, _, _ = trainer.cpo_loss(chosen, rejected)
+    assert not torch.isfinite(theirs).all()
+    ours = cpo_loss(chosen, rejected, **{k: v for k, v in fields.items() if k != "loss_type"})
+    rewards = (1 - torch.exp(-0.05 * torch.cat([chosen, rejected]).double())) / 0.05
+    expected = -torch.nn.functional.logsigmoid(0.1 * (rewards[:1] - rewards[1:]))
+    torch.testing.assert_close(ours.losses.double(), expected, rtol=1e-6, atol=0)
