@@ -37,8 +37,9 @@ from tests.objectives.peer_trainers import (
 CPO_CASES = {
     "sigmoid-smoothing": {"loss_type": "sigmoid", "beta": 0.2, "label_smoothing": 0.1},
     "sigmoid-alpha": {"loss_type": "sigmoid", "beta": 0.1, "alpha": 0.05, "cpo_alpha": 0.5},
-    "hinge": {"loss_type": "hinge", "beta": 0.3, "cpo_alpha": 0.7},
+    "hinge-alpha": {"loss_type": "hinge", "beta": 0.3, "cpo_alpha": 0.7, "alpha": 0.1},
     "ipo": {"loss_type": "ipo", "beta": 0.4},
+    "ipo-alpha": {"loss_type": "ipo", "beta": 0.4, "alpha": -0.3, "cpo_alpha": 0.0},
     "simpo": {
         "loss_type": "simpo",
         "beta": 2.0,
