@@ -1,6 +1,6 @@
-"""Fields of TRL's trainer configs (``DPOConfig``, ``SFTConfig``, ``GKDConfig``, ``GRPOConfig``, and the
-``TrainingArguments`` they extend) that are other options here, or have none: the hint that an unknown
-option of that name gets (`trl_hint`).
+"""Fields of TRL's trainer configs (``DPOConfig``, ``KTOConfig``, ``CPOConfig``, ``ORPOConfig``,
+``SFTConfig``, ``GKDConfig``, ``GRPOConfig``, and the ``TrainingArguments`` they extend) that are other
+options here, or have none: the hint that an unknown option of that name gets (`trl_hint`).
 
 The loss fields of a TRL trainer keep their TRL names under ``model.dpo``, ``model.kto``, ``model.cpo``,
 ``model.orpo``, ``model.grpo`` and ``model.distillation``; the fields below belong to the data, the
@@ -28,6 +28,15 @@ TRL_FIELDS = {
     "max_new_tokens": "has no counterpart: nothing is generated during training",
     "num_generations": "has no counterpart: the records carry the sampled completions and their advantages",
     "teacher_model_name_or_path": "is model.distillation.teacher here",
+    "disable_dropout": "has no counterpart: the model's own config sets its dropout, which applies in "
+    "training (TRL's default, true, sets it to 0; the reference runs in eval mode here as there)",
+    "precompute_ref_batch_size": "has no counterpart: with precompute_ref_log_probs the records carry the "
+    "reference log-probabilities, computed beforehand",
+    "sync_ref_model": "has no counterpart: the reference model stays frozen (no TR-DPO synchronization)",
+    "ref_model_mixup_alpha": "has no counterpart: the reference model stays frozen (no TR-DPO "
+    "synchronization)",
+    "ref_model_sync_steps": "has no counterpart: the reference model stays frozen (no TR-DPO "
+    "synchronization)",
     "learning_rate": "is model.init_args.optimizer.lr here",
     "weight_decay": "is model.init_args.optimizer.weight_decay here",
     "warmup_steps": "is model.init_args.optimizer.warmup_steps here",
