@@ -28,8 +28,7 @@ TRL_FIELDS = {
     "max_new_tokens": "has no counterpart: nothing is generated during training",
     "num_generations": "has no counterpart: the records carry the sampled completions and their advantages",
     "teacher_model_name_or_path": "is model.distillation.teacher here",
-    "disable_dropout": "has no counterpart: the model's own config sets its dropout, which applies in "
-    "training (TRL's default, true, sets it to 0; the reference runs in eval mode here as there)",
+    "disable_dropout": "is model.init_args.disable_dropout here (HFCausalLM; false by default, TRL's: true)",
     "precompute_ref_batch_size": "has no counterpart: with precompute_ref_log_probs the records carry the "
     "reference log-probabilities, computed beforehand",
     "sync_ref_model": "has no counterpart: the reference model stays frozen (no TR-DPO synchronization)",

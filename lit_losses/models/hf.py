@@ -108,6 +108,21 @@ def add_lora(model: PreTrainedModel, lora: dict[str, Any]) -> nn.Module:
         return peft.get_peft_model(model, config)
 
 
+def zero_dropout(model: nn.Module) -> None:
+    """Set the probability of every ``torch.nn.Dropout`` module of ``model`` to 0 (what TRL's
+    ``disable_dropout`` does; attention kernels that read a dropout rate from the config are untouched).
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.1))
+        >>> zero_dropout(net)
+        >>> net[1].p
+        0.0
+    """
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+
+
 def check_context_length(config: Any, seq_len: int, where: str = "model.init_args.config") -> None:
     """Refuse a model whose positions end before the data's rows do: ``max_position_embeddings`` (GPT-2's
     ``n_positions``, through the config's attribute map) smaller than ``data.seq_len``. Learned position
@@ -166,6 +181,8 @@ class HFCausalLM(RegularizedLM):
             exactness checks, where runs on different layouts agree to rounding).
         lora: ``peft.LoraConfig`` arguments, e.g. ``{r: 8, lora_alpha: 16, target_modules: [q_proj]}``.
         gradient_checkpointing: recompute the body's activations in backward.
+        disable_dropout: set the probability of every ``torch.nn.Dropout`` module to 0 (TRL's
+            ``disable_dropout``, whose default is true; here the model's config decides by default).
         parallel: how ``configure_model`` shards the model under ``ModelParallelStrategy``
             (`ParallelConfig`; by default FSDP2 units are the decoder layers, `fsdp_modules`).
         **kwargs: the `RegularizedLM` options (head, loss aggregation, optimizer, regularizers).
@@ -204,6 +221,7 @@ class HFCausalLM(RegularizedLM):
         dtype: DType | None = None,
         lora: dict[str, Any] | None = None,
         gradient_checkpointing: bool = False,
+        disable_dropout: bool = False,
         parallel: ParallelConfig | None = None,
         **kwargs: Any,
     ) -> None:
@@ -222,6 +240,8 @@ class HFCausalLM(RegularizedLM):
             raise ConfigError("HFCausalLM: give model, or model_name_or_path, or config; not several")
         if lora is not None:
             model = add_lora(model, lora)
+        if disable_dropout:
+            zero_dropout(model)
         if gradient_checkpointing:
             causal_lm_of(model).gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
