@@ -21,6 +21,18 @@ TRL_FIELDS = {
     "dataset_text_field": "has no counterpart: TextDataModule reads the records' 'text' field",
     "rpo_alpha": "is model.dpo.loss_type: [sigmoid, sft] with model.dpo.loss_weights: [1.0, <rpo_alpha>] "
     "here",
+    "truncation_mode": "is data.init_args.truncation_mode here (PreferenceDataModule)",
+    "precompute_ref_batch_size": "has no counterpart: with model.dpo.precompute_ref_log_probs the records "
+    "carry ref_chosen_logps and ref_rejected_logps, computed beforehand",
+    "pad_to_multiple_of": "has no counterpart: a micro-batch is right-padded to its longest row",
+    "use_logits_to_keep": "has no counterpart: the fused head computes no logits",
+    "disable_dropout": "has no counterpart: the policy trains with the dropout of its config (TRL's default "
+    "sets it to 0), a frozen reference runs in eval mode",
+    "sync_ref_model": "has no counterpart: the reference stays frozen for the whole run (no TR-DPO updates)",
+    "ref_model_mixup_alpha": "has no counterpart: the reference stays frozen for the whole run (no TR-DPO "
+    "updates)",
+    "ref_model_sync_steps": "has no counterpart: the reference stays frozen for the whole run (no TR-DPO "
+    "updates)",
     "lmbda": "has no counterpart: nothing is generated during training; give a teacher model "
     "(model.distillation.teacher) or its top-k log-probabilities (lit_losses.data.DistillationDataModule)",
     "seq_kd": "has no counterpart: nothing is generated during training; write the teacher's generations "

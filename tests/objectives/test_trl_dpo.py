@@ -240,3 +240,25 @@ def test_the_loss_types_and_fields_are_trl_s():
     assert DPOPreset().loss_types == tuple(trl_fields["loss_type"].default_factory())
     for name in ours - {"reference_free", "loss_type"}:
         assert getattr(DPOPreset(), name) == trl_fields[name].default, name
+
+
+NOT_MAPPED = {"model_init_kwargs", "trust_remote_code", "router_aux_loss_coef", "dataset_num_proc"}
+NOT_MAPPED |= {"activation_offloading", "pad_token"}  # model loading, MoE, preprocessing, deprecated
+
+
+def test_a_dpo_config_field_that_is_no_loss_field_says_where_it_went():
+    """``model.dpo.<field>`` for a field of ``DPOConfig`` (not of ``TrainingArguments``) that is not a
+    loss field here: one error with the hint of `lit_losses.trl_fields` (where to set it, or why it has
+    no counterpart)."""
+    from transformers import TrainingArguments
+
+    own = {f.name for f in dataclasses.fields(DPOConfig)} - {
+        f.name for f in dataclasses.fields(TrainingArguments)
+    }
+    others = own - {f.name for f in dataclasses.fields(DPOPreset)} - NOT_MAPPED
+    assert {"truncation_mode", "disable_dropout", "sync_ref_model", "max_length"} <= others
+    for name in sorted(others):
+        with pytest.raises(
+            ConfigError, match=rf"model\.dpo\.{name}: not a field of model\.dpo; TRL's {name} "
+        ):
+            DPOPreset.coerce({name: 1})
