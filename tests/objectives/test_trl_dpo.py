@@ -8,7 +8,9 @@ every ``loss_type``, several at once with ``loss_weights``, and the options ``be
 TRL's fused head accumulates the softmax statistics in float32 whatever the model's dtype; ours is float64
 here, so the agreement is to float32 precision (about 1e-7 relative; a tenth of the 1e-3 that a wrong
 constant in f-DPO's scores made). The configurations TRL refuses are refused here; those TRL takes and
-this package refuses are listed with the reason (`TAKEN_BY_TRL_ONLY`).
+this package refuses are listed with the reason (`TAKEN_BY_TRL_ONLY`). The hand-written float64 copy of
+TRL's loss (`preference_reference.trl_dpo`, the reference of `test_preference_dpo`) is held to TRL's own
+loss on every case too.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from trl import DPOConfig
 from lit_losses import ConfigError, DPOPreset
 from lit_losses.objectives import DPOLossType
 from lit_losses.objectives.preference_dpo import F_DIVERGENCE_TYPES
-from tests.objectives import trl_dpo
+from tests.objectives import preference_reference, trl_dpo
 
 pytestmark = pytest.mark.filterwarnings(  # transformers' renaming, raised inside TRL's trainer
     "ignore:`(is_)?gradient_checkpointing` is deprecated:FutureWarning"
@@ -118,6 +120,23 @@ def test_the_loss_gradients_and_metrics_are_trl_s_dpo_trainer_s(weights, name):
     grad_rel = 1e-3 if name == "discopop" else 1e-4  # its τ = 0.05 magnifies float32 errors 20 times
     theirs = trl_dpo.trl_step(trainer, batch)
     compare(theirs, trl_dpo.lit_step(model, trl_dpo.lit_batch(batch)), grad_rel=grad_rel)
+    hand_copy = hand_written_reference(weights, fields, batch)  # the float64 tests' reference
+    torch.testing.assert_close(hand_copy, theirs[0].double(), rtol=1e-5, atol=1e-6)
+
+
+def hand_written_reference(weights, fields: dict, batch: dict) -> torch.Tensor:
+    """`preference_reference.trl_dpo` (TRL's loss written again, float64 from full logits) on the batch:
+    it must stay TRL's current loss, since `test_preference_dpo` checks ``dpo_loss`` against it to 1e-10."""
+    cfg = {key: value for key, value in fields.items() if key != "precompute_ref_log_probs"}
+    ids, completion = batch["input_ids"], batch["completion_mask"]
+    with torch.no_grad():
+        logits = weights.model("policy")(input_ids=ids, attention_mask=batch["attention_mask"]).logits
+        ref_logits = weights.model("reference")(input_ids=ids, attention_mask=batch["attention_mask"]).logits
+    refs = None
+    if fields.get("precompute_ref_log_probs"):
+        refs = (batch["ref_chosen_logps"].double(), batch["ref_rejected_logps"].double())
+    loss, _ = preference_reference.trl_dpo(logits, ref_logits, ids, completion, cfg, ref_logps=refs)
+    return loss
 
 
 def test_wpo_with_hinge_is_trl_s_forward_loss(weights):
