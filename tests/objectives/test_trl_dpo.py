@@ -5,12 +5,12 @@ every ``loss_type``, several at once with ``loss_weights``, and the options ``be
 ``discopop_tau``, ``f_divergence_type``/``f_alpha_divergence_coef``, ``ld_alpha``, ``use_weighting``,
 ``precompute_ref_log_probs`` and ``reference_free`` (TRL: its precomputed path with zero references).
 
-TRL's fused head accumulates the softmax statistics in float32 whatever the model's dtype; ours is float64
-here, so the agreement is to float32 precision (about 1e-7 relative; a tenth of the 1e-3 that a wrong
-constant in f-DPO's scores made). The configurations TRL refuses are refused here; those TRL takes and
-this package refuses are listed with the reason (`TAKEN_BY_TRL_ONLY`). The hand-written float64 copy of
-TRL's loss (`preference_reference.trl_dpo`, the reference of `test_preference_dpo`) is held to TRL's own
-loss on every case too.
+TRL's fused head accumulates the softmax statistics in float32 whatever the model's dtype; the models are
+float64 here (float32 in `test_float32_models_are_trl_s_float32_step`), so the agreement is to float32
+precision: about 1e-7 relative in the loss, where a wrong constant in f-DPO's scores made 1e-3. The
+configurations TRL refuses are refused here; those TRL takes and this package refuses are listed with the
+reason (`TAKEN_BY_TRL_ONLY`). The hand-written float64 copy of TRL's loss (`preference_reference.trl_dpo`,
+the reference of `test_preference_dpo`) is held to TRL's own loss on every case too.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def assert_float32_close(ours: torch.Tensor, theirs: torch.Tensor, name: str, re
 def compare(theirs: tuple, ours: tuple, grad_rel: float = 1e-4) -> None:
     """The loss, every trainable parameter's gradient and TRL's reward and log-probability metrics."""
     (loss, grads, metrics), (our_loss, our_grads, our_metrics) = theirs, ours
-    torch.testing.assert_close(our_loss, loss.double(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(our_loss, loss.to(our_loss.dtype), rtol=1e-5, atol=1e-6)
     assert sorted(our_grads) == sorted(grads)
     for name, grad in grads.items():
         assert_float32_close(our_grads[name], grad, name, rel=grad_rel)
@@ -151,9 +151,19 @@ def test_wpo_with_hinge_is_trl_s_forward_loss(weights):
         loss = trainer.compute_loss(trainer.model.train(), batch)
     metrics = {name: values[-1] for name, values in trainer._metrics["train"].items()}
     our_loss, _, our_metrics = trl_dpo.lit_step(trl_dpo.lit_model(weights, fields), trl_dpo.lit_batch(batch))
-    torch.testing.assert_close(our_loss, loss.double(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(our_loss, loss.to(our_loss.dtype), rtol=1e-5, atol=1e-6)
     for name in METRICS:
         assert our_metrics[name] == pytest.approx(metrics[name], rel=1e-5, abs=2e-5), name
+
+
+@pytest.mark.parametrize("name", ["mpo", "sigmoid_norm-alpha0.3", "wpo-sigmoid"])
+def test_float32_models_are_trl_s_float32_step(weights, name):
+    fields = CASES[name]
+    trainer = trl_dpo.trl_trainer(weights, dtype=torch.float32, **fields)
+    batch = trl_dpo.trl_batch(trainer)
+    model = trl_dpo.lit_model(weights, fields, dtype=torch.float32)
+    theirs = trl_dpo.trl_step(trainer, batch)
+    compare(theirs, trl_dpo.lit_step(model, trl_dpo.lit_batch(batch)), grad_rel=1e-4)
 
 
 @pytest.mark.parametrize("name", sorted(LORA_CASES))

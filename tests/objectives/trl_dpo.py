@@ -78,13 +78,15 @@ class Weights:
         self.reference_dir = self._dir.name
         self.model("reference").save_pretrained(self.reference_dir)
 
-    def model(self, which: str = "policy") -> LlamaForCausalLM:
-        model = LlamaForCausalLM(self.config).double()
+    def model(self, which: str = "policy", dtype: torch.dtype = torch.float64) -> LlamaForCausalLM:
+        model = LlamaForCausalLM(self.config).to(dtype)
         model.load_state_dict(self.policy if which == "policy" else self.reference)
         return model.train()
 
 
-def trl_trainer(weights: Weights, lora: bool = False, **fields: Any) -> DPOTrainer:
+def trl_trainer(
+    weights: Weights, lora: bool = False, dtype: torch.dtype = torch.float64, **fields: Any
+) -> DPOTrainer:
     """TRL's ``DPOTrainer`` on `RECORDS` with ``DPOConfig(**fields)`` (one micro-batch of all the pairs):
     full fine-tuning against the perturbed reference, or LoRA against the policy with its adapters
     disabled (TRL's reference for a PEFT model)."""
@@ -104,8 +106,8 @@ def trl_trainer(weights: Weights, lora: bool = False, **fields: Any) -> DPOTrain
 
         peft_config = LoraConfig(**LORA, lora_dropout=0.0)
     return DPOTrainer(
-        model=weights.model("policy"),
-        ref_model=None if lora else weights.model("reference"),
+        model=weights.model("policy", dtype),
+        ref_model=None if lora else weights.model("reference", dtype),
         args=args,
         train_dataset=Dataset.from_list(RECORDS),
         processing_class=weights.tokenizer,
@@ -144,7 +146,9 @@ def lit_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out | {key: batch[key].double() for key in refs}
 
 
-def lit_model(weights: Weights, dpo: dict[str, Any], lora: bool = False) -> HFCausalLM:
+def lit_model(
+    weights: Weights, dpo: dict[str, Any], lora: bool = False, dtype: torch.dtype = torch.float64
+) -> HFCausalLM:
     """``HFCausalLM`` with ``model.dpo: <dpo>`` on the policy's weights: the reference model from its
     directory (full fine-tuning), or the policy with its adapters disabled (LoRA); none with
     ``reference_free`` or ``precompute_ref_log_probs``."""
@@ -153,7 +157,7 @@ def lit_model(weights: Weights, dpo: dict[str, Any], lora: bool = False) -> HFCa
     if reads_model:
         ref_model = "disabled_adapters" if lora else weights.reference_dir
     return HFCausalLM(
-        model=weights.model("policy"),
+        model=weights.model("policy", dtype),
         lora={**LORA, "lora_dropout": 0.0} if lora else None,
         dpo=dpo,
         ref_model=ref_model,
