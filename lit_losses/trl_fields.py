@@ -1,6 +1,6 @@
-"""Fields of TRL's trainer configs (``DPOConfig``, ``SFTConfig``, ``GKDConfig``, ``GRPOConfig``, and the
-``TrainingArguments`` they extend) that are other options here, or have none: the hint that an unknown
-option of that name gets (`trl_hint`).
+"""Fields of TRL's trainer configs (``DPOConfig``, ``KTOConfig``, ``CPOConfig``, ``ORPOConfig``,
+``SFTConfig``, ``GKDConfig``, ``GRPOConfig``, and the ``TrainingArguments`` they extend) that are other
+options here, or have none: the hint that an unknown option of that name gets (`trl_hint`).
 
 The loss fields of a TRL trainer keep their TRL names under ``model.dpo``, ``model.kto``, ``model.cpo``,
 ``model.orpo``, ``model.grpo`` and ``model.distillation``; the fields below belong to the data, the
@@ -22,17 +22,8 @@ TRL_FIELDS = {
     "rpo_alpha": "is model.dpo.loss_type: [sigmoid, sft] with model.dpo.loss_weights: [1.0, <rpo_alpha>] "
     "here",
     "truncation_mode": "is data.init_args.truncation_mode here (PreferenceDataModule)",
-    "precompute_ref_batch_size": "has no counterpart: with model.dpo.precompute_ref_log_probs the records "
-    "carry ref_chosen_logps and ref_rejected_logps, computed beforehand",
     "pad_to_multiple_of": "has no counterpart: a micro-batch is right-padded to its longest row",
     "use_logits_to_keep": "has no counterpart: the fused head computes no logits",
-    "disable_dropout": "has no counterpart: the policy trains with the dropout of its config (TRL's default "
-    "sets it to 0), a frozen reference runs in eval mode",
-    "sync_ref_model": "has no counterpart: the reference stays frozen for the whole run (no TR-DPO updates)",
-    "ref_model_mixup_alpha": "has no counterpart: the reference stays frozen for the whole run (no TR-DPO "
-    "updates)",
-    "ref_model_sync_steps": "has no counterpart: the reference stays frozen for the whole run (no TR-DPO "
-    "updates)",
     "lmbda": "has no counterpart: nothing is generated during training; give a teacher model "
     "(model.distillation.teacher) or its top-k log-probabilities (lit_losses.data.DistillationDataModule)",
     "seq_kd": "has no counterpart: nothing is generated during training; write the teacher's generations "
@@ -40,6 +31,15 @@ TRL_FIELDS = {
     "max_new_tokens": "has no counterpart: nothing is generated during training",
     "num_generations": "has no counterpart: the records carry the sampled completions and their advantages",
     "teacher_model_name_or_path": "is model.distillation.teacher here",
+    "disable_dropout": "has no counterpart: the model's own config sets its dropout, which applies in "
+    "training (TRL's default, true, sets it to 0; the reference runs in eval mode here as there)",
+    "precompute_ref_batch_size": "has no counterpart: with precompute_ref_log_probs the records carry the "
+    "reference log-probabilities, computed beforehand",
+    "sync_ref_model": "has no counterpart: the reference model stays frozen (no TR-DPO synchronization)",
+    "ref_model_mixup_alpha": "has no counterpart: the reference model stays frozen (no TR-DPO "
+    "synchronization)",
+    "ref_model_sync_steps": "has no counterpart: the reference model stays frozen (no TR-DPO "
+    "synchronization)",
     "learning_rate": "is model.init_args.optimizer.lr here",
     "weight_decay": "is model.init_args.optimizer.weight_decay here",
     "warmup_steps": "is model.init_args.optimizer.warmup_steps here",

@@ -4,10 +4,13 @@ the next-token row (``input_ids``, ``labels``) of a sequence after TRL's truncat
 TRL tokenizes the prompt alone and the prompt followed by the completion: standard text with
 ``tokenizer(prompt)`` and ``tokenizer(prompt + completion)`` (the completion ending with the EOS token's
 text), message lists with ``apply_chat_template(prompt, add_generation_prompt=True)`` and
-``apply_chat_template(prompt + completion)``. The completion's tokens are those of the second encoding
-after the first one's length. Where the second encoding does not start with the first (a tokenizer that
-merges across the boundary), TRL warns and keeps the split by length; so does `split_completion`
-(`Split.prefix_matches`).
+``apply_chat_template(prompt + completion)``. The sequence trained on is the second encoding; its
+completion starts where the two encodings diverge (their common prefix, `common_prefix_length`), which
+is the prompt's length unless the tokenizer merges tokens across the boundary (``"Sky is "`` +
+``"blue"``: the space joins ``" blue"``) or the chat template renders the prompt alone differently. TRL
+then warns and leaves the prompt's diverging end out of the sequence; so does `split_completion`
+(`Split.prefix_matches`). For a pair, the prompt is the shorter of the two common prefixes, so that
+chosen and rejected share it (`shared_prompt_length`).
 
 A row's labels are next-token labels: ``labels[t]`` is the token at ``t + 1`` where that token is a
 completion token, ``-100`` elsewhere (prompt, the last position). Every completion token but one at
@@ -16,9 +19,9 @@ position 0 (no token precedes it) is a target.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from lit_losses.data.encoding import Message, TokenEncoder
 from lit_losses.errors import ConfigError
@@ -42,23 +45,61 @@ class Split:
     assistant_mask: list[int] | None = None
 
     @property
+    def prompt_length(self) -> int:
+        """Where the completion starts in ``full_ids``: the length of its common prefix with
+        ``prompt_ids``."""
+        return common_prefix_length(self.prompt_ids, self.full_ids)
+
+    @property
     def completion_ids(self) -> list[int]:
-        """The completion's tokens: ``full_ids`` after the prompt's length."""
-        return self.full_ids[len(self.prompt_ids) :]
+        """The completion's tokens: ``full_ids`` after `prompt_length`."""
+        return self.full_ids[self.prompt_length :]
 
     @property
     def prefix_matches(self) -> bool:
         """Whether ``full_ids`` starts with ``prompt_ids`` (TRL warns when it does not)."""
-        return self.full_ids[: len(self.prompt_ids)] == self.prompt_ids
+        return self.prompt_length == len(self.prompt_ids)
+
+
+def common_prefix_length(ids: Sequence[int], other: Sequence[int]) -> int:
+    """The number of leading tokens ``ids`` and ``other`` share.
+
+    Example:
+        >>> common_prefix_length([5, 6, 7], [5, 6, 9, 10]), common_prefix_length([5], [5, 6])
+        (2, 1)
+    """
+    length = 0
+    for token, other_token in zip(ids, other, strict=False):
+        if token != other_token:
+            break
+        length += 1
+    return length
+
+
+def shared_prompt_length(splits: Sequence[Split]) -> int:
+    """The prompt length that the completions of one prompt share: the shortest `Split.prompt_length`
+    (TRL's for a pair's chosen and rejected).
+
+    Example:
+        >>> shared_prompt_length([Split([5, 6], [5, 6, 7]), Split([5, 6], [5, 8])])
+        1
+    """
+    return min(split.prompt_length for split in splits)
 
 
 def split_completion(
-    encoder: TokenEncoder, prompt: Text, completion: Text, where: str, assistant_mask: bool = False
+    encoder: TokenEncoder,
+    prompt: Text,
+    completion: Text,
+    where: str,
+    assistant_mask: bool = False,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> Split:
     """Tokenize ``prompt`` and ``prompt + completion`` as TRL does (see the module docstring).
 
     Standard text is concatenated as given: append the EOS token's text to ``completion`` first where
-    TRL does (its trainers do for standard records).
+    TRL does (its trainers do for standard records). A conversation's ``template_kwargs`` (the record's
+    ``tools`` and ``chat_template_kwargs``) go to the chat template.
 
     Example:
         >>> from lit_losses.data.tokenizer import train_tokenizer
@@ -69,8 +110,10 @@ def split_completion(
     """
     if isinstance(prompt, str):
         return Split(prompt_ids=encoder.encode(prompt), full_ids=encoder.encode(prompt + completion))
-    prompt_ids, _ = encoder.chat(prompt, where, add_generation_prompt=True)
-    full_ids, mask = encoder.chat([*prompt, *completion], where, assistant_mask=assistant_mask)
+    prompt_ids, _ = encoder.chat(prompt, where, add_generation_prompt=True, template_kwargs=template_kwargs)
+    full_ids, mask = encoder.chat(
+        [*prompt, *completion], where, assistant_mask=assistant_mask, template_kwargs=template_kwargs
+    )
     return Split(prompt_ids=prompt_ids, full_ids=full_ids, assistant_mask=mask)
 
 

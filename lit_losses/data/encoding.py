@@ -11,7 +11,7 @@ tokenize=True)``, optionally with the mask of the assistant's tokens that the te
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -77,6 +77,10 @@ class TokenEncoder:
             return self.tokenizer.encode(text).ids
         return list(self.tokenizer(text, add_special_tokens=self.add_special_tokens)["input_ids"])
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (special tokens included), for messages."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
     # ---- conversations -----------------------------------------------------------------------
     @property
     def chat_template(self) -> str | None:
@@ -111,9 +115,11 @@ class TokenEncoder:
         where: str,
         add_generation_prompt: bool = False,
         assistant_mask: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> tuple[list[int], list[int] | None]:
         """Token ids of ``messages`` rendered by the chat template, and (with ``assistant_mask``) a 0/1
-        mask of the tokens inside the template's ``{% generation %}`` markers.
+        mask of the tokens inside the template's ``{% generation %}`` markers; ``template_kwargs`` (a
+        record's ``tools``, ``chat_template_kwargs``) go to ``apply_chat_template``.
 
         Raises:
             ConfigError: naming ``where`` when there is no chat template or rendering fails.
@@ -126,6 +132,7 @@ class TokenEncoder:
                 return_dict=True,
                 add_generation_prompt=add_generation_prompt,
                 return_assistant_tokens_mask=assistant_mask,
+                **(template_kwargs or {}),
             )
         except Exception as err:  # a template that raises on this record (role order, missing key, ...)
             reason = " ".join(str(err).split()) or "no message"

@@ -184,13 +184,16 @@ class HFTextDataModule(TextDataModule):
         """Nothing to prepare: the tokenizer is already trained."""
 
     def encode(self, documents: list[str]) -> list[list[int]]:
-        """Token ids of each document (with the tokenizer's special tokens and EOS, as configured)."""
+        """Token ids of each document (with the tokenizer's special tokens and EOS, as configured; a
+        document whose text already ends with the EOS token's text gets no second one, as in TRL)."""
         tok = self.hf_tokenizer
         if self.append_eos and tok.eos_token_id is None:
             raise ConfigError("data.append_eos: the tokenizer has no eos_token; set data.append_eos: false")
-        eos = [tok.eos_token_id] if self.append_eos else []
         ids = tok(list(documents), add_special_tokens=self.add_special_tokens)["input_ids"]
-        return [[*doc, *eos] for doc in ids]
+        if not self.append_eos:
+            return [list(doc) for doc in ids]
+        ended = [text.endswith(tok.eos_token) for text in documents]
+        return [list(doc) if end else [*doc, tok.eos_token_id] for doc, end in zip(ids, ended, strict=True)]
 
     def token_encoder(self, train_docs: list) -> TokenEncoder:
         """The Hugging Face tokenizer (already trained: ``train_docs`` are not read)."""

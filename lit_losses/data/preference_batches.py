@@ -22,7 +22,8 @@ completion (`lit_losses.data.preference_records.pair_kl_partners`), as TRL build
 (token ids: ``prompt_ids + completion_ids`` of the partner); ``ref_logps`` and ``ref_kl_logps`` ``[B]``
 float64 when the records carry ``ref_logps`` / ``ref_KL_logps``.
 
-A sequence is ``prompt_ids + completion_ids`` (`lit_losses.data.completions.split_completion`),
+A sequence is ``prompt_ids + completion_ids`` (`lit_losses.data.completions.split_completion`: the
+completion starts where the tokenized prompt and prompt + completion diverge, as in TRL),
 truncated to ``max_length`` tokens as TRL's collators truncate (``truncation_mode``), and every row has at
 least one target. A pair (a record and its KL row) is never split over micro-batches: a micro-batch holds
 the records, in order of length, while ``2 × records × longest row ≤ tokens_per_batch``.
@@ -44,11 +45,13 @@ from lit_losses.data.completions import (
     TruncationMode,
     check_targets,
     next_token_row,
+    shared_prompt_length,
     split_completion,
 )
 from lit_losses.data.encoding import TokenEncoder
 from lit_losses.data.packing import batch_rows
-from lit_losses.data.preference_records import PairRecord, Record
+from lit_losses.data.preference_records import PairRecord, Record, UnpairedRecord
+from lit_losses.errors import ConfigError
 
 Row = tuple[list[int], list[int]]
 """A sequence's ``(input_ids, labels)``."""
@@ -102,23 +105,41 @@ class RowBuilder:
         self._splits: dict[tuple[str, str], Split] = {}
 
     def completion(self, text: Text) -> Text:
-        """A standard completion ends with the EOS token's text (TRL adds it when missing)."""
+        """A standard completion ends with the EOS token's text (TRL adds it when missing).
+
+        Raises:
+            ConfigError: for a standard completion when the tokenizer has no EOS token.
+        """
+        if not isinstance(text, str):
+            return text
         eos = self.encoder.eos_token
-        return text + eos if isinstance(text, str) and eos and not text.endswith(eos) else text
+        if eos is None:
+            raise ConfigError(
+                f"data.tokenizer: {self.encoder.name} has no eos_token, which ends every standard (text) "
+                "completion, as in TRL; give a tokenizer with one"
+            )
+        return text if text.endswith(eos) else text + eos
 
     def split(self, record: Record, field: str) -> Split:
         key = (record.where, field)
         if key not in self._splits:
             completion = self.completion(getattr(record, field))
             split = split_completion(
-                self.encoder, prompt=record.prompt, completion=completion, where=record.where
+                self.encoder,
+                prompt=record.prompt,
+                completion=completion,
+                where=record.where,
+                template_kwargs=record.template_kwargs,
             )
             if not split.prefix_matches and not self.mismatch_warned:
                 self.mismatch_warned = True
+                left_out = self.encoder.decode(split.prompt_ids[split.prompt_length :])
                 rank_zero_warn(
                     f"{record.where}: the tokenized prompt is not a prefix of the tokenized prompt + {field} "
-                    "(the tokenizer merges across the boundary); the completion is taken after the prompt's "
-                    "length, as TRL does"
+                    "(the tokenizer merges tokens across the boundary, or the chat template renders the "
+                    "prompt alone differently); the completion starts where the two diverge and the prompt's "
+                    f"end {left_out!r} is left out of the "
+                    "sequence, as TRL does"
                 )
             self._splits[key] = split
         return self._splits[key]
@@ -132,21 +153,38 @@ class RowBuilder:
         check_targets(row[1], where=where, what=what, max_length=self.max_length)
         return row
 
-    def completion_row(self, record: Record, field: str, completion_of: Record | None = None) -> Row:
-        """The row of ``record``'s prompt and the completion ``field`` of ``completion_of`` (default: the
-        record itself; KTO's KL row takes its partner's)."""
-        split = self.split(record, field)
-        other = self.split(completion_of, field) if completion_of is not None else split
-        what = f"the {field} completion" if completion_of is None else "its KL row"
-        return self.row(split.prompt_ids, other.completion_ids, where=record.where, what=what)
+    def pair_rows(self, record: PairRecord) -> tuple[Row, Row]:
+        """The chosen and rejected rows of a pair: each is its prompt + completion's tokens, the
+        completion starting after the prompt tokens that both share (`shared_prompt_length`)."""
+        splits = [self.split(record, field) for field in ("chosen", "rejected")]
+        length = shared_prompt_length(splits)
+        chosen, rejected = (
+            self.row(
+                split.full_ids[:length],
+                split.full_ids[length:],
+                where=record.where,
+                what=f"the {field} completion",
+            )
+            for split, field in zip(splits, ("chosen", "rejected"), strict=True)
+        )
+        return chosen, rejected
+
+    def unpaired_rows(self, record: UnpairedRecord) -> tuple[Row, Row]:
+        """The completion row of an unpaired record and its KL row: the record's prompt tokens followed by
+        its KL partner's completion tokens (TRL's ``prompt_ids + KL_completion_ids``)."""
+        own = self.split(record, "completion")
+        partner = self.split(record.kl_partner or record, "completion")
+        prompt_ids = own.full_ids[: own.prompt_length]
+        first = self.row(prompt_ids, own.completion_ids, where=record.where, what="the completion")
+        second = self.row(prompt_ids, partner.completion_ids, where=record.where, what="its KL row")
+        return first, second
 
     def rows(self, record: Record) -> RecordRows:
         """The two rows of ``record`` (chosen and rejected; completion and KL row)."""
         if isinstance(record, PairRecord):
-            first, second = self.completion_row(record, "chosen"), self.completion_row(record, "rejected")
+            first, second = self.pair_rows(record)
             return RecordRows(where=record.where, first=first, second=second, ref=record.ref)
-        first = self.completion_row(record, "completion")
-        second = self.completion_row(record, "completion", completion_of=record.kl_partner or record)
+        first, second = self.unpaired_rows(record)
         return RecordRows(where=record.where, first=first, second=second, ref=record.ref, label=record.label)
 
 

@@ -12,41 +12,54 @@
 desirable).
 
 Fields are all strings (standard) or all message lists (conversational: ``{"role", "content"}`` objects,
-``role`` one of ``system``, ``user``, ``assistant``, ``tool``), and one data set holds one kind of record
+``role`` one of ``system``, ``user``, ``assistant``, ``tool``; a completion ends with the assistant's
+message), and one data set holds one kind of record
 (paired or unpaired) in one form (standard or conversational). Without ``prompt``, a pair's prompt is
 the longest common prefix of ``chosen`` and ``rejected`` (TRL's ``extract_prompt``: characters of text,
 messages of a conversation). Precomputed reference log-probabilities (sums over the completion's tokens)
 take TRL's names: ``ref_chosen_logps`` and ``ref_rejected_logps`` for pairs, ``ref_logps`` and
-``ref_KL_logps`` for unpaired records; each is given in every record or in none. Other fields are ignored,
+``ref_KL_logps`` for unpaired records; each is given in every record or in none. A conversational record's
+``tools`` and ``chat_template_kwargs`` go to the chat template, as in TRL. Other fields are ignored,
 unless they look like a misspelling of one of these.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lit_losses.data.completions import Text
 from lit_losses.data.files import jsonl_values
-from lit_losses.data.record_fields import RecordFields
+from lit_losses.data.record_fields import TEMPLATE_FIELDS, RecordFields
 from lit_losses.errors import ConfigError
 
 PAIRED_REF = ("ref_chosen_logps", "ref_rejected_logps")
 UNPAIRED_REF = ("ref_logps", "ref_KL_logps")
-KNOWN_FIELDS = ("prompt", "chosen", "rejected", "completion", "label", *PAIRED_REF, *UNPAIRED_REF)
+KNOWN_FIELDS = (
+    "prompt",
+    "chosen",
+    "rejected",
+    "completion",
+    "label",
+    *PAIRED_REF,
+    *UNPAIRED_REF,
+    *TEMPLATE_FIELDS,
+)
 
 
 @dataclass
 class PairRecord:
-    """One pair: ``prompt`` (extracted when implicit), ``chosen``, ``rejected`` and the precomputed
-    reference sums ``ref`` (``name → value``, empty when none); ``where`` names it (``file:line``)."""
+    """One pair: ``prompt`` (extracted when implicit), ``chosen``, ``rejected``, the precomputed
+    reference sums ``ref`` (``name → value``, empty when none) and the chat template's keyword arguments
+    ``template_kwargs`` (``tools``, ``chat_template_kwargs``); ``where`` names it (``file:line``)."""
 
     where: str
     prompt: Text
     chosen: Text
     rejected: Text
     ref: dict[str, float]
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def conversational(self) -> bool:
@@ -56,7 +69,8 @@ class PairRecord:
 @dataclass
 class UnpairedRecord:
     """One unpaired record (KTO): ``prompt``, ``completion``, ``label`` (desirable), ``ref`` as for
-    pairs; ``kl_partner`` is the record whose completion KTO's KL estimate pairs with this prompt."""
+    pairs; ``kl_partner`` is the record whose completion KTO's KL estimate pairs with this prompt;
+    ``template_kwargs`` as for pairs."""
 
     where: str
     prompt: Text
@@ -64,6 +78,7 @@ class UnpairedRecord:
     label: bool
     ref: dict[str, float]
     kl_partner: UnpairedRecord | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def conversational(self) -> bool:
@@ -105,13 +120,23 @@ def _paired(f: RecordFields) -> PairRecord:
             )
     if not isinstance(chosen, str) and (not chosen or not rejected):
         raise f.fail("after the prompt, 'chosen' or 'rejected' holds no message: no completion to train on")
-    return PairRecord(where=f.where, prompt=prompt, chosen=chosen, rejected=rejected, ref=f.refs(PAIRED_REF))
+    f.ends_with_assistant("chosen", chosen)
+    f.ends_with_assistant("rejected", rejected)
+    return PairRecord(
+        where=f.where,
+        prompt=prompt,
+        chosen=chosen,
+        rejected=rejected,
+        ref=f.refs(PAIRED_REF),
+        template_kwargs=f.template_kwargs(),
+    )
 
 
 def _unpaired(f: RecordFields) -> UnpairedRecord:
     kind = "an unpaired preference record has 'prompt', 'completion' and 'label'"
     prompt, completion = f.text("prompt", kind), f.text("completion", kind)
     f.same_form(("prompt", "completion"))
+    f.ends_with_assistant("completion", completion)
     if "label" not in f.record:
         raise f.fail(f"missing field 'label' ({kind}; true: the completion is desirable)")
     label = f.record["label"]
@@ -120,7 +145,14 @@ def _unpaired(f: RecordFields) -> UnpairedRecord:
     refs = f.refs(UNPAIRED_REF)
     if "ref_KL_logps" in refs and "ref_logps" not in refs:
         raise f.fail("field 'ref_KL_logps' is given without 'ref_logps'")
-    return UnpairedRecord(where=f.where, prompt=prompt, completion=completion, label=label, ref=refs)
+    return UnpairedRecord(
+        where=f.where,
+        prompt=prompt,
+        completion=completion,
+        label=label,
+        ref=refs,
+        template_kwargs=f.template_kwargs(),
+    )
 
 
 def parse_preference_record(record: Any, where: str) -> Record:
@@ -131,7 +163,8 @@ def parse_preference_record(record: Any, where: str) -> Record:
 
     Example:
         >>> parse_preference_record({"prompt": "2 + 2 =", "chosen": " 4", "rejected": " 5"}, "a.jsonl:1")
-        PairRecord(where='a.jsonl:1', prompt='2 + 2 =', chosen=' 4', rejected=' 5', ref={})
+        PairRecord(where='a.jsonl:1', prompt='2 + 2 =', chosen=' 4', rejected=' 5', ref={},
+                   template_kwargs={})
         >>> parse_preference_record({"prompt": "2 + 2 =", "chosen": " 4"}, "a.jsonl:2")
         Traceback (most recent call last):
         ...

@@ -4,6 +4,7 @@ naming the record's ``file:line`` and the field."""
 from __future__ import annotations
 
 import difflib
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -13,6 +14,9 @@ from lit_losses.errors import ConfigError
 
 ROLES = ("system", "user", "assistant", "tool")
 """The roles of a chat message."""
+
+TEMPLATE_FIELDS = ("tools", "chat_template_kwargs")
+"""Fields of a conversational record that its chat template reads (TRL's)."""
 
 
 class RecordFields:
@@ -78,6 +82,59 @@ class RecordFields:
             raise self.fail(f"{name} has role {message['role']!r}; a role is one of {ROLES}")
         if not isinstance(message["content"], str):
             raise self.fail(f"{name}['content'] is a {type(message['content']).__name__}, not a string")
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template's keyword arguments that the record carries, as TRL's trainers pass them to
+        ``apply_chat_template``: ``tools`` (a list of function schemas, or its JSON text) and the
+        mapping ``chat_template_kwargs`` (e.g. ``{"enable_thinking": false}``); empty when neither.
+
+        Example:
+            >>> record = {"tools": '[{"name": "add"}]', "chat_template_kwargs": {"brief": True}}
+            >>> RecordFields(record, "a.jsonl:2", known=TEMPLATE_FIELDS).template_kwargs()
+            {'tools': [{'name': 'add'}], 'brief': True}
+        """
+        kwargs: dict[str, Any] = {}
+        tools = self.record.get("tools")
+        if isinstance(tools, str):
+            try:
+                tools = json.loads(tools)
+            except json.JSONDecodeError as err:
+                raise self.fail(
+                    f"field 'tools' is a string that is not JSON ({err.msg}, column {err.colno})"
+                ) from None
+        if tools is not None and not isinstance(tools, list):
+            raise self.fail(
+                f"field 'tools' is a {type(tools).__name__}, not a list of function schemas (or their "
+                "JSON text)"
+            )
+        if tools is not None:
+            kwargs["tools"] = tools
+        extra = self.record.get("chat_template_kwargs")
+        if extra is not None and not isinstance(extra, Mapping):
+            raise self.fail(
+                f"field 'chat_template_kwargs' is a {type(extra).__name__}, not a mapping of the chat "
+                "template's keyword arguments"
+            )
+        return kwargs | dict(extra or {})
+
+    def ends_with_assistant(self, key: str, value: Text) -> None:
+        """Refuse a conversation ``value`` (the field ``key``, or what is left of it after an implicit
+        prompt) whose last message is not the assistant's: the completion a record trains on is the
+        assistant's turn. Text passes.
+
+        Example:
+            >>> fields = RecordFields({}, "a.jsonl:3", known=())
+            >>> fields.ends_with_assistant("chosen", [{"role": "user", "content": "And?"}])
+            Traceback (most recent call last):
+            ...
+            lit_losses.errors.ConfigError: a.jsonl:3: field 'chosen' ends with a 'user' message, not the ...
+        """
+        if isinstance(value, str) or not value or value[-1]["role"] == "assistant":
+            return
+        raise self.fail(
+            f"field {key!r} ends with a {value[-1]['role']!r} message, not the assistant's: the completion "
+            "trained on is the assistant's turn (drop the trailing messages, or the record)"
+        )
 
     def same_form(self, keys: tuple[str, ...]) -> None:
         """All text fields strings, or all message lists (a field of another type is named as such)."""

@@ -2,7 +2,8 @@
 leave out the prompt (``completion_only_loss``) or everything but the assistant's turns
 (``assistant_only_loss``), as TRL's ``SFTConfig`` names the two options.
 
-Formats (one JSON object per line; other fields are ignored)::
+Formats (one JSON object per line; other fields are ignored; a conversation, or a conversational
+completion, ends with the assistant's message)::
 
     {"prompt": "Translate to French: cat", "completion": " chat"}                  # prompt-completion
     {"prompt": [{"role": "user", "content": "Translate to French: cat"}],          # conversational
@@ -21,26 +22,29 @@ error naming its ``file:line`` (TRL drops it silently).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lit_losses.data.completions import Split, Text, check_targets, next_token_row, split_completion
 from lit_losses.data.encoding import Message, TokenEncoder
-from lit_losses.data.record_fields import RecordFields
+from lit_losses.data.record_fields import TEMPLATE_FIELDS, RecordFields
 from lit_losses.errors import ConfigError
 
 SFT_FIELDS = ("prompt", "completion", "messages")
+KNOWN_FIELDS = (*SFT_FIELDS, *TEMPLATE_FIELDS)
 
 
 @dataclass
 class SFTRecord:
     """One SFT record: ``prompt`` and ``completion`` (text or messages), or a conversation
-    ``messages``; ``where`` names it (``file:line``)."""
+    ``messages``, and the chat template's keyword arguments ``template_kwargs`` (``tools``,
+    ``chat_template_kwargs``); ``where`` names it (``file:line``)."""
 
     where: str
     prompt: Text | None = None
     completion: Text | None = None
     messages: list[Message] | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def conversational(self) -> bool:
@@ -57,8 +61,8 @@ class SFTRecord:
         """Its strings (message contents included), to train a tokenizer on."""
         fields = [self.messages] if self.messages is not None else [self.prompt, self.completion]
         out: list[str] = []
-        for field in fields:
-            out.extend([field] if isinstance(field, str) else [m["content"] for m in field])
+        for value in fields:
+            out.extend([value] if isinstance(value, str) else [m["content"] for m in value])
         return out
 
 
@@ -87,14 +91,15 @@ def parse_sft_record(record: Mapping[str, Any], where: str) -> SFTRecord:
         ...
         lit_losses.errors.ConfigError: sft.jsonl:2: missing field 'completion' (a prompt-completion record ...
     """
-    f = RecordFields(record, where, known=SFT_FIELDS)
+    f = RecordFields(record, where, known=KNOWN_FIELDS)
     if "messages" in record:
         if "prompt" in record or "completion" in record:
             raise f.fail("a record has 'messages' (a conversation) or 'prompt' and 'completion', not both")
         messages = f.text("messages", "a conversational record")
         if isinstance(messages, str):
             raise f.fail("field 'messages' is a string, not a list of messages")
-        return SFTRecord(where, messages=messages)
+        f.ends_with_assistant("messages", messages)
+        return SFTRecord(where, messages=messages, template_kwargs=f.template_kwargs())
     kind = "a prompt-completion record has 'prompt' and 'completion'"
     if "completion" not in record and {"chosen", "rejected"} <= set(record):
         raise f.fail(
@@ -102,7 +107,8 @@ def parse_sft_record(record: Mapping[str, Any], where: str) -> SFTRecord:
         )
     prompt, completion = f.text("prompt", kind), f.text("completion", kind)
     f.same_form(("prompt", "completion"))
-    return SFTRecord(where, prompt=prompt, completion=completion)
+    f.ends_with_assistant("completion", completion)
+    return SFTRecord(where, prompt=prompt, completion=completion, template_kwargs=f.template_kwargs())
 
 
 def check_sft_records(
@@ -197,7 +203,12 @@ def sft_row(
         ' hello'
     """
     if record.messages is not None:
-        ids, assistant = encoder.chat(record.messages, record.where, assistant_mask=assistant_only_loss)
+        ids, assistant = encoder.chat(
+            record.messages,
+            record.where,
+            assistant_mask=assistant_only_loss,
+            template_kwargs=record.template_kwargs,
+        )
         split = Split(prompt_ids=[], full_ids=ids, assistant_mask=assistant)
     else:
         completion = with_eos(record.completion, encoder) if eos else record.completion
@@ -207,10 +218,11 @@ def sft_row(
             completion=completion,
             where=record.where,
             assistant_mask=assistant_only_loss,
+            template_kwargs=record.template_kwargs,
         )
     targets = [1] * len(split.full_ids)
     if completion_only_loss:
-        targets = [0] * len(split.prompt_ids) + targets[len(split.prompt_ids) :]
+        targets = [0] * split.prompt_length + targets[split.prompt_length :]
     if assistant_only_loss:
         targets = [t and m for t, m in zip(targets, split.assistant_mask, strict=True)]
     ids, labels = next_token_row(split.full_ids, targets, max_length=seq_len)

@@ -253,7 +253,9 @@ def check_unpaired_data(loss: UnpairedPreferenceLoss, provided: Iterable[str], s
     if "kto_label" not in provided:
         raise ConfigError(
             f"{loss.where} trains on unpaired records (prompt/completion/label), but {source} holds paired "
-            "ones (prompt/chosen/rejected: the DPO family's)"
+            "ones (prompt/chosen/rejected: the DPO family's); TRL's KTOTrainer splits each pair in two "
+            "(unpair_preference_dataset): write the records so, the chosen completion with label true and "
+            "the rejected one with label false"
         )
     check_provided(reads=loss.batch_keys(), provided=provided, reader=loss.where, source=source)
     if loss.uses_reference_model and REF_KEYS["logps"] in provided:

@@ -167,7 +167,10 @@ def test_kto_trains_on_the_shipped_unpaired_records(tmp_path):
 
 def test_kto_refuses_paired_data_and_data_without_its_keys():
     loss = UnpairedPreferenceLoss(KTOPreset())
-    with pytest.raises(ConfigError, match=r"model.kto trains on unpaired records .* holds paired ones"):
+    paired = (
+        r"model.kto trains on unpaired records .* holds paired ones .* KTOTrainer splits each pair in two"
+    )
+    with pytest.raises(ConfigError, match=paired):
         check_unpaired_data(loss, ("input_ids", "labels", "chosen_mask"), source="PreferenceDataModule")
     keys = ("input_ids", "labels", "kto_label", "desirable_mask")
     with pytest.raises(BatchKeyError, match=r"model.kto reads batch key 'kl_input_ids', which MyData never"):
