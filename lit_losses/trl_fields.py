@@ -21,6 +21,9 @@ TRL_FIELDS = {
     "dataset_text_field": "has no counterpart: TextDataModule reads the records' 'text' field",
     "rpo_alpha": "is model.dpo.loss_type: [sigmoid, sft] with model.dpo.loss_weights: [1.0, <rpo_alpha>] "
     "here",
+    "truncation_mode": "is data.init_args.truncation_mode here (PreferenceDataModule)",
+    "pad_to_multiple_of": "has no counterpart: a micro-batch is right-padded to its longest row",
+    "use_logits_to_keep": "has no counterpart: the fused head computes no logits",
     "lmbda": "has no counterpart: nothing is generated during training; give a teacher model "
     "(model.distillation.teacher) or its top-k log-probabilities (lit_losses.data.DistillationDataModule)",
     "seq_kd": "has no counterpart: nothing is generated during training; write the teacher's generations "

@@ -3,8 +3,9 @@
 TRL computes these inside ``DPOTrainer._compute_loss`` from full logits; here they are functions of the
 per-pair values a fused head gives (`preference_sequences`): the policy's and the reference's sums of
 completion-token log-probabilities ``π_w, π_l, ρ_w, ρ_l`` of the chosen (``w``) and rejected (``l``)
-completions, through the log-ratios ``r = π − ρ`` and the f-divergence scores ``s = f'(r)``
-(``f_divergence_type``; ``reverse_kl``: ``s = r``). `dpo_loss`'s table gives each loss type.
+completions, through the log-ratios ``r = π − ρ`` and the f-divergence scores ``s = f'(e^r)``
+(``f_divergence_type``; ``reverse_kl``: ``s = r``; only the types of `F_DIVERGENCE_TYPES` take another
+one, as in TRL). `dpo_loss`'s table gives each loss type.
 
 Several types at once are summed with ``loss_weights`` (TRL's MPO combinations); ``use_weighting``
 (WPO) multiplies each pair's loss by ``w_w · w_l`` (`wpo_weights`, no gradient). The rewards are
@@ -17,6 +18,7 @@ loss: `ld_sequence_logps` computes them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, get_args
@@ -51,7 +53,7 @@ DPOLossType = Literal[
 """TRL's ``DPOConfig.loss_type`` values."""
 
 FDivergenceType = Literal["reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"]
-"""TRL's ``DPOConfig.f_divergence_type`` (f-DPO): the scores ``f'(r)`` of the log-ratios."""
+"""TRL's ``DPOConfig.f_divergence_type`` (f-DPO): the scores ``f'(e^r)`` of the log-ratios ``r``."""
 
 LENGTH_NORMALIZED: tuple[str, ...] = ("ipo", "sigmoid_norm")
 """The loss types that divide the scores by the completions' token counts."""
@@ -62,8 +64,18 @@ SORTING: tuple[str, ...] = ("aot", "aot_unpaired")
 SMOOTHED: tuple[str, ...] = ("exo_pair", "robust", "aot", "aot_unpaired")
 """The loss types that read ``label_smoothing``."""
 
-UNSCORED: tuple[str, ...] = ("aot", "aot_unpaired", "apo_zero", "sft")
-"""The loss types that do not read the f-divergence scores (log-ratios or log-probabilities instead)."""
+F_DIVERGENCE_TYPES: tuple[str, ...] = (
+    "sigmoid",
+    "sigmoid_norm",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "robust",
+    "discopop",
+    "sft",
+)
+"""The loss types that take an ``f_divergence_type`` other than ``reverse_kl`` (TRL's list): those built on
+the chosen-minus-rejected score, where f-DPO's ``β log Z(x)`` cancels (``sft`` reads no score)."""
 
 
 class DPOLoss(NamedTuple):
@@ -130,12 +142,12 @@ def _robust(t: DPOTerms) -> Tensor:
 
 
 def _nca_pair(t: DPOTerms) -> Tensor:
-    chosen, rejected = t.beta * t.chosen_scores, t.beta * t.rejected_scores
+    chosen, rejected = t.beta * t.chosen_logratios, t.beta * t.rejected_logratios
     return -F.logsigmoid(chosen) - 0.5 * F.logsigmoid(-chosen) - 0.5 * F.logsigmoid(-rejected)
 
 
 def _sppo_hard(t: DPOTerms) -> Tensor:
-    return (t.chosen_scores - 0.5 / t.beta) ** 2 + (t.rejected_scores + 0.5 / t.beta) ** 2
+    return (t.chosen_logratios - 0.5 / t.beta) ** 2 + (t.rejected_logratios + 0.5 / t.beta) ** 2
 
 
 def _aot(t: DPOTerms) -> Tensor:
@@ -161,14 +173,20 @@ LOSS_TYPES: dict[str, Callable[[DPOTerms], Tensor]] = {
     "exo_pair": _exo_pair,
     "nca_pair": _nca_pair,
     "robust": _robust,
-    "bco_pair": lambda t: -F.logsigmoid(t.beta * t.chosen_scores) - F.logsigmoid(-t.beta * t.rejected_scores),
+    "bco_pair": lambda t: (
+        -F.logsigmoid(t.beta * t.chosen_logratios) - F.logsigmoid(-t.beta * t.rejected_logratios)
+    ),
     "sppo_hard": _sppo_hard,
     "aot": _aot,
     "aot_unpaired": _aot_unpaired,
     "apo_zero": lambda t: (
         1 - torch.sigmoid(t.beta * t.chosen_logratios) + torch.sigmoid(t.beta * t.rejected_logratios)
     ),
-    "apo_down": lambda t: torch.sigmoid(t.beta * t.chosen_logratios) + 1 - torch.sigmoid(t.logits),
+    "apo_down": lambda t: (
+        torch.sigmoid(t.beta * t.chosen_logratios)
+        + 1
+        - torch.sigmoid(t.beta * (t.chosen_logratios - t.rejected_logratios))
+    ),
     "discopop": _discopop,
     "sft": lambda t: t.sft,
     "sigmoid_norm": lambda t: -F.logsigmoid(t.beta * t.normalized_delta()),
@@ -180,24 +198,25 @@ if set(LOSS_TYPES) != set(get_args(DPOLossType)):  # pragma: no cover - a mainte
 
 
 def f_divergence_scores(logratios: Tensor, f_divergence_type: str, f_alpha_divergence_coef: float) -> Tensor:
-    """The scores ``f'(r)`` of log-ratios ``r`` (f-DPO), constants dropped as TRL drops them.
+    """The scores ``f'(u)`` at the ratios ``u = e^r`` of log-ratios ``r`` (f-DPO), as TRL computes them.
 
-    ``reverse_kl``: ``r``; ``forward_kl``: ``−e^{−r}``; ``js_divergence``: ``log σ(r)``;
-    ``alpha_divergence``: ``e^{(α−1) r} / (α − 1)`` with the exponent capped at 80 (11 in float16), as
-    TRL caps it, computed in float32 at least (TRL: in float32, then cast back) and ``r`` when
-    ``|α − 1| < 10⁻⁶``.
+    ``reverse_kl``: ``r``; ``forward_kl``: ``1 − e^{−r}``; ``js_divergence``: ``log 2 + log σ(r)``;
+    ``alpha_divergence``: ``(e^{(α−1) r} − 1) / (α − 1)`` with the exponent capped at 80 (11 in
+    float16), as TRL caps it, computed in float32 at least (TRL: in float32, then cast back) and ``r``
+    when ``|α − 1| < 10⁻⁶``. The constants cancel in ``s_w − s_l`` but not in the length-normalized
+    ``s_w/|y_w| − s_l/|y_l|`` of ``ipo`` and ``sigmoid_norm``.
 
     Example:
         >>> import torch
         >>> f_divergence_scores(torch.tensor([0.0, 1.0]), "js_divergence", 0.5)
-        tensor([-0.6931, -0.3133])
+        tensor([0.0000, 0.3799])
     """
     if f_divergence_type == "reverse_kl":
         return logratios
     if f_divergence_type == "forward_kl":
-        return -torch.exp(-logratios)
+        return -torch.expm1(-logratios)
     if f_divergence_type == "js_divergence":
-        return F.logsigmoid(logratios)
+        return math.log(2.0) + F.logsigmoid(logratios)
     if f_divergence_type != "alpha_divergence":
         check_choice(f_divergence_type, FDivergenceType, "f_divergence_type")
     alpha = f_alpha_divergence_coef
@@ -206,7 +225,28 @@ def f_divergence_scores(logratios: Tensor, f_divergence_type: str, f_alpha_diver
     exponent = (alpha - 1.0) * logratios
     compute = torch.promote_types(exponent.dtype, torch.float32)
     cap = 11.0 if exponent.dtype == torch.float16 else 80.0
-    return (torch.exp(exponent.to(compute).clamp(max=cap)) / (alpha - 1.0)).to(exponent.dtype)
+    return (torch.expm1(exponent.to(compute).clamp(max=cap)) / (alpha - 1.0)).to(exponent.dtype)
+
+
+def check_f_divergence(types: Sequence[str], f_divergence_type: str, where: str) -> None:
+    """A `ConfigError` naming ``<where>f_divergence_type`` for a type that is not ``reverse_kl`` with a
+    loss type outside `F_DIVERGENCE_TYPES` (its f-DPO form keeps a ``β log Z(x)`` term; TRL refuses it
+    too).
+
+    Example:
+        >>> check_f_divergence(["sigmoid", "bco_pair"], "js_divergence", "model.dpo.")
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: model.dpo.f_divergence_type='js_divergence' applies only to ...
+    """
+    check_choice(f_divergence_type, FDivergenceType, f"{where}f_divergence_type")
+    others = [name for name in types if name not in F_DIVERGENCE_TYPES]
+    if f_divergence_type != "reverse_kl" and others:
+        raise ConfigError(
+            f"{where}f_divergence_type={f_divergence_type!r} applies only to loss types "
+            f"{F_DIVERGENCE_TYPES} (where f-DPO's log-partition term cancels); loss_type {tuple(others)} "
+            "has no f-divergence form: use f_divergence_type 'reverse_kl' with it"
+        )
 
 
 def loss_types_of(loss_type: str | Sequence[str], where: str) -> tuple[str, ...]:
@@ -279,7 +319,8 @@ def dpo_loss(
 ) -> DPOLoss:
     """TRL's DPO loss of each pair, for every ``loss_type`` of its ``DPOTrainer``.
 
-    With the log-ratios ``r = π − ρ``, the scores ``s = f'(r)`` (``reverse_kl``: ``s = r``),
+    With the log-ratios ``r = π − ρ``, the scores ``s = f'(e^r)`` (``reverse_kl``: ``s = r``; another
+    ``f_divergence_type`` only with the types of `F_DIVERGENCE_TYPES`),
     ``Δ = s_w − s_l``, ``n_w, n_l`` the completions' token counts and ``ε`` the ``label_smoothing``:
 
     | ``loss_type`` | per-pair loss |
@@ -288,14 +329,14 @@ def dpo_loss(
     | ``hinge`` | ``relu(1 − βΔ)`` |
     | ``ipo`` | ``(s_w/n_w − s_l/n_l − 1/(2β))²`` |
     | ``exo_pair`` | ``σ(βΔ)(log σ(βΔ) − log(1−ε)) + σ(−βΔ)(log σ(−βΔ) − log ε)``, ``ε > 0`` |
-    | ``nca_pair`` | ``−log σ(βs_w) − ½ log σ(−βs_w) − ½ log σ(−βs_l)`` |
+    | ``nca_pair`` | ``−log σ(βr_w) − ½ log σ(−βr_w) − ½ log σ(−βr_l)`` |
     | ``robust`` | ``(−(1−ε) log σ(βΔ) + ε log σ(−βΔ)) / (1 − 2ε)`` |
-    | ``bco_pair`` | ``−log σ(βs_w) − log σ(−βs_l)`` |
-    | ``sppo_hard`` | ``(s_w − 1/(2β))² + (s_l + 1/(2β))²`` |
+    | ``bco_pair`` | ``−log σ(βr_w) − log σ(−βr_l)`` |
+    | ``sppo_hard`` | ``(r_w − 1/(2β))² + (r_l + 1/(2β))²`` |
     | ``aot`` | ``−(1−ε) log σ(βd) − ε log σ(−βd)``, ``d`` = sorted ``π_w − π_l`` − sorted ``ρ_w − ρ_l`` |
     | ``aot_unpaired`` | the same with ``d`` = sorted ``r_w`` − sorted ``r_l`` |
     | ``apo_zero`` | ``1 − σ(βr_w) + σ(βr_l)`` |
-    | ``apo_down`` | ``σ(βr_w) + 1 − σ(βΔ)`` |
+    | ``apo_down`` | ``σ(βr_w) + 1 − σ(β(r_w − r_l))`` |
     | ``discopop`` | ``−log σ(βΔ)(1 − m) + e^{−βΔ} m``, ``m = σ(βΔ/τ)``, ``τ = discopop_tau`` |
     | ``sft`` | the chosen NLL, each pair's share of its token mean (`nll_shares`) |
     | ``sigmoid_norm`` | ``−log σ(β(s_w/n_w − s_l/n_l))`` |
@@ -317,7 +358,7 @@ def dpo_loss(
             ``aot_unpaired``.
         loss_weights: one weight per loss type (default 1 each).
         discopop_tau: DiscoPOP's temperature ``τ``.
-        f_divergence_type: the scores ``f'(r)`` (`f_divergence_scores`).
+        f_divergence_type: the scores ``f'(e^r)`` (`f_divergence_scores`).
         f_alpha_divergence_coef: ``α`` of ``alpha_divergence``.
         chosen_lengths: ``[P]`` completion-token counts ``|y_w|`` (``ipo``, ``sigmoid_norm``).
         rejected_lengths: ``[P]`` ``|y_l|``.
@@ -333,7 +374,8 @@ def dpo_loss(
 
     Raises:
         ConfigError: an unknown loss type (with the closest name), ``beta ≤ 0``, ``label_smoothing``
-            outside ``[0, 0.5)`` (or 0 with ``exo_pair``), ``loss_weights`` of another length.
+            outside ``[0, 0.5)`` (or 0 with ``exo_pair``), ``loss_weights`` of another length, an
+            ``f_divergence_type`` other than ``reverse_kl`` with a type outside `F_DIVERGENCE_TYPES`.
         ValueError: tensors of different shapes, or an option a loss type needs is missing.
 
     Example:
@@ -353,6 +395,7 @@ def dpo_loss(
     if len(weights) != len(types):
         raise ConfigError(f"loss_weights has {len(weights)} weights for {len(types)} loss types {types}")
     check_dpo_numbers(types, beta=beta, label_smoothing=label_smoothing, discopop_tau=discopop_tau, where="")
+    check_f_divergence(types, f_divergence_type, where="")
     if (ref_chosen_logps is None) != (ref_rejected_logps is None):
         raise ValueError("dpo_loss: give both reference log-probabilities, or neither (reference-free)")
     if ref_chosen_logps is None:

@@ -40,11 +40,11 @@ from lit_losses.objectives.preference_dpo import (
     LENGTH_NORMALIZED,
     SMOOTHED,
     SORTING,
-    UNSCORED,
     DPOLoss,
     DPOLossType,
     FDivergenceType,
     check_dpo_numbers,
+    check_f_divergence,
     dpo_loss,
     loss_types_of,
 )
@@ -162,7 +162,7 @@ class DPOPreset:
             discopop_tau=self.discopop_tau,
             where=where,
         )
-        check_choice(self.f_divergence_type, FDivergenceType, f"{self.where}.f_divergence_type")
+        check_f_divergence(types, self.f_divergence_type, where=where)
         check_number(self.f_alpha_divergence_coef, f"{where}f_alpha_divergence_coef")
         if self.ld_alpha is not None and not (is_number(self.ld_alpha) and 0 <= self.ld_alpha <= 1):
             raise ConfigError(f"{where}ld_alpha must lie in [0, 1] (or be null), got {self.ld_alpha!r}")
@@ -183,7 +183,7 @@ class DPOPreset:
             ignored["label_smoothing"] = f"loss_type {types} does not read it (only {SMOOTHED} do)"
         if self.discopop_tau != 0.05 and "discopop" not in types:
             ignored["discopop_tau"] = f"loss_type {types} does not read it (only 'discopop' does)"
-        if self.f_divergence_type != "reverse_kl" and set(types) <= set(UNSCORED):
+        if self.f_divergence_type != "reverse_kl" and set(types) == {"sft"}:
             ignored["f_divergence_type"] = f"loss_type {types} reads no f-divergence scores"
         if self.f_alpha_divergence_coef != 0.5 and self.f_divergence_type != "alpha_divergence":
             ignored["f_alpha_divergence_coef"] = "only f_divergence_type 'alpha_divergence' reads it"

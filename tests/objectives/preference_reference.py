@@ -23,6 +23,8 @@ are computed here in float64, so the comparison is to float64 precision.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,15 +67,15 @@ def f_scores(logratios, cfg):
     if kind == "reverse_kl":
         return logratios
     if kind == "forward_kl":
-        return -torch.exp(-logratios)
+        return 1 - torch.exp(-logratios)
     if kind == "js_divergence":
-        return F.logsigmoid(logratios)
+        return math.log(2) + F.logsigmoid(logratios)
     alpha = cfg["f_alpha_divergence_coef"]
     if abs(alpha - 1.0) < 1e-6:
         return logratios
     coef = 1.0 / (alpha - 1.0)
     t = (alpha - 1.0) * logratios
-    return torch.exp(torch.clamp(t, max=80.0)) * coef
+    return (torch.exp(torch.clamp(t, max=80.0)) - 1.0) * coef
 
 
 def dpo_per_sequence(name, v, cfg):
@@ -102,7 +104,7 @@ def dpo_per_sequence(name, v, cfg):
         log_pl = torch.log(epsilon)
         return qw * (log_qw - log_pw) + ql * (log_ql - log_pl)
     if name == "nca_pair":
-        chosen_rewards, rejected_rewards = beta * cs, beta * rs
+        chosen_rewards, rejected_rewards = beta * v["chosen_logratios"], beta * v["rejected_logratios"]
         return (
             -F.logsigmoid(chosen_rewards)
             - 0.5 * F.logsigmoid(-chosen_rewards)
@@ -113,9 +115,9 @@ def dpo_per_sequence(name, v, cfg):
         flipped_loss_term = -ls * F.logsigmoid(-beta * delta_score)
         return (clean_loss_term - flipped_loss_term) / (1 - 2 * ls)
     if name == "bco_pair":
-        return -F.logsigmoid(beta * cs) - F.logsigmoid(-(beta * rs))
+        return -F.logsigmoid(beta * v["chosen_logratios"]) - F.logsigmoid(-(beta * v["rejected_logratios"]))
     if name == "sppo_hard":
-        return (cs - 0.5 / beta) ** 2 + (rs + 0.5 / beta) ** 2
+        return (v["chosen_logratios"] - 0.5 / beta) ** 2 + (v["rejected_logratios"] + 0.5 / beta) ** 2
     return dpo_per_sequence_more(name, v, cfg)
 
 
@@ -135,7 +137,8 @@ def dpo_per_sequence_more(name, v, cfg):
     if name == "apo_zero":
         return 1 - torch.sigmoid(beta * v["chosen_logratios"]) + torch.sigmoid(beta * v["rejected_logratios"])
     if name == "apo_down":
-        return torch.sigmoid(beta * v["chosen_logratios"]) + 1 - torch.sigmoid(beta * delta_score)
+        logratios = v["chosen_logratios"] - v["rejected_logratios"]
+        return torch.sigmoid(beta * v["chosen_logratios"]) + 1 - torch.sigmoid(beta * logratios)
     if name == "discopop":
         logits = delta_score * beta
         log_ratio_modulation = torch.sigmoid(logits / cfg["discopop_tau"])

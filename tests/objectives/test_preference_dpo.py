@@ -31,7 +31,7 @@ CASES = {
     for beta in BETAS
     for ls in SMOOTHING.get(name, (0.0,))
 }
-SCORED = ("sigmoid", "ipo", "nca_pair", "robust", "sppo_hard", "apo_down", "discopop", "sigmoid_norm")
+SCORED = ("sigmoid", "hinge", "ipo", "exo_pair", "robust", "discopop", "sigmoid_norm")  # TRL's f-DPO types
 F_DIVERGENCES = {
     "forward_kl": {"f_divergence_type": "forward_kl"},
     "js": {"f_divergence_type": "js_divergence"},
@@ -41,7 +41,7 @@ F_DIVERGENCES = {
 }
 for name in SCORED:
     for key, fields in F_DIVERGENCES.items():
-        smoothing = {"label_smoothing": 0.1} if name == "robust" else {}
+        smoothing = {"label_smoothing": 0.1} if name in ("robust", "exo_pair") else {}
         CASES[f"{name}-f_{key}"] = {"loss_type": name, "beta": 0.5, **smoothing, **fields}
 CASES |= {
     "sigmoid-ld0.5": {"loss_type": "sigmoid", "ld_alpha": 0.5},
@@ -175,6 +175,7 @@ BAD_CALLS = [
     ({"loss_type": "sft"}, "loss_type 'sft' needs chosen_nll"),
     ({"loss_type": "discopop", "discopop_tau": 0.0}, "discopop_tau must be a finite number > 0"),
     ({"f_divergence_type": "kl"}, "f_divergence_type 'kl' is not one of"),
+    ({"loss_type": "bco_pair", "f_divergence_type": "forward_kl"}, "('bco_pair',) has no f-divergence"),
     (
         {"loss_type": "aot", "chosen_weights": torch.ones(3), "rejected_weights": torch.ones(3)},
         "do not apply to 'aot'",

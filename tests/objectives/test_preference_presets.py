@@ -42,8 +42,13 @@ BAD = [
     (DPOPreset, {"f_divergence_type": "reverse"}, "model.dpo.f_divergence_type 'reverse' is not one of"),
     (
         DPOPreset,
-        {"loss_type": "apo_zero", "f_divergence_type": "js_divergence"},
-        "model.dpo.f_divergence_type is set but loss_type ('apo_zero',) reads no f-divergence scores",
+        {"loss_type": "sft", "f_divergence_type": "js_divergence"},
+        "model.dpo.f_divergence_type is set but loss_type ('sft',) reads no f-divergence scores",
+    ),
+    (
+        DPOPreset,
+        {"loss_type": ["sigmoid", "nca_pair"], "f_divergence_type": "forward_kl"},
+        "model.dpo.f_divergence_type='forward_kl' applies only to loss types",
     ),
     (
         DPOPreset,
