@@ -37,9 +37,9 @@ class OptimizerConfig:
     ``f`` rises linearly from ``s₀`` to 1 over the ``w`` warmup steps (`warmup`): ``f(k) = s₀ + (1−s₀)·k/w``
     for ``k < w``, with ``s₀ = warmup_start_ratio``, by default ``1/(w+1)`` (never 0, so that the first
     step trains; transformers' schedules start at ``s₀ = 0``: their first optimizer step has learning rate
-    0). Then ``f`` follows ``schedule`` down to ``r = min_lr_ratio`` at ``total_steps``: ``cosine``: ``r + (1−r)·½(1+cos πu)``,
-    ``linear``: ``1 − (1−r)·u``, ``constant``: 1, with ``u`` the fraction of the post-warmup steps done (one
-    `Schedule`, the same type that schedules regularizer weights).
+    0). Then ``f`` follows ``schedule`` down to ``r = min_lr_ratio`` at ``total_steps``: ``cosine``:
+    ``r + (1−r)·½(1+cos πu)``, ``linear``: ``1 − (1−r)·u``, ``constant``: 1, with ``u`` the fraction of the
+    post-warmup steps done (one `Schedule`, the same type that schedules regularizer weights).
 
     The warmup is given as transformers' ``TrainingArguments`` give it: a number of steps
     (``warmup_steps: 100``), or a fraction of the run's optimizer steps, rounded up: ``warmup_steps: 0.1``

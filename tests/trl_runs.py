@@ -85,7 +85,9 @@ class StepRecord(L.Callback):
         self.grad_norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
         self.lrs.append(float(optimizer.param_groups[0]["lr"]))
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, idx: int
+    ) -> None:
         if len(self.losses) < len(self.lrs):  # the window's last micro-batch: the step is logged
             self.losses.append(float(pl_module.telemetry["loss_total"]))
 
