@@ -1,13 +1,13 @@
 """A whole TRL training run and the same run through ``lit-losses fit``, step by step.
 
-`trl_run` runs a TRL trainer's own ``train()`` (transformers' loop: its optimizer, scheduler, gradient
+`trl_train` runs a TRL trainer's own ``train()`` (transformers' loop: its optimizer, scheduler, gradient
 accumulation with ``num_items_in_batch``, clipping and logging) and records every micro-batch it trained
-on, in its order, with the global token count transformers normalized it by. `write_micro_batches` writes
-those micro-batches, rebuilt through this package's collation, to a file that `TRLMicroBatches` (a data
-module for the CLI) serves in the same order; `lit_run` runs ``lit-losses fit`` on a YAML of the
-``trainer`` and ``model`` options that docs/coming-from-trl.md maps TRL's arguments to, and
-`StepRecord` records what each optimizer step did: the loss, the learning rate and the gradient norm
-before clipping.
+on, in its order, with the global token count transformers normalized it by. Those micro-batches, rebuilt
+through this package's collation (`sft_batch`; `trl_dpo.lit_batch` for preference pairs), go to a file
+that `TRLMicroBatches` (a data module for the CLI) serves in the same order. `lit_run` runs ``lit-losses
+fit`` on a YAML of the ``trainer`` and ``model`` options that docs/coming-from-trl.md maps TRL's
+arguments to; its `StepRecord` callback records what each optimizer step did: the loss, the learning rate
+and the gradient norm before clipping.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from torch import Tensor
 from lit_losses import GlobalStatsLoader
 from lit_losses.cli.app import cli_main
 from lit_losses.data.datamodule import FileDataModule
+from lit_losses.data.packing import Pieces, collate_rows
 from tests.cli_runs import read_scalars, run_folder
 from tests.objectives import peer_trainers as peers
 
@@ -53,6 +54,21 @@ class TRLMicroBatches(FileDataModule):
     def train_dataloader(self) -> GlobalStatsLoader:
         """The micro-batches in the file's order (TRL's), with their optimizer step's global counts."""
         return GlobalStatsLoader(self.train_set, batch_size=None)
+
+
+def sft_batch(batch: dict[str, Tensor], pad_id: int) -> dict[str, Tensor]:
+    """SFTTrainer's collated micro-batch (right-padded rows, labels aligned with ``input_ids``, ``-100`` on
+    the prompt and the padding) through `collate_rows`, the collation of `lit_losses.data.HFTextDataModule`
+    without packing: one row per record, next-token labels where TRL's labels train a token."""
+    keep = batch["attention_mask"]
+    rows = [
+        peers.next_token_row(ids, [label != peers.IGNORE for label in labels])
+        for ids, labels in zip(
+            peers.unpadded(batch["input_ids"], keep), peers.unpadded(batch["labels"], keep), strict=True
+        )
+    ]
+    pieces = Pieces.from_sequences([ids for ids, _ in rows], [labels for _, labels in rows], fields={})
+    return collate_rows(pieces, [[i] for i in range(len(rows))], pad_id=pad_id)
 
 
 class StepRecord(L.Callback):
@@ -92,7 +108,7 @@ class StepRecord(L.Callback):
             self.losses.append(float(pl_module.telemetry["loss_total"]))
 
 
-def trl_run(
+def trl_trainer(
     trainer_cls: type,
     config_cls: type,
     *,
@@ -102,14 +118,9 @@ def trl_run(
     ref_model: Any = None,
     peft_config: Any = None,
     **fields: Any,
-) -> tuple[Any, list[tuple[dict[str, Any], Any]], dict[str, Tensor]]:
-    """TRL's ``trainer.train()`` on ``records`` in order (``train_sampling_strategy="sequential"``), on
-    CPU, with the config ``fields`` (``per_device_train_batch_size``, ``gradient_accumulation_steps``, ...).
-
-    Returns:
-        ``(trainer, micro_batches, initial)``: the trainer after training, each micro-batch it trained on
-        with the ``num_items_in_batch`` transformers gave it, and its trainable weights before training.
-    """
+) -> Any:
+    """A TRL trainer on CPU over ``records`` in order (``train_sampling_strategy="sequential"``), with the
+    config ``fields`` (``per_device_train_batch_size``, ``gradient_accumulation_steps``, ...)."""
     disable_progress_bars()
     args = config_cls(
         output_dir=str(out_dir),
@@ -122,7 +133,7 @@ def trl_run(
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = trainer_cls(
+        return trainer_cls(
             model=model,
             args=args,
             train_dataset=Dataset.from_list(records),
@@ -130,6 +141,16 @@ def trl_run(
             **({} if ref_model is None else {"ref_model": ref_model}),
             **({} if peft_config is None else {"peft_config": peft_config}),
         )
+
+
+def trl_train(trainer: Any) -> tuple[list[tuple[dict[str, Any], Any]], dict[str, Tensor]]:
+    """Run TRL's ``trainer.train()``.
+
+    Returns:
+        ``(micro_batches, initial)``: each micro-batch it trained on, in order, with the
+        ``num_items_in_batch`` transformers normalized it by, and the trainable weights before training
+        (by name of the trainer's model).
+    """
     initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     seen: list[tuple[dict[str, Any], Any]] = []
     step = trainer.training_step
@@ -142,7 +163,7 @@ def trl_run(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.train()
-    return trainer, seen, initial
+    return seen, initial
 
 
 def trl_steps(trainer: Any) -> list[dict[str, float]]:
