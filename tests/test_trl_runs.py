@@ -146,7 +146,14 @@ def both_runs(folder: Path, trainer: Any, rebuild, model: dict[str, Any], option
     torch.save([rebuild(batch) for batch, _ in seen[:per_epoch]], folder / "batches.pt")
     torch.save(initial, folder / "initial.pt")
     cli, record, scalars = trl_runs.lit_run(folder, our_config(folder, model, options))
-    return {"trl": trainer, "seen": seen, "initial": initial, "cli": cli, "record": record, "scalars": scalars}
+    return {
+        "trl": trainer,
+        "seen": seen,
+        "initial": initial,
+        "cli": cli,
+        "record": record,
+        "scalars": scalars,
+    }
 
 
 @pytest.fixture(scope="module")
