@@ -254,9 +254,12 @@ def assert_same_parameters(run: dict, rtol: float = 1e-5) -> None:
 
 
 def test_sft_micro_batches_hold_unequal_token_counts(sft):
-    """The case that matters: transformers' ``num_items_in_batch`` is each window's token count (over
-    ``labels[..., 1:]``), and the two micro-batches of a window hold different counts."""
+    """The case that matters: transformers' ``num_items_in_batch`` is each window's count of trained
+    tokens (over ``labels[..., 1:]``, the completions'), and the two micro-batches of a window hold
+    different counts."""
     seen = sft["seen"]
+    for batch, _ in seen:  # completion_only_loss (prompt-completion records): no prompt token is trained
+        assert (batch["labels"][:, :2] == peers.IGNORE).all()
     counts = [int((batch["labels"][:, 1:] != peers.IGNORE).sum()) for batch, _ in seen]
     windows = [(counts[i], counts[i + 1]) for i in range(0, len(seen), 2)]
     assert len(seen) == 10 and all(a != b for a, b in windows), windows
