@@ -12,7 +12,7 @@ rule is an aggregation mode over the *global* counts of the optimizer step:
 ``bnpo``      ``ppo``                           ``token-mean``
 ``dr_grpo``   ``ppo``                           ``seq-mean-token-sum-norm``, ``C = max_completion_length``
 ``dapo``      ``ppo``                           ``token-mean``
-``luspo``     ``ppo`` (sequence ratios)         ``seq-mean-token-sum``
+``luspo``     ``ppo``                           ``seq-mean-token-sum``
 ``cispo``     ``cispo`` (``lo = 0``, ``hi = ε_high``)  ``token-mean``
 ``sapo``      ``sapo``                          ``seq-mean-token-mean``
 ``vespo``     ``vespo``                         ``token-mean``
@@ -92,9 +92,10 @@ class GRPOPreset(RolloutCorrectionOptions):
             the cap of the ratio itself (TRL's and Liger-Kernel's meaning; ScaleRL uses 5.0).
         delta: INTELLECT-2's two-sided clipping, the unclipped ratio capped at ``δ`` (clipped types).
         beta: weight of the k3 KL to the reference (``batch["ref_logprobs"]``); 0: no KL term.
-        use_bias_correction_kl: the KL times the importance ratio (DeepSeek-V3.2; needs ``beta > 0``).
+        use_bias_correction_kl: the KL times the importance ratio (DeepSeek-V3.2; default on, as TRL's;
+            without a KL term, ``beta = 0``, it has no effect).
         importance_sampling_level: ``token``, or ``sequence`` (GSPO): the ratio of a sequence is
-            ``exp(mean_t (ℓ_t − q_t))`` over its valid tokens.
+            ``exp(mean_t (ℓ_t − q_t))`` over its valid tokens (``luspo``'s paper uses ``sequence``).
         max_completion_length: ``dr_grpo``'s constant (required by it).
         sapo_temperature_pos: SAPO's temperature where ``A > 0``.
         sapo_temperature_neg: SAPO's temperature where ``A ≤ 0``.
@@ -104,9 +105,9 @@ class GRPOPreset(RolloutCorrectionOptions):
         vespo_lambda_neg: VESPO's gamma rate where ``A < 0``.
 
     Raises:
-        ConfigError: naming ``model.grpo.<field>``: an unknown choice, ``luspo`` without sequence
-            ratios, ``dr_grpo`` without ``max_completion_length``, an option the loss type ignores, a bad
-            rollout correction (`RolloutCorrectionOptions.resolve`).
+        ConfigError: naming ``model.grpo.<field>``: an unknown choice, ``dr_grpo`` without
+            ``max_completion_length``, an option the loss type ignores, a bad rollout correction
+            (`RolloutCorrectionOptions.resolve`).
 
     Example:
         >>> options = GRPOPreset("dr_grpo", epsilon_high=0.28, beta=0.04, max_completion_length=256).options()
@@ -114,10 +115,10 @@ class GRPOPreset(RolloutCorrectionOptions):
         ('ppo', 0.28, 'seq-mean-token-sum-norm')
         >>> options["loss_agg_norm"], [(r["name"], r["weight"]) for r in options["regularizers"]]
         (256.0, [('kl_reference', 0.04)])
-        >>> GRPOPreset("luspo")
+        >>> GRPOPreset("sapo", delta=2.0)
         Traceback (most recent call last):
         ...
-        lit_losses.errors.ConfigError: model.grpo.importance_sampling_level='token': loss_type 'luspo' ...
+        lit_losses.errors.ConfigError: model.grpo.delta=2.0: loss_type 'sapo' ignores it (it applies to ...
     """
 
     loss_type: TRLLossType = "dapo"
@@ -125,7 +126,7 @@ class GRPOPreset(RolloutCorrectionOptions):
     epsilon_high: float | None = None
     delta: float | None = None
     beta: float = 0.0
-    use_bias_correction_kl: bool = False
+    use_bias_correction_kl: bool = True
     importance_sampling_level: ImportanceSamplingLevel = "token"
     max_completion_length: int | None = None
     sapo_temperature_pos: float = 1.0
@@ -137,15 +138,7 @@ class GRPOPreset(RolloutCorrectionOptions):
 
     def __post_init__(self) -> None:
         check_choice(self.loss_type, TRLLossType, f"{WHERE}.loss_type")
-        level = check_choice(
-            self.importance_sampling_level, ImportanceSamplingLevel, f"{WHERE}.importance_sampling_level"
-        )
-        if self.loss_type == "luspo" and level != "sequence":
-            raise ConfigError(
-                f"{WHERE}.importance_sampling_level={level!r}: loss_type 'luspo' weights each sequence's "
-                "loss by its length and needs sequence-level ratios ('sequence'; TRL's token-level luspo "
-                "sums over padding positions)"
-            )
+        check_choice(self.importance_sampling_level, ImportanceSamplingLevel, f"{WHERE}.importance_sampling_level")
         if self.loss_type == "dr_grpo" and self.max_completion_length is None:
             raise ConfigError(
                 f"{WHERE}.max_completion_length is required by loss_type 'dr_grpo' (its constant)"
@@ -154,10 +147,6 @@ class GRPOPreset(RolloutCorrectionOptions):
             raise ConfigError(f"{WHERE}.max_completion_length must be >= 1, got {self.max_completion_length}")
         self.check_numbers()
         self.check_ignored()
-        if self.use_bias_correction_kl and self.beta == 0:
-            raise ConfigError(
-                f"{WHERE}.use_bias_correction_kl=True corrects the KL term, which beta=0 disables"
-            )
         correction = self.resolve(WHERE)
         if self.loss_type == "vespo" and correction is not None and correction.level == "sequence":
             field_name = "vllm_importance_sampling_mode" if correction.vllm_mode else "rollout_is"
@@ -169,14 +158,14 @@ class GRPOPreset(RolloutCorrectionOptions):
     def fields_read(self) -> tuple[str, ...]:
         """The fields this loss type reads (`READS`, and every type the rollout-correction fields):
         ``cispo`` reads ``epsilon`` only as the default of ``epsilon_high``, and the bias-corrected KL reads
-        ``importance_sampling_level`` for every type.
+        ``importance_sampling_level`` for every type (when ``beta > 0``).
 
         Example:
             >>> [f for f in GRPOPreset("cispo", epsilon_high=5.0).fields_read() if f not in CORRECTION_FIELDS]
             ['beta', 'epsilon_high', 'importance_sampling_level', 'loss_type', 'use_bias_correction_kl']
         """
         read = {"loss_type", "beta", "use_bias_correction_kl", *READS[self.loss_type], *CORRECTION_FIELDS}
-        if self.use_bias_correction_kl:
+        if self.bias_corrected_kl:
             read.add("importance_sampling_level")
         if self.loss_type == "cispo" and self.epsilon_high is not None:
             read.discard("epsilon")
@@ -201,7 +190,7 @@ class GRPOPreset(RolloutCorrectionOptions):
             if field.name == "epsilon" and self.loss_type == "cispo":
                 why = f"its ratio cap is epsilon_high={self.epsilon_high!r}"
             elif field.name == "importance_sampling_level":
-                why += ", and to use_bias_correction_kl"
+                why += ", and to the bias-corrected KL (beta > 0)"
             raise ConfigError(
                 f"{WHERE}.{field.name}={value!r}: loss_type {self.loss_type!r} ignores it ({why}); remove it "
                 "or choose a loss_type that reads it"
@@ -229,6 +218,11 @@ class GRPOPreset(RolloutCorrectionOptions):
         if isinstance(value, Mapping) and not {f.name for f in fields(cls)} <= set(value):
             check_given_fields(value, WHERE)
         return coerce_fields(cls, value, WHERE, expected="GRPOConfig fields")
+
+    @property
+    def bias_corrected_kl(self) -> bool:
+        """A KL term (``beta > 0``) with ``use_bias_correction_kl``."""
+        return self.use_bias_correction_kl and self.beta > 0
 
     @property
     def upper_epsilon(self) -> float:
@@ -283,13 +277,13 @@ class GRPOPreset(RolloutCorrectionOptions):
             "name": "kl_reference",
             "weight": self.beta,
             "agg": LOSS_AGG[self.loss_type],
-            "pointwise": not (self.use_bias_correction_kl and level == "sequence"),
+            "pointwise": not (self.bias_corrected_kl and level == "sequence"),
             "args": {
                 "estimator": "k3",
                 "bias_correction": self.use_bias_correction_kl,
                 "importance_sampling_level": level,
                 # TRL's ratio: π_old, the current policy detached when a correction has no old_logprobs
-                "old_detached": self.use_bias_correction_kl and self.uses_old(),
+                "old_detached": self.bias_corrected_kl and self.uses_old(),
             },
         }
 

@@ -1,0 +1,113 @@
+"""``model.grpo`` against TRL's own ``GRPOTrainer._compute_loss`` (the installed ``trl``): on one micro-batch
+of a tiny Llama (float64 weights), every ``loss_type`` and option of ``GRPOConfig`` that we take gives
+TRL's loss, the gradient of every parameter and its logged clip ratios, KL and entropy.
+
+TRL's fused head computes the log-probabilities in float32 (whatever the model's dtype), ours in the
+model's dtype: the two agree to float32's precision, hence ``rtol = 1e-5``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from lit_losses import GRPOPreset, HFCausalLM
+from tests.objectives import trl_grpo_trainer as trl
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+
+SEQ = {"importance_sampling_level": "sequence"}
+BIAS_KL = {"beta": 0.04, "use_bias_correction_kl": True}
+CASES = {
+    "grpo": {"loss_type": "grpo"},
+    "grpo-clip_higher-delta-kl": {"loss_type": "grpo", "epsilon_high": 0.28, "delta": 1.5, "beta": 0.04},
+    "grpo-plain_kl": {"loss_type": "grpo", "beta": 0.04, "use_bias_correction_kl": False},
+    "gspo-bias_kl": {"loss_type": "grpo", **SEQ, **BIAS_KL},
+    "bnpo": {"loss_type": "bnpo", "epsilon": 0.1},
+    "dr_grpo-kl": {"loss_type": "dr_grpo", "max_completion_length": 9, "beta": 0.1},
+    "dr_grpo-plain_kl": {
+        "loss_type": "dr_grpo",
+        "max_completion_length": 9,
+        "beta": 0.1,
+        "use_bias_correction_kl": False,
+    },
+    "dapo": {"loss_type": "dapo", "epsilon_high": 0.28},
+    "dapo-bias_kl-delta": {"loss_type": "dapo", "delta": 1.3, **BIAS_KL},
+    "dapo-gspo-kl": {"loss_type": "dapo", **SEQ, "beta": 0.02},
+    "dapo-plain_kl": {"loss_type": "dapo", "beta": 0.02, "use_bias_correction_kl": False},
+    "cispo-default_cap": {"loss_type": "cispo"},
+    "cispo-kl": {"loss_type": "cispo", "epsilon_high": 1.25, **BIAS_KL},
+    "sapo-temperatures-kl": {
+        "loss_type": "sapo",
+        "sapo_temperature_pos": 2.0,
+        "sapo_temperature_neg": 0.5,
+        **BIAS_KL,
+    },
+    "sapo-gspo": {"loss_type": "sapo", **SEQ},
+    "luspo": {"loss_type": "luspo", **SEQ},
+    "luspo-delta-kl": {"loss_type": "luspo", **SEQ, "delta": 1.4, "beta": 0.05},
+    "luspo-token-plain_kl": {"loss_type": "luspo", "beta": 0.05, "use_bias_correction_kl": False},
+    "vespo": {"loss_type": "vespo"},
+    "vespo-gammas-bias_kl": {"loss_type": "vespo", "vespo_k_pos": 1.0, "vespo_lambda_neg": 0.7, **BIAS_KL},
+}
+RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """The policy (float64) and a perturbed reference, saved where TRL loads it from."""
+    policy = trl.llama(seed=0)
+    reference = trl.perturbed(policy)
+    saved = tmp_path_factory.mktemp("reference")
+    reference.save_pretrained(saved)
+    return policy, reference, saved
+
+
+def trl_run(models, cfg: dict, tmp_path, inputs=None):
+    policy, reference, saved = models
+    trainer = trl.grpo_trainer(copy.deepcopy(policy), tmp_path, reference=saved, **cfg)
+    inputs = trl.trl_inputs(trainer, reference) if inputs is None else inputs
+    loss, out = trl.trl_loss_and_grads(trainer, inputs)
+    return inputs, loss, out
+
+
+def our_run(policy, cfg: dict, batch: dict, **options):
+    module = HFCausalLM(model=copy.deepcopy(policy), grpo=cfg, **options)
+    module.train()
+    out = module.compute_loss(batch)
+    out.total.backward()
+    grads = {n.removeprefix("model."): p.grad for n, p in module.named_parameters() if p.grad is not None}
+    return out, grads
+
+
+def assert_same_grads(ours: dict, theirs: dict) -> None:
+    assert set(ours) == set(theirs) and len(ours) > 10
+    scale = max(float(g.abs().max()) for g in theirs.values())
+    assert scale > 1e-4  # a gradient the comparison can see
+    for name, grad in theirs.items():
+        torch.testing.assert_close(ours[name], grad, rtol=RTOL, atol=RTOL * scale, msg=name)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_loss_type_is_trl_s_compute_loss(models, name, tmp_path):
+    """Loss, every parameter's gradient, the clip ratios (token-level ratios) and the KL (token-mean
+    types) as TRL's ``_compute_loss`` logs them."""
+    cfg = CASES[name]
+    inputs, loss, theirs = trl_run(models, cfg, tmp_path)
+    ours, grads = our_run(models[0], cfg, trl.our_batch(inputs))
+    torch.testing.assert_close(ours.total.detach(), loss, rtol=RTOL, atol=1e-8)
+    assert_same_grads(grads, theirs["grads"])
+    preset = GRPOPreset(**cfg)
+    metrics = theirs["metrics"]
+    if preset.importance_sampling_level == "token":  # per sequence TRL's are means over sequences
+        names = {"clip_ratio/low_mean": "clip_ratio_low", "clip_ratio/high_mean": "clip_ratio_high"}
+        names |= {"clip_ratio/region_mean": "clip_ratio_region", "cispo_clip_ratio": "clip_ratio_high"}
+        for key, value in metrics.items():
+            if key in names:
+                assert float(ours.base_metrics[names[key]]) == pytest.approx(value, rel=RTOL, abs=1e-9), key
+    if "kl" in metrics and preset.options()["loss_agg"] == "token-mean":
+        assert float(ours.terms["kl_reference"]["value"]) == pytest.approx(metrics["kl"], rel=RTOL)
+    if preset.loss_type in ("grpo", "bnpo", "dr_grpo", "dapo") and preset.importance_sampling_level == "token":
+        assert 0 < metrics["clip_ratio/region_mean"] < 1  # the data clips some tokens and not others
