@@ -138,7 +138,8 @@ class GRPOPreset(RolloutCorrectionOptions):
 
     def __post_init__(self) -> None:
         check_choice(self.loss_type, TRLLossType, f"{WHERE}.loss_type")
-        check_choice(self.importance_sampling_level, ImportanceSamplingLevel, f"{WHERE}.importance_sampling_level")
+        level = self.importance_sampling_level
+        check_choice(level, ImportanceSamplingLevel, f"{WHERE}.importance_sampling_level")
         if self.loss_type == "dr_grpo" and self.max_completion_length is None:
             raise ConfigError(
                 f"{WHERE}.max_completion_length is required by loss_type 'dr_grpo' (its constant)"

@@ -25,10 +25,10 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from datasets import Dataset  # noqa: E402
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
-from trl.trainer.utils import add_fused_lm_head  # noqa: E402
+from datasets import Dataset
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import add_fused_lm_head
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "data" / "tokenizers" / "chatml-bpe"
 PROMPT = 3  # prompt tokens of every row (no left padding: TRL's positions then equal ours)
@@ -108,7 +108,8 @@ def logprobs(trainer: GRPOTrainer, model: torch.nn.Module, rows: Mapping[str, to
     ids = torch.cat([rows["prompt_ids"], rows["completion_ids"]], 1)
     mask = torch.cat([rows["prompt_mask"], rows["completion_mask"]], 1)
     with torch.no_grad():
-        return trainer._get_per_token_logps_and_entropies(model, ids, mask, rows["completion_ids"].shape[1])[0]
+        out = trainer._get_per_token_logps_and_entropies(model, ids, mask, rows["completion_ids"].shape[1])
+    return out[0]
 
 
 def rows(vocab_size: int, seed: int = 0, lengths: tuple[int, ...] = LENGTHS) -> dict[str, torch.Tensor]:
@@ -146,7 +147,8 @@ def trl_inputs(
 
 def on_labels(values: torch.Tensor, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Per-completion-token ``values`` ``[B, C]`` (or ``[B]``: one per row) at the positions of our
-    next-token ``labels`` ``[B, P + C]`` (position ``P − 1 + j`` predicts completion token ``j``), 0 elsewhere."""
+    next-token ``labels`` ``[B, P + C]`` (position ``P − 1 + j`` predicts completion token ``j``), 0
+    elsewhere."""
     mask = inputs["completion_mask"].bool()
     B, C = mask.shape
     values = values[:, None].expand(B, C) if values.dim() == 1 else values
