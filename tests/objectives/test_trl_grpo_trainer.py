@@ -97,7 +97,7 @@ def test_each_loss_type_is_trl_s_compute_loss(models, name, tmp_path):
     cfg = CASES[name]
     inputs, loss, theirs = trl_run(models, cfg, tmp_path)
     ours, grads = our_run(models[0], cfg, trl.our_batch(inputs))
-    torch.testing.assert_close(ours.total.detach(), loss, rtol=RTOL, atol=1e-8)
+    torch.testing.assert_close(ours.total.detach(), loss.double(), rtol=RTOL, atol=1e-6)  # float32 sums
     assert_same_grads(grads, theirs["grads"])
     preset = GRPOPreset(**cfg)
     metrics = theirs["metrics"]
@@ -112,3 +112,84 @@ def test_each_loss_type_is_trl_s_compute_loss(models, name, tmp_path):
     clipped = preset.loss_type in ("grpo", "bnpo", "dr_grpo", "dapo")
     if clipped and preset.importance_sampling_level == "token":
         assert 0 < metrics["clip_ratio/region_mean"] < 1  # the data clips some tokens and not others
+
+
+VLLM = {"vllm_importance_sampling_correction": True}
+CORRECTIONS = {
+    "sequence_mask-default": {"loss_type": "dapo", **VLLM},
+    "sequence_mask-band": {
+        "loss_type": "grpo",
+        **VLLM,
+        "vllm_importance_sampling_clip_min": 0.5,
+        "vllm_importance_sampling_clip_max": 1.5,
+    },
+    "sequence_truncate": {"loss_type": "bnpo", **VLLM, "vllm_importance_sampling_mode": "sequence_truncate"},
+    "token_truncate-kl": {
+        "loss_type": "dapo",
+        **VLLM,
+        "vllm_importance_sampling_mode": "token_truncate",
+        "vllm_importance_sampling_clip_max": 1.2,
+        "beta": 0.05,
+    },
+    "token_mask-band-plain_kl": {
+        "loss_type": "cispo",
+        **VLLM,
+        "vllm_importance_sampling_mode": "token_mask",
+        "vllm_importance_sampling_clip_min": 0.8,
+        "vllm_importance_sampling_clip_max": 1.25,
+        "beta": 0.05,
+        "use_bias_correction_kl": False,
+    },
+    "token_mask-vespo": {
+        "loss_type": "vespo",
+        **VLLM,
+        "vllm_importance_sampling_mode": "token_mask",
+        "vllm_importance_sampling_clip_max": 1.5,
+    },
+    "sapo-sequence_truncate-off_policy": {
+        "loss_type": "sapo",
+        **VLLM,
+        "vllm_importance_sampling_mode": "sequence_truncate",
+        "off_policy_mask_threshold": 0.02,
+    },
+    "off_policy_mask-gspo-kl": {
+        "loss_type": "grpo",
+        "importance_sampling_level": "sequence",
+        "off_policy_mask_threshold": 0.02,
+        **VLLM,
+        "vllm_importance_sampling_mode": "token_truncate",
+        "vllm_importance_sampling_clip_max": 1.5,
+        "beta": 0.05,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORRECTIONS))
+def test_each_vllm_correction_is_trl_s_scoring_and_loss(models, name, tmp_path):
+    """TRL's ``_generate_and_score_completions`` on a sampler's log-probabilities (its vLLM path) and then
+    its ``_compute_loss``: our loss, gradients and sampling metrics on the same sampler, π_old and
+    advantages."""
+    policy, _, saved = models
+    cfg = CORRECTIONS[name]
+    trainer = trl.grpo_trainer(copy.deepcopy(policy), tmp_path, reference=saved, **cfg)
+    scored = trl.generate_and_score(trainer)
+    metrics = scored.pop("metrics")
+    weights = scored["importance_sampling_ratio"]
+    if weights.shape[1] > 1:
+        weights = weights[scored["completion_mask"].bool()]
+    mode = cfg.get("vllm_importance_sampling_mode", "sequence_mask")
+    bounds = [cfg.get("vllm_importance_sampling_clip_min"), cfg.get("vllm_importance_sampling_clip_max", 3.0)]
+    acted = (weights == 0) if mode.endswith("mask") else torch.isin(weights, torch.tensor(bounds[1:]))
+    assert 0 < float(acted.float().mean()) < 1, weights  # the correction masks or clips some, not all
+    loss, theirs = trl.trl_loss_and_grads(trainer, scored)
+    ours, grads = our_run(policy, cfg, trl.our_batch(scored, sampler="sampling_per_token_logps"))
+    torch.testing.assert_close(ours.total.detach(), loss.double(), rtol=RTOL, atol=1e-6)  # float32 sums
+    assert_same_grads(grads, theirs["grads"])
+    logged = ours.base_metrics
+    diff = metrics["sampling/sampling_logp_difference/mean"]
+    assert float(logged["rollout_logprob_diff_mean"]) == pytest.approx(diff, rel=RTOL)
+    diff_max = metrics["sampling/sampling_logp_difference/max"]
+    assert float(logged["rollout_logprob_diff_max"]) == pytest.approx(diff_max, rel=RTOL)
+    if mode.startswith("token"):  # TRL's sequence-level mean is over sequences, ours over tokens
+        is_mean = metrics["sampling/importance_sampling_ratio/mean"]
+        assert float(logged["rollout_is_weight_mean"]) == pytest.approx(is_mean, rel=RTOL)

@@ -34,6 +34,7 @@ TOKENIZER = Path(__file__).resolve().parents[2] / "data" / "tokenizers" / "chatm
 PROMPT = 3  # prompt tokens of every row (no left padding: TRL's positions then equal ours)
 LENGTHS = (6, 3, 5, 2)  # completion tokens of each row (right-padded to the longest)
 MAX_COMPLETION = 8
+REWARDS = (1.0, 0.0, 0.25, 2.0)  # one per row: two groups of two generations with unequal rewards
 
 
 def tokenizer():
@@ -69,7 +70,7 @@ def grpo_trainer(
     model: torch.nn.Module, output_dir: Path, reference: Path | None = None, **fields: Any
 ) -> GRPOTrainer:
     """TRL's ``GRPOTrainer`` on ``model`` with ``GRPOConfig(**fields)`` (CPU, no mixed precision, one
-    process, no accumulation), a reward function it never needs (the inputs carry advantages). With
+    process, no accumulation), `REWARDS` as its reward function. With
     ``beta > 0`` TRL loads its reference model from the policy's ``name_or_path``: ``reference``, a
     directory of a saved model."""
     if reference is not None:
@@ -88,7 +89,7 @@ def grpo_trainer(
     data = Dataset.from_list([{"prompt": "Hello there"}] * len(LENGTHS))
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=lambda completions, **_: [float(len(c)) for c in completions],
+        reward_funcs=lambda completions, **_: list(REWARDS[: len(completions)]),
         args=args,
         train_dataset=data,
         processing_class=tokenizer(),
@@ -189,3 +190,32 @@ def trl_loss_and_grads(trainer: GRPOTrainer, inputs: Mapping[str, Any]) -> tuple
     grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
     metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
     return loss.detach(), {"grads": grads, "metrics": metrics}
+
+
+def generate_and_score(
+    trainer: GRPOTrainer, seed: int = 0, noise: float = 0.3, lengths: tuple[int, ...] = LENGTHS
+) -> dict[str, torch.Tensor]:
+    """TRL's own ``_generate_and_score_completions`` on fixed completions, as with vLLM: the generation
+    returns the rows' completions and a sampler's log-probabilities (the policy's moved by ``noise`` ·
+    N(0, 1)); TRL recomputes ``old_per_token_logps``, computes the importance-sampling ratio of its
+    ``vllm_importance_sampling_mode``, the reference's log-probabilities, the rewards (`REWARDS`) and the
+    group-normalized advantages, and logs its sampling metrics."""
+    out = rows(trainer.model.config.vocab_size, seed=seed, lengths=lengths)
+    current = logprobs(trainer, trainer.model, out)
+    g = torch.Generator().manual_seed(seed + 200)
+    sampling = current + noise * torch.randn(current.shape, generator=g, dtype=current.dtype)
+    prompt_ids = [r.tolist() for r in out["prompt_ids"]]
+    completion_ids = [r[:n].tolist() for r, n in zip(out["completion_ids"], lengths, strict=True)]
+    sampling_list = [r[:n].tolist() for r, n in zip(sampling, lengths, strict=True)]
+    texts = [f"completion {i}" for i in range(len(lengths))]
+
+    def generate(prompts):
+        return prompt_ids, completion_ids, None, texts, sampling_list, {}, None, None
+
+    trainer._generate = generate
+    trainer.use_vllm = True  # the vLLM path of the scoring, whose generation `generate` replaces
+    trainer._metrics["train"].clear()
+    inputs = [{"prompt": "Hello there"} for _ in lengths]
+    scored = trainer._generate_and_score_completions(inputs)
+    scored["metrics"] = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    return scored
