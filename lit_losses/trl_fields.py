@@ -28,6 +28,14 @@ TRL_FIELDS = {
     "max_new_tokens": "has no counterpart: nothing is generated during training",
     "num_generations": "has no counterpart: the records carry the sampled completions and their advantages",
     "teacher_model_name_or_path": "is model.distillation.teacher here",
+    "top_entropy_quantile": "has no counterpart: the loss keeps every completion token (a quantile of the "
+    "whole batch's entropies is not known before its last micro-batch)",
+    "use_adaptive_entropy": "has no counterpart: model.grpo.entropy_coef is a fixed weight; a controller "
+    "rule can change the entropy term's weight from its logged value",
+    "mask_truncated_completions": "has no counterpart: leave the truncated completions out of the records "
+    "(or give them advantage 0)",
+    "temperature": "has no counterpart: the policy's log-probabilities are at temperature 1 here (TRL "
+    "divides the logits by it); give sampling_logprobs and old_logprobs at temperature 1",
     "learning_rate": "is model.init_args.optimizer.lr here",
     "weight_decay": "is model.init_args.optimizer.weight_decay here",
     "warmup_steps": "is model.init_args.optimizer.warmup_steps here",

@@ -1,9 +1,10 @@
 """`GRPOPreset`: TRL's ``GRPOTrainer`` loss (``loss_type`` and its arguments) as lit_losses options.
 
 ``model.grpo`` takes the loss fields of TRL's ``GRPOConfig`` under their names and sets ``base_loss``,
-``base_loss_args``, ``loss_agg``, ``loss_agg_norm`` and, with ``beta > 0``, a ``kl_reference`` term
-together. Each TRL loss is a per-token loss ``L_t`` plus ``β · KL_t`` aggregated by one rule; here the
-rule is an aggregation mode over the *global* counts of the optimizer step:
+``base_loss_args``, ``loss_agg``, ``loss_agg_norm``, with ``beta > 0`` a ``kl_reference`` term and with
+``entropy_coef > 0`` an ``entropy`` bonus together. Each TRL loss is a per-token loss ``L_t`` plus
+``β · KL_t`` aggregated by one rule; here the rule is an aggregation mode over the *global* counts of the
+optimizer step:
 
 ============  ================================  =============================
 ``loss_type``  ``base_loss``                    ``loss_agg``
@@ -75,7 +76,9 @@ READS: dict[str, tuple[str, ...]] = {
 CORRECTION_FIELDS = tuple(f.name for f in fields(RolloutCorrectionOptions))
 """The rollout-correction fields (`RolloutCorrectionOptions`), which every loss type reads."""
 POSITIVE = ("delta", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg")
-NON_NEGATIVE = ("epsilon_high", "beta", "vespo_k_pos", "vespo_k_neg")
+NON_NEGATIVE = ("epsilon_high", "beta", "entropy_coef", "vespo_k_pos", "vespo_k_neg")
+ALWAYS_READ = ("loss_type", "beta", "use_bias_correction_kl", "entropy_coef")
+"""The fields every loss type reads."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,9 @@ class GRPOPreset(RolloutCorrectionOptions):
         vespo_lambda_pos: VESPO's gamma rate where ``A ≥ 0``.
         vespo_k_neg: VESPO's gamma shape where ``A < 0``.
         vespo_lambda_neg: VESPO's gamma rate where ``A < 0``.
+        entropy_coef: weight of TRL's entropy bonus, ``−entropy_coef · H̄``, ``H̄`` the mean entropy of the
+            policy over the step's completion tokens (an ``entropy`` term, ``mode: bonus``, ``token-mean``,
+            whatever the loss type's aggregation); 0: none.
 
     Raises:
         ConfigError: naming ``model.grpo.<field>``: an unknown choice, ``dr_grpo`` without
@@ -135,6 +141,7 @@ class GRPOPreset(RolloutCorrectionOptions):
     vespo_lambda_pos: float = 3.0
     vespo_k_neg: float = 3.0
     vespo_lambda_neg: float = 2.0
+    entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
         check_choice(self.loss_type, TRLLossType, f"{WHERE}.loss_type")
@@ -163,9 +170,9 @@ class GRPOPreset(RolloutCorrectionOptions):
 
         Example:
             >>> [f for f in GRPOPreset("cispo", epsilon_high=5.0).fields_read() if f not in CORRECTION_FIELDS]
-            ['beta', 'epsilon_high', 'importance_sampling_level', 'loss_type', 'use_bias_correction_kl']
+            ['beta', 'entropy_coef', 'epsilon_high', 'importance_sampling_level', 'loss_type', ...]
         """
-        read = {"loss_type", "beta", "use_bias_correction_kl", *READS[self.loss_type], *CORRECTION_FIELDS}
+        read = {*ALWAYS_READ, *READS[self.loss_type], *CORRECTION_FIELDS}
         if self.bias_corrected_kl:
             read.add("importance_sampling_level")
         if self.loss_type == "cispo" and self.epsilon_high is not None:
@@ -288,9 +295,28 @@ class GRPOPreset(RolloutCorrectionOptions):
             },
         }
 
+    def entropy_term(self) -> dict[str, Any]:
+        """The ``entropy`` bonus of ``entropy_coef``: TRL subtracts ``entropy_coef`` times the mean entropy
+        over the completion tokens whatever the loss type, so the term is a ``token-mean`` whatever the
+        base loss's mode."""
+        return {
+            "name": "entropy",
+            "weight": self.entropy_coef,
+            "agg": "token-mean",
+            "args": {"mode": "bonus"},
+        }
+
+    def terms(self) -> list[dict[str, Any]]:
+        """The regularizer specs the preset adds: the KL term (``beta > 0``), the entropy bonus
+        (``entropy_coef > 0``)."""
+        return [
+            *([self.kl_term()] if self.beta > 0 else []),
+            *([self.entropy_term()] if self.entropy_coef > 0 else []),
+        ]
+
     def options(self) -> dict[str, Any]:
         """The `Objective` options: ``base_loss``, ``base_loss_args``, ``loss_agg``, ``loss_agg_norm`` (for
-        ``dr_grpo``) and ``regularizers`` (the KL term, when ``beta > 0``)."""
+        ``dr_grpo``) and ``regularizers`` (`terms`, when there are any)."""
         base_loss, args = self.base_loss()
         out: dict[str, Any] = {
             "base_loss": base_loss,
@@ -299,8 +325,8 @@ class GRPOPreset(RolloutCorrectionOptions):
         }
         if self.loss_type == "dr_grpo":
             out["loss_agg_norm"] = float(self.max_completion_length)
-        if self.beta > 0:
-            out["regularizers"] = [self.kl_term()]
+        if self.terms():
+            out["regularizers"] = self.terms()
         return out
 
 
@@ -315,10 +341,11 @@ def apply_preset(
 ) -> dict[str, Any]:
     """`Objective.from_options`'s options with ``preset``'s: it sets ``base_loss``, ``base_loss_args``,
     ``loss_agg``, ``loss_agg_norm`` (so they must keep their defaults) and appends its KL term to the
-    regularizer specs ``terms`` (which must not have one) as ``regularizers``.
+    regularizer specs ``terms`` (which must not have one) as ``regularizers``, and its entropy bonus.
 
     Raises:
-        ConfigError: one of those options is set too, or ``beta > 0`` beside a ``kl_reference`` term.
+        ConfigError: one of those options is set too, ``beta > 0`` beside a ``kl_reference`` term, or
+            ``entropy_coef > 0`` beside an ``entropy`` term.
     """
     name = first_set_option(
         base_loss=base_loss, base_loss_args=base_loss_args, loss_agg=loss_agg, loss_agg_norm=loss_agg_norm
@@ -334,6 +361,11 @@ def apply_preset(
         raise ConfigError(
             f"{WHERE}.beta={preset.beta} adds the kl_reference term and model.regularizers has one "
             "already; remove one of them"
+        )
+    if preset.entropy_coef > 0 and "entropy" in names:
+        raise ConfigError(
+            f"{WHERE}.entropy_coef={preset.entropy_coef} adds the entropy term and model.regularizers has "
+            "one already; remove one of them"
         )
     options = preset.options()
     return {

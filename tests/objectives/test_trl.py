@@ -198,6 +198,8 @@ BAD = [
         "model.grpo.vespo_k_neg must be a finite number >= 0, got -1.0",
     ),
     ({"delta": float("inf")}, "model.grpo.delta must be a finite number > 0, got inf"),
+    ({"entropy_coef": -0.1}, "model.grpo.entropy_coef must be a finite number >= 0, got -0.1"),
+    ({"top_entropy_quantile": 0.2}, "model.grpo.top_entropy_quantile: not a field of model.grpo; TRL's"),
     (
         {"loss_type": "vespo", "importance_sampling_level": "sequence"},
         "model.grpo.importance_sampling_level='sequence': loss_type 'vespo' ignores it",
@@ -290,6 +292,8 @@ def test_a_preset_refuses_the_options_it_sets_and_a_second_kl_term():
         Objective.from_options(grpo={"loss_type": "grpo"}, base_loss="ppo")
     with pytest.raises(ConfigError, match=r"model\.grpo\.beta=0\.1 adds the kl_reference term"):
         Objective.from_options([{"name": "kl_reference"}], grpo={"beta": 0.1})
+    with pytest.raises(ConfigError, match=r"model\.grpo\.entropy_coef=0\.1 adds the entropy term"):
+        Objective.from_options([{"name": "entropy"}], grpo={"entropy_coef": 0.1})
 
 
 def test_sequence_level_bias_corrected_kl_refuses_a_chunk_of_tokens():

@@ -50,6 +50,8 @@ CASES = {
     "luspo-delta-kl": {"loss_type": "luspo", **SEQ, "delta": 1.4, "beta": 0.05},
     "luspo-token-plain_kl": {"loss_type": "luspo", "beta": 0.05, "use_bias_correction_kl": False},
     "vespo": {"loss_type": "vespo"},
+    "grpo-entropy_bonus-kl": {"loss_type": "grpo", "entropy_coef": 0.05, "beta": 0.04},
+    "dapo-entropy_bonus": {"loss_type": "dapo", "entropy_coef": 0.1},
     "vespo-gammas-bias_kl": {"loss_type": "vespo", "vespo_k_pos": 1.0, "vespo_lambda_neg": 0.7, **BIAS_KL},
 }
 RTOL = 1e-5
@@ -92,8 +94,8 @@ def assert_same_grads(ours: dict, theirs: dict) -> None:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_each_loss_type_is_trl_s_compute_loss(models, name, tmp_path):
-    """Loss, every parameter's gradient, the clip ratios (token-level ratios) and the KL (token-mean
-    types) as TRL's ``_compute_loss`` logs them."""
+    """Loss, every parameter's gradient, the clip ratios (token-level ratios), the KL (token-mean
+    types) and the entropy (with the entropy bonus) as TRL's ``_compute_loss`` logs them."""
     cfg = CASES[name]
     inputs, loss, theirs = trl_run(models, cfg, tmp_path)
     ours, grads = our_run(models[0], cfg, trl.our_batch(inputs))
@@ -109,6 +111,8 @@ def test_each_loss_type_is_trl_s_compute_loss(models, name, tmp_path):
                 assert float(ours.base_metrics[names[key]]) == pytest.approx(value, rel=RTOL, abs=1e-9), key
     if "kl" in metrics and preset.options()["loss_agg"] == "token-mean":
         assert float(ours.terms["kl_reference"]["value"]) == pytest.approx(metrics["kl"], rel=RTOL)
+    if preset.entropy_coef > 0:  # TRL's entropy: the bonus term's value (-H̄)
+        assert -float(ours.terms["entropy"]["value"]) == pytest.approx(metrics["entropy"], rel=RTOL)
     clipped = preset.loss_type in ("grpo", "bnpo", "dr_grpo", "dapo")
     if clipped and preset.importance_sampling_level == "token":
         assert 0 < metrics["clip_ratio/region_mean"] < 1  # the data clips some tokens and not others
