@@ -9,11 +9,19 @@ model's dtype: the two agree to float32's precision, hence ``rtol = 1e-5``.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import inspect
+import re
+from typing import get_args
 
 import pytest
 import torch
+from transformers import TrainingArguments
+from trl import GRPOConfig, GRPOTrainer
 
 from lit_losses import GRPOPreset, HFCausalLM
+from lit_losses.objectives import TRLLossType
+from lit_losses.trl_fields import trl_hint
 from tests.objectives import trl_grpo_trainer as trl
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
@@ -197,3 +205,72 @@ def test_each_vllm_correction_is_trl_s_scoring_and_loss(models, name, tmp_path):
     if mode.startswith("token"):  # TRL's sequence-level mean is over sequences, ours over tokens
         is_mean = metrics["sampling/importance_sampling_ratio/mean"]
         assert float(logged["rollout_is_weight_mean"]) == pytest.approx(is_mean, rel=RTOL)
+
+
+# GRPOConfig fields (beyond TrainingArguments) that are no loss option: generation, rewards, vLLM, logging,
+# the model's loading and the reference's syncing; the records carry completions, advantages and log-probs
+NOT_LOSS = set(
+    [
+        "model_init_kwargs",
+        "trust_remote_code",
+        "disable_dropout",
+        "cast_lm_head_to_fp32",
+        "num_generations",
+        "num_generations_eval",
+        "ds3_gather_for_generation",
+        "shuffle_dataset",
+        "pad_to_multiple_of",
+        "generation_batch_size",
+        "steps_per_generation",
+        "top_p",
+        "top_k",
+        "min_p",
+        "generation_kwargs",
+        "chat_template_kwargs",
+        "repetition_penalty",
+        "cache_implementation",
+        "use_vllm",
+        "num_iterations",
+        "reward_weights",
+        "multi_objective_aggregation",
+        "scale_rewards",
+        "sync_ref_model",
+        "ref_model_mixup_alpha",
+        "ref_model_sync_steps",
+        "max_tool_calling_iterations",
+        "log_completions",
+        "log_multimodal",
+        "num_completions_to_print",
+        "log_unique_prompts",
+        "log_completions_hub_repo",
+        "router_aux_loss_coef",
+        "use_transformers_continuous_batching",
+        "transformers_continuous_batching_config",
+        "use_transformers_paged",
+        "entropy_coef_min",
+        "entropy_coef_max",
+        "entropy_coef_delta",
+        "entropy_target",
+    ]
+)
+
+
+def test_every_grpo_config_field_is_taken_or_named_in_the_hint_or_no_loss_option():
+    """TRL's ``GRPOConfig`` (the installed version): each of its own fields is a field of ``model.grpo``,
+    or an unknown field whose error names where it goes (`trl_hint`), or no loss option (`NOT_LOSS`,
+    ``vllm_*`` server fields); a field TRL adds fails here until it is placed."""
+    own = {f.name for f in dataclasses.fields(GRPOConfig)}
+    own -= {f.name for f in dataclasses.fields(TrainingArguments)}
+    taken = {f.name for f in dataclasses.fields(GRPOPreset)}
+    server = {n for n in own if n.startswith("vllm_") and n not in taken}
+    unplaced = sorted(n for n in own - taken - NOT_LOSS - server if not trl_hint(n))
+    assert unplaced == []
+    assert own >= NOT_LOSS  # no stale names
+
+
+def test_every_trl_loss_type_is_a_choice_of_model_grpo():
+    """The loss types TRL's ``_compute_loss`` branches on are ``TRLLossType``'s."""
+    source = inspect.getsource(GRPOTrainer._compute_loss)
+    branches = re.findall(r"self\.loss_type (?:==|in|!=) (\[[^\]]*\]|\"\w+\")", source)
+    named = {name for branch in branches for name in re.findall(r"\"(\w+)\"", branch)}
+    assert named == set(get_args(TRLLossType))
