@@ -20,8 +20,10 @@ from transformers import TrainingArguments
 from trl import GRPOConfig, GRPOTrainer
 
 from lit_losses import GRPOPreset, HFCausalLM
+from lit_losses.aggregation.loader import GLOBAL_STATS_KEY
 from lit_losses.objectives import TRLLossType
 from lit_losses.trl_fields import trl_hint
+from tests.aggregation.test_modes import split_step_loss
 from tests.objectives import trl_grpo_trainer as trl
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
@@ -274,3 +276,53 @@ def test_every_trl_loss_type_is_a_choice_of_model_grpo():
     branches = re.findall(r"self\.loss_type (?:==|in|!=) (\[[^\]]*\]|\"\w+\")", source)
     named = {name for branch in branches for name in re.findall(r"\"(\w+)\"", branch)}
     assert named == set(get_args(TRLLossType))
+
+
+SPLIT = ((6, 3), (5, 2, 4), (1,))  # one process, 3 accumulated micro-batches of unequal sizes
+SPLIT_PRESETS = {
+    "grpo": ({"loss_type": "grpo", "beta": 0.05}, "local"),
+    "sapo": ({"loss_type": "sapo"}, "local"),
+    "bnpo": ({"loss_type": "bnpo"}, "local"),
+    "dr_grpo": ({"loss_type": "dr_grpo", "max_completion_length": 8}, "local"),
+    "luspo": ({"loss_type": "luspo", **SEQ}, "local"),
+    "dapo": ({"loss_type": "dapo", "beta": 0.05}, "global"),
+    "cispo": ({"loss_type": "cispo", "epsilon_high": 1.2}, "global"),
+    "vespo": ({"loss_type": "vespo"}, "global"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPLIT_PRESETS))
+def test_accumulated_micro_batches_give_the_full_batch_where_trl_s_own_normalization_may_not(
+    models, name, tmp_path
+):
+    """TRL's ``_compute_loss`` over 3 accumulated micro-batches (``current_gradient_accumulation_steps =
+    steps_per_generation = 3``, ``num_items_in_batch`` the window's tokens), summed as its training step
+    does, against its value on the whole batch: equal for ``dapo``, ``cispo``, ``vespo``, off for the
+    types that normalize each micro-batch by itself. Ours on the same split is the whole batch's."""
+    cfg, normalization = SPLIT_PRESETS[name]
+    policy, reference, saved = models
+    trainer = trl.grpo_trainer(copy.deepcopy(policy), tmp_path, reference=saved, **cfg)
+    lengths = tuple(n for micro in SPLIT for n in micro)
+    full = trl.trl_inputs(trainer, reference, seed=7, lengths=lengths)
+    full_loss, full_out = trl.trl_loss_and_grads(trainer, full)
+
+    micro, start = [], 0
+    for sizes in SPLIT:
+        rows = slice(start, start + len(sizes))
+        start += len(sizes)
+        micro.append({k: v if k == "num_items_in_batch" else v[rows] for k, v in full.items()})
+    trainer.current_gradient_accumulation_steps = trainer.args.steps_per_generation = len(SPLIT)
+    trl_split = sum(trl.trl_loss_and_grads(trainer, m)[0] for m in micro)
+    gap = float((trl_split - full_loss).abs() / full_loss.abs())
+    assert gap < 1e-6 if normalization == "global" else gap > 1e-3, gap
+
+    module = HFCausalLM(model=copy.deepcopy(policy), grpo=cfg)
+    module.train()
+    grid = [[trl.our_batch(m) for m in micro]]
+    split = split_step_loss(
+        grid, len(SPLIT), lambda batch, stats: module.compute_loss({**batch, GLOBAL_STATS_KEY: stats}).total
+    )
+    split.backward()
+    grads = {n.removeprefix("model."): p.grad for n, p in module.named_parameters() if p.grad is not None}
+    torch.testing.assert_close(split.detach(), full_loss.double(), rtol=RTOL, atol=1e-6)
+    assert_same_grads(grads, full_out["grads"])
