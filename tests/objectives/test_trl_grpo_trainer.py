@@ -154,6 +154,12 @@ CORRECTIONS = {
         "beta": 0.05,
         "use_bias_correction_kl": False,
     },
+    "token_truncate-deprecated_cap": {
+        "loss_type": "bnpo",
+        **VLLM,
+        "vllm_importance_sampling_mode": "token_truncate",
+        "vllm_importance_sampling_cap": 1.3,
+    },
     "token_mask-vespo": {
         "loss_type": "vespo",
         **VLLM,
@@ -192,7 +198,8 @@ def test_each_vllm_correction_is_trl_s_scoring_and_loss(models, name, tmp_path):
     if weights.shape[1] > 1:
         weights = weights[scored["completion_mask"].bool()]
     mode = cfg.get("vllm_importance_sampling_mode", "sequence_mask")
-    bounds = [cfg.get("vllm_importance_sampling_clip_min"), cfg.get("vllm_importance_sampling_clip_max", 3.0)]
+    cap = cfg.get("vllm_importance_sampling_cap", cfg.get("vllm_importance_sampling_clip_max", 3.0))
+    bounds = [cfg.get("vllm_importance_sampling_clip_min"), cap]
     acted = (weights == 0) if mode.endswith("mask") else torch.isin(weights, torch.tensor(bounds[1:]))
     assert 0 < float(acted.float().mean()) < 1, weights  # the correction masks or clips some, not all
     loss, theirs = trl.trl_loss_and_grads(trainer, scored)
