@@ -132,9 +132,9 @@ CLI_CASES = [
     CliCase("base_loss_dro_without_beta", (f"{M}base_loss=dro",), "model.base_loss_args.beta is required"),
     # TRL's GRPO losses (model.grpo)
     CliCase(
-        "grpo_luspo_token_level",
-        (f"{M}grpo.loss_type=luspo",),
-        "model.grpo.importance_sampling_level='token': loss_type 'luspo' weights each sequence's loss",
+        "grpo_top_entropy_quantile",
+        (f"{M}grpo.top_entropy_quantile=0.2",),
+        "TRL's top_entropy_quantile has no counterpart",
     ),
     CliCase(
         "grpo_beside_loss_agg",

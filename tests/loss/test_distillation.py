@@ -59,7 +59,11 @@ def reference_loss(model: TinyLM, data: dict, cfg: dict, teacher_logits) -> tupl
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"loss": "forward_kl", "ce_weight": 0.0}, {"loss": "reverse_kl", "weight": 2.0, "temperature": 0.5}],
+    [
+        {},
+        {"loss": "forward_kl", "beta": 0.0, "ce_weight": 0.0},
+        {"loss": "reverse_kl", "beta": 1.0, "weight": 2.0, "temperature": 0.5},
+    ],
 )
 def test_the_loss_and_its_gradient_are_those_of_the_materialized_logits(teacher_path, options):
     model = student(teacher_path, **options)
@@ -80,7 +84,7 @@ def test_the_loss_and_its_gradient_are_those_of_the_materialized_logits(teacher_
 
 
 def test_offline_top_k_in_the_batch_is_the_teacher(teacher_path):
-    model = student(None, loss="forward_kl", tail=True, ce_weight=0.0)
+    model = student(None, loss="forward_kl", beta=0.0, tail=True, ce_weight=0.0)
     data = batch(1)
     frozen = student(teacher_path).frozen_model("teacher")
     with torch.no_grad():
