@@ -131,11 +131,14 @@ def one_line_error(message: str) -> str:
 
 
 class LitLossesParser(LightningArgumentParser):
-    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback), and
-    whose usage lines name ``lit-losses`` however it was started (``python -m lit_losses.cli``, the docs)."""
+    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback), whose
+    usage lines name ``lit-losses`` however it was started (``python -m lit_losses.cli``, the docs), and
+    which takes options by their whole name only: argparse would read ``--trainer.max_st=3`` as
+    ``--trainer.max_steps=3`` (an abbreviation), and a mistyped option as another one."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("prog", "lit-losses")
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def parse_args(self, args: Any = None, namespace: Any = None, **kwargs: Any) -> Namespace:
@@ -599,20 +602,9 @@ def stop_exit_code(cli: LitLossesCLI) -> int:
     return 0
 
 
-def main() -> None:
-    """Console-script entry point ``lit-losses`` (exit status: `cli_main`); ``lit-losses report …`` is
-    `lit_losses.cli.report.report_main`, ``lit-losses checkpoint …``
-    `lit_losses.cli.checkpoint.checkpoint_main`, every other subcommand LightningCLI's."""
-    if sys.argv[1:2] == ["report"]:
-        from lit_losses.cli.report import report_main  # matplotlib only when a report is asked for
-
-        report_main(sys.argv[2:])
-        return
-    if sys.argv[1:2] == ["checkpoint"]:
-        from lit_losses.cli.checkpoint import checkpoint_main
-
-        checkpoint_main(sys.argv[2:])
-        return
+def lightning_main() -> None:
+    """``lit-losses fit|validate|test|predict …`` (``sys.argv``): `cli_main`, then the end of the process
+    group of a distributed run, whatever its exit status."""
     try:
         cli_main()
     except SystemExit as stop:  # a controller's exit code, a preemption: the process group ends all the same
