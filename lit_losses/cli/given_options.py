@@ -50,11 +50,7 @@ def given_options(parser: ArgumentParser, args: Any, parsed: Namespace) -> Names
         class_path = section.get(f"{root}.class_path") if isinstance(section, Namespace) else None
         if class_path is not None:
             classes[root] = Namespace(class_path=class_path)
-    start = Namespace()
-    if sub:
-        start["subcommand"], start[sub] = sub, classes
-    else:
-        start = classes
+    start = Namespace({"subcommand": sub, sub: classes}) if sub else classes
     if isinstance(args, Mapping | Namespace):
         given = parser.parse_object(args, namespace=start, defaults=False)
     else:
