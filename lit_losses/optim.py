@@ -86,6 +86,9 @@ class OptimizerConfig:
         check_choice(self.schedule, LRSchedule, "optimizer.schedule")
         if self.lr <= 0:
             raise ConfigError(f"optimizer.lr must be > 0, got {self.lr}")
+        steps = self.warmup_steps
+        if isinstance(steps, float) and steps >= 1 and steps.is_integer():
+            self.warmup_steps = int(steps)  # a whole number of steps (a parser may give `20` as 20.0)
         self.check_warmup()
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")

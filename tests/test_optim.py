@@ -49,3 +49,14 @@ def test_warmup_start_ratio_sets_the_first_warmup_step():
     assert factors[0.0] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
     assert factors[0.5] == pytest.approx([0.5, 0.625, 0.75, 0.875, 1.0])
     assert factors[None] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+
+
+def test_a_whole_warmup_given_as_a_float_is_a_number_of_steps():
+    """``warmup_steps: 20.0`` (how a parser may read ``20`` for ``int | float``) is 20 steps, an int in the
+    saved options and the messages; a fraction stays a float."""
+    config = OptimizerConfig(warmup_steps=20.0)
+    assert config.warmup_steps == 20 and isinstance(config.warmup_steps, int)
+    assert config.warmup(total_steps=50) == 20
+    assert OptimizerConfig(warmup_steps=0.5).warmup_steps == 0.5
+    with pytest.raises(ConfigError, match=r"optimizer\.warmup_steps=20 and optimizer\.warmup_ratio=0\.1 "):
+        OptimizerConfig(warmup_steps=20.0, warmup_ratio=0.1)
