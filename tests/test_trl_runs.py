@@ -14,6 +14,8 @@ in float32, so the agreement is to float32 precision.
 - DPO with LoRA, ``gradient_accumulation_steps=2`` (as many pairs in each micro-batch), warmup, linear
   decay and clipping (every step's gradient norm is above ``max_grad_norm``), ``logging_steps=2``:
   transformers logs the mean loss of the steps since the last log, Lightning the logged step's own.
+- DPO by epochs (``num_train_epochs``), full fine-tuning against TRL's default reference (a copy of the
+  initial policy), ``constant_with_warmup``.
 - Every ``lr_scheduler_type`` of the table against transformers' own schedulers.
 """
 
@@ -238,6 +240,49 @@ def dpo(llama, tmp_path_factory) -> dict:
     return both_runs(folder, trainer, trl_dpo.lit_batch, model, options)
 
 
+@pytest.fixture(scope="module")
+def dpo_epochs(llama, tmp_path_factory) -> dict:
+    """DPOTrainer's run of 2 epochs (``num_train_epochs``, no ``max_steps``), full fine-tuning against its
+    default reference (a copy of the initial policy), ``constant_with_warmup``, transformers' default
+    clipping; ours with ``trainer.max_epochs`` and the default ``ref_model`` (``initial_policy``)."""
+    folder = tmp_path_factory.mktemp("dpo_epochs")
+    trainer = trl_runs.trl_trainer(
+        DPOTrainer,
+        DPOConfig,
+        records=DPO_RECORDS,
+        model=LlamaForCausalLM.from_pretrained(llama, dtype=torch.float64),
+        out_dir=folder / "trl",
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        num_train_epochs=2,
+        learning_rate=1e-3,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=1,
+        logging_steps=1,
+    )
+    model = {
+        "model_name_or_path": str(llama),
+        "dtype": "float64",
+        "dpo": {"loss_type": ["sigmoid"], "beta": 0.1},  # DPOConfig's defaults
+        "optimizer": {
+            "lr": 1e-3,
+            "betas": [0.9, 0.999],
+            "weight_decay": 0.0,
+            "warmup_steps": 1,
+            "warmup_start_ratio": 0.0,
+            "schedule": "constant",  # constant_with_warmup
+        },
+    }
+    options = {
+        "max_epochs": 2,  # num_train_epochs
+        "accumulate_grad_batches": 2,
+        "precision": "32-true",
+        "gradient_clip_val": 1.0,  # transformers' default max_grad_norm
+        "log_every_n_steps": 1,
+    }
+    return both_runs(folder, trainer, trl_dpo.lit_batch, model, options)
+
+
 def assert_same_parameters(run: dict, rtol: float = 1e-5) -> None:
     """Every trainable parameter after the run, within ``rtol`` of the largest entry of TRL's, and moved
     by far more than that from where it started."""
@@ -301,6 +346,19 @@ def test_dpo_run_with_lora_is_trl_s_step_by_step(dpo):
     assert [s["loss"] for s in steps] == pytest.approx(mean_losses, rel=1e-6)
     assert scalars["train/loss_total"] == pytest.approx({1: record.losses[1], 3: record.losses[3]}, rel=1e-6)
     assert_same_parameters(dpo)
+
+
+def test_dpo_run_by_epochs_is_trl_s_step_by_step(dpo_epochs):
+    """2 epochs of 3 micro-batches: 2 optimizer steps each (the second of one micro-batch), 4 in all in
+    both loops, and the same schedule over them."""
+    steps = trl_runs.trl_steps(dpo_epochs["trl"])
+    record = dpo_epochs["record"]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4] and dpo_epochs["cli"].trainer.global_step == 4
+    assert record.losses == pytest.approx([s["loss"] for s in steps], rel=1e-6)
+    assert record.lrs == pytest.approx([0.0, 1e-3, 1e-3, 1e-3], abs=1e-12)
+    assert [s["learning_rate"] for s in steps] == pytest.approx(record.lrs, abs=1e-12)
+    assert record.grad_norms == pytest.approx([s["grad_norm"] for s in steps], rel=1e-6)
+    assert_same_parameters(dpo_epochs)
 
 
 SCHEDULES = {  # lr_scheduler_type (with its lr_scheduler_kwargs) → model.init_args.optimizer
