@@ -49,7 +49,14 @@ TRL_FIELDS = {
     "divides the logits by it); give sampling_logprobs and old_logprobs at temperature 1",
     "learning_rate": "is model.init_args.optimizer.lr here",
     "weight_decay": "is model.init_args.optimizer.weight_decay here",
-    "warmup_steps": "is model.init_args.optimizer.warmup_steps here",
+    "warmup_steps": "is model.init_args.optimizer.warmup_steps here (with warmup_start_ratio: 0.0, the "
+    "warmup starts at learning rate 0 as in transformers)",
+    "adam_beta1": "is the first of model.init_args.optimizer.betas here",
+    "adam_beta2": "is the second of model.init_args.optimizer.betas here (default 0.95, transformers': "
+    "0.999)",
+    "adam_epsilon": "is model.init_args.optimizer.eps here",
+    "lr_scheduler_kwargs": "has one counterpart: cosine_with_min_lr's min_lr_rate is "
+    "model.init_args.optimizer.min_lr_ratio here",
     "warmup_ratio": "is model.init_args.optimizer.warmup_ratio here",
     "lr_scheduler_type": "is model.init_args.optimizer.schedule here",
     "per_device_train_batch_size": "is data.init_args.tokens_per_batch here (a token budget per micro-batch)",
