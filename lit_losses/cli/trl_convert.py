@@ -478,33 +478,43 @@ def text_data(out: Conversion, where: str) -> None:
 
 def rollout_data(out: Conversion, where: str) -> None:
     """``RLDataModule``: the vocabulary (the model's), the rows' length, the budget."""
-    model = out.config.get("model.init_args.model_name_or_path")
-    vocab = model_vocab_size(str(model))
-    if vocab is not None:
-        out.config.put(f"{where}.vocab_size", vocab, f"the model's vocabulary ({model}'s config.json)")
+    model = str(out.config.get("model.init_args.model_name_or_path"))
+    config = model_config(model)
+    if isinstance(config.get("vocab_size"), int):
+        out.config.put(
+            f"{where}.vocab_size", config["vocab_size"], f"the vocabulary of {model}'s config.json"
+        )
     else:
         out.note(f"give data.init_args.vocab_size: the size of {model}'s vocabulary (len(tokenizer))")
-    out.config.put(f"{where}.seq_len", TEXT_SEQ_LEN, "prompt + completion: your records' longest")
-    batch_budget(out, rows=1, length=TEXT_SEQ_LEN, where=where)
+    length = rows_length(config)
+    out.config.put(f"{where}.seq_len", length, "prompt + completion tokens: your records' longest")
+    batch_budget(out, rows=1, length=length, where=where)
 
 
-def model_vocab_size(model: str) -> int | None:
-    """``vocab_size`` of the ``config.json`` of ``model`` (a directory, or a Hub id in the local cache)."""
-    config = Path(model) / "config.json"
-    if not config.is_file():
+def rows_length(config: dict[str, Any]) -> int:
+    """The rows' length when TRL's config bounds none: `TEXT_SEQ_LEN`, or less when the model's positions
+    end before (``max_position_embeddings`` of its ``config.json``; a row holds ``seq_len + 1`` tokens)."""
+    positions = config.get("max_position_embeddings")
+    return min(TEXT_SEQ_LEN, positions - 1) if isinstance(positions, int) and positions > 1 else TEXT_SEQ_LEN
+
+
+def model_config(model: str) -> dict[str, Any]:
+    """The ``config.json`` of ``model`` (a directory, or a Hub id in the local cache); empty if none."""
+    path = Path(model) / "config.json"
+    if not path.is_file():
         try:
             from huggingface_hub import try_to_load_from_cache
         except ImportError:
-            return None
+            return {}
         try:
             cached = try_to_load_from_cache(model, "config.json")
         except ValueError:  # not a Hub id
-            return None
+            return {}
         if not isinstance(cached, str):
-            return None
-        config = Path(cached)
+            return {}
+        path = Path(cached)
     try:
-        size = json.loads(config.read_text(encoding="utf-8")).get("vocab_size")
+        config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    return size if isinstance(size, int) else None
+        return {}
+    return config if isinstance(config, dict) else {}
