@@ -80,8 +80,7 @@ def read_trl_config(path: str, trainer: str | None = None) -> TRLConfig:
     """
     fields = load_mapping(path)
     chosen = check_trainer(trainer, path) if trainer is not None else infer_trainer(fields, path)
-    known = {name: spec[0] for name, spec in trainer_fields(chosen).items()}
-    known |= {name: LEGACY.get(name, ("any",)) for name in former_fields()}
+    known = known_kinds(chosen)
     given = {}
     for name, value in fields.items():
         if name not in known:
@@ -143,8 +142,7 @@ def infer_trainer(fields: Mapping[str, Any], path: str) -> TRLTrainer:
         ConfigError: no trainer's config has them all (naming the first field that none has, or the
             trainers and what each lacks), or several do (naming them: give ``--trainer``).
     """
-    former = former_fields()
-    fits = {t: [n for n in fields if n not in trainer_fields(t) and n not in former] for t in TRAINERS}
+    fits = {t: misfits(fields, t) for t in TRAINERS}
     candidates = [t for t, missing in fits.items() if not missing]
     if len(candidates) > 1 and "loss_type" in fields:  # the loss type tells DPO's from KTO's or CPO's
         candidates = [t for t in candidates if takes_loss_type(fields["loss_type"], t)] or candidates
@@ -155,13 +153,37 @@ def infer_trainer(fields: Mapping[str, Any], path: str) -> TRLTrainer:
             f"{path}: its fields fit the configs of several TRL trainers ({', '.join(candidates)}); give "
             f"--trainer {'|'.join(candidates)}"
         )
-    everywhere = [n for n in fields if all(n in missing for missing in fits.values())]
+    everywhere = [n for n in fields if not any(n in known_kinds(t) for t in TRAINERS)]
     if everywhere:
         name = everywhere[0]
         known = set().union(*(trainer_fields(t) for t in TRAINERS))
         raise ConfigError(f"{path}: {name} is not a field of any TRL trainer's config{closest(name, known)}")
-    lacks = "; ".join(f"{t} lacks {missing[0]}" for t, missing in fits.items())
-    raise ConfigError(f"{path}: no TRL trainer's config has all its fields ({lacks}); give --trainer")
+    lacks = "; ".join(f"{t}: {missing[0]}" for t, missing in fits.items())
+    raise ConfigError(
+        f"{path}: no TRL trainer's config takes all its fields (the first each does not take: {lacks}); give "
+        "--trainer"
+    )
+
+
+def known_kinds(trainer: str) -> dict[str, tuple[str, ...]]:
+    """The kinds of value of every field that ``trainer``'s config takes here (`former_fields` too)."""
+    known = {name: spec[0] for name, spec in trainer_fields(trainer).items()}  # type: ignore[arg-type]
+    return known | {name: LEGACY.get(name, ("any",)) for name in former_fields()}
+
+
+def misfits(fields: Mapping[str, Any], trainer: str) -> list[str]:
+    """The fields of ``fields`` that ``trainer``'s config does not take, or not with that kind of value."""
+    known = known_kinds(trainer)
+    wrong = []
+    for name, value in fields.items():
+        if name not in known:
+            wrong.append(name)
+            continue
+        try:
+            coerce(value, known[name], name)
+        except ConfigError:
+            wrong.append(name)
+    return wrong
 
 
 def takes_loss_type(value: Any, trainer: str) -> bool:
