@@ -114,8 +114,15 @@ def test_the_fields_kinds_and_defaults_are_trl_s(trainer):
 def test_the_loss_fields_and_loss_types_are_trl_s_and_the_presets():
     """Each preset's TRL fields are the loss fields the converter writes under ``model.<trainer>``; the loss
     types are TRL's choices (the presets' for DPO and GRPO, whose TRL fields list none)."""
-    from lit_losses.objectives import CPOPreset, DPOLossType, DPOPreset, GRPOPreset, KTOPreset, ORPOPreset
-    from lit_losses.objectives import TRLLossType
+    from lit_losses.objectives import (
+        CPOPreset,
+        DPOLossType,
+        DPOPreset,
+        GRPOPreset,
+        KTOPreset,
+        ORPOPreset,
+        TRLLossType,
+    )
 
     presets = {"dpo": DPOPreset, "kto": KTOPreset, "cpo": CPOPreset, "orpo": ORPOPreset, "grpo": GRPOPreset}
     for trainer, preset in presets.items():
@@ -320,10 +327,8 @@ def test_each_line_names_its_trl_field_and_the_rest_is_a_note(tmp_path, capsys):
     code, out, err = run_from_trl([str(tmp_path / "dpo.yaml"), "--trainer", "dpo"], capsys)
     assert code == 0
     notes = err.splitlines()
-    assert (
-        f"lit-losses: from-trl: sync_ref_model=True not converted: TRL's sync_ref_model {TRL_FIELDS['sync_ref_model']}"
-        in notes
-    )
+    sync = f"sync_ref_model=True not converted: TRL's sync_ref_model {TRL_FIELDS['sync_ref_model']}"
+    assert f"lit-losses: from-trl: {sync}" in notes
     assert any(
         line.startswith("lit-losses: from-trl: report_to='wandb'") and trl_hint("report_to")[2:] in line
         for line in notes
