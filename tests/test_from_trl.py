@@ -354,6 +354,22 @@ def test_each_line_names_its_trl_field_and_the_rest_is_a_note(tmp_path, capsys):
             assert field.text.startswith(f"is {field.option} here"), name
 
 
+def test_from_trl_starts_without_torch_or_trl(tmp_path):
+    """``lit-losses from-trl`` (the console script's own entry, a fresh interpreter) reads YAML and writes
+    YAML: it loads neither torch, Lightning, jsonargparse nor TRL."""
+    from tests.test_architecture import HEAVY, loaded_packages
+
+    (tmp_path / "grpo.yaml").write_text("num_generations: 4\nloss_type: dr_grpo\n")
+    argv = ["lit-losses", "from-trl", str(tmp_path / "grpo.yaml"), "-o", str(tmp_path / "ours.yaml")]
+    code = f"import sys\nsys.argv = {argv!r}\nfrom lit_losses.cli import main\nmain()"
+    *printed, loaded = loaded_packages(code, (*HEAVY, "trl")).splitlines()
+    assert loaded == "[]" and printed == [
+        f"lit-losses: wrote {tmp_path / 'ours.yaml'} (from TRL's GRPOConfig)"
+    ]
+    grpo = yaml.safe_load((tmp_path / "ours.yaml").read_text())["model"]["init_args"]["grpo"]
+    assert grpo == {"loss_type": "dr_grpo", "beta": 0.0, "max_completion_length": 512}
+
+
 # -- the converted configs run ------------------------------------------------------------------------
 
 TRL_CONFIGS = {  # as TRL's scripts' docstrings write them (trl/scripts/*.py), on the page's stand-ins
@@ -470,3 +486,108 @@ def test_converted_trl_configs_run(trainer, stand_in, tmp_path, monkeypatch, cap
     run_end = json.loads(record.read_text())
     assert run_end["reason"] == "max_steps" and run_end["step"] == 2, run_end["detail"]
     assert Path(run_end["log_dir"]).is_relative_to(tmp_path / ours["trainer"]["default_root_dir"])
+
+
+DPO_YAML = """
+model_name_or_path: my-model
+dataset_name: trl-lib/ultrafeedback_binarized
+learning_rate: 5.0e-6
+lr_scheduler_type: cosine
+warmup_steps: 2
+max_steps: 10
+per_device_train_batch_size: 2
+gradient_accumulation_steps: 2
+beta: 0.05
+loss_type: [sigmoid, sft]
+loss_weights: [1.0, 0.5]
+use_peft: true
+lora_r: 8
+lora_alpha: 16
+lora_dropout: 0.1
+lora_target_modules: [q_proj, v_proj]
+max_length: 64
+output_dir: dpo-out
+"""
+
+
+def trl_dpo_trainer(fields: dict[str, Any], folder: Path) -> Any:
+    """TRL's ``DPOTrainer`` as ``trl dpo --config`` builds it from ``fields``: ``DPOConfig`` and
+    ``ModelConfig`` of their fields (on the CPU: ``use_cpu``, no reporting), the stand-in model, the pairs."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer, ModelConfig, get_peft_config
+
+    own = {f.name for f in dataclasses.fields(DPOConfig)}
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    args = DPOConfig(**{k: v for k, v in fields.items() if k in own}, use_cpu=True, report_to="none")
+    model_args = ModelConfig(**{k: v for k, v in fields.items() if k in model_fields})
+    records = [json.loads(line) for line in (folder / "pairs.jsonl").read_text().splitlines()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return DPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(str(folder / "my-model"), dtype=model_args.dtype),
+            args=args,
+            train_dataset=Dataset.from_list(records),
+            processing_class=AutoTokenizer.from_pretrained(str(folder / "my-model")),
+            peft_config=get_peft_config(model_args),
+        )
+
+
+@pytest.mark.slow
+def test_the_converted_dpo_config_trains_with_trl_s_hyper_parameters(stand_in, tmp_path, monkeypatch, capsys):
+    """TRL's ``DPOTrainer`` built from a DPO YAML, and the config converted from the same YAML: the same
+    AdamW (learning rate, betas, eps, weight decay of every group), the same clipping, the same learning
+    rate at every step of the warmup and cosine decay, the same loss fields (beta, loss types and weights),
+    the same LoRA, the same dropout (every ``torch.nn.Dropout`` at 0), gradient checkpointing as TRL's
+    ``train()`` turns it on."""
+    import torch
+
+    from lit_losses import HFCausalLM
+    from lit_losses.optim import OptimizerConfig
+
+    monkeypatch.chdir(stand_in)
+    fields = yaml.safe_load(DPO_YAML)
+    (tmp_path / "dpo.yaml").write_text(DPO_YAML)
+    code, out, err = run_from_trl([str(tmp_path / "dpo.yaml"), "--trainer", "dpo"], capsys)
+    assert code == 0, err
+    ours = yaml.safe_load(out)
+    theirs = trl_dpo_trainer(fields, stand_in)
+    steps = theirs.args.max_steps
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs.create_optimizer_and_scheduler(num_training_steps=steps)
+        their_lrs = []
+        for _ in range(steps):
+            their_lrs.append(theirs.lr_scheduler.get_last_lr()[0])
+            theirs.optimizer.step()
+            theirs.lr_scheduler.step()
+    init = ours["model"]["init_args"]
+    optimizer = OptimizerConfig(**init["optimizer"])
+    our_lrs = [
+        optimizer.lr * optimizer.lr_factor(step, total_steps=ours["trainer"]["max_steps"])
+        for step in range(steps)
+    ]
+    assert our_lrs == pytest.approx(their_lrs, rel=1e-12, abs=1e-18) and their_lrs[0] == 0.0
+    for group in theirs.optimizer.param_groups:
+        assert group["initial_lr"] == optimizer.lr and tuple(group["betas"]) == optimizer.betas
+        assert group["eps"] == optimizer.eps and group["weight_decay"] == optimizer.weight_decay
+    assert ours["trainer"]["gradient_clip_val"] == theirs.args.max_grad_norm
+    assert ours["trainer"]["accumulate_grad_batches"] == theirs.args.gradient_accumulation_steps
+    assert ours["trainer"]["precision"] == ("bf16-mixed" if theirs.args.bf16 else "32-true")
+    assert init["dpo"]["beta"] == theirs.beta and init["dpo"]["loss_type"] == theirs.loss_types
+    assert init["dpo"]["loss_weights"] == theirs.loss_weights
+    module = HFCausalLM(**{k: v for k, v in init.items() if k != "optimizer"})
+    their_lora = theirs.model.peft_config["default"]
+    our_lora = module.model.peft_config["default"]
+    for name in ("r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora", "use_dora"):
+        assert getattr(our_lora, name) == getattr(their_lora, name), name
+
+    def dropouts(model: torch.nn.Module) -> list[float]:
+        return [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+
+    assert dropouts(theirs.model) and dropouts(module.model) == dropouts(theirs.model) == [0.0] * len(
+        dropouts(theirs.model)
+    )
+    assert (
+        module.model.is_gradient_checkpointing is theirs.args.gradient_checkpointing is True
+    )  # TRL's: in train()
