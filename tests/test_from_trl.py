@@ -370,6 +370,25 @@ def test_from_trl_starts_without_torch_or_trl(tmp_path):
     assert grpo == {"loss_type": "dr_grpo", "beta": 0.0, "max_completion_length": 512}
 
 
+def test_the_docs_conversion_is_what_the_command_writes(tmp_path, monkeypatch, capsys):
+    """ "Convert your TRL config" shows ``trl_dpo.yaml``, the command, the file it writes and its stderr
+    lines: the command writes that file and those lines."""
+    from tests.docs_blocks import blocks
+
+    page = DOCS / "coming-from-trl.md"
+    monkeypatch.chdir(tmp_path)
+    write_titled_blocks(page, tmp_path)
+    shown = (tmp_path / "dpo_from_trl.yaml").read_text()
+    (command,) = [b.text for b in blocks(page, "bash") if "from-trl" in b.text]
+    args = command.split("#")[0].split()
+    assert args[:2] == ["lit-losses", "from-trl"]
+    code, out, err = run_from_trl(args[2:], capsys)
+    assert code == 0 and out == "lit-losses: wrote dpo_from_trl.yaml (from TRL's DPOConfig)\n"
+    assert (tmp_path / "dpo_from_trl.yaml").read_text() == shown
+    (notes,) = [b.text for b in blocks(page, "text") if "lit-losses: from-trl:" in b.text]
+    assert err == notes
+
+
 # -- the converted configs run ------------------------------------------------------------------------
 
 TRL_CONFIGS = {  # as TRL's scripts' docstrings write them (trl/scripts/*.py), on the page's stand-ins

@@ -386,6 +386,10 @@ def data_options(out: Conversion) -> None:
     out.config.put("data.class_path", DATA_MODULES[trainer])
     where = "data.init_args"
     out.put(f"{where}.paths", [data_path(out)], "dataset_name")
+    given = "dataset_name" in out.trl.given and out.trl.trainer != "grpo"
+    out.config.comments[f"{where}.paths"] = (
+        "dataset_name, as JSONL" if given else "placeholder: your JSONL records"
+    )
     out.handled.update(["dataset_name", "dataset_config", "dataset_train_split"])
     if trainer == "grpo":
         rollout_data(out, where)
