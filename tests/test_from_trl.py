@@ -269,6 +269,10 @@ BAD = {
         r"bad\.yaml: learning_rate: expected a number \(float\), got 'fast'",
     ),
     "wrong list": ("use_peft: [1]\n", r"bad\.yaml: use_peft: expected true or false, got \[1\]"),
+    "not a mapping's JSON": (
+        "model_init_kwargs: '{dtype: bfloat16'\n",
+        r"model_init_kwargs: expected a mapping \(or its JSON text\)",
+    ),
     "loss type": (
         "loss_type: sigmod\n",
         r"loss_type 'sigmod' is not one of DPOConfig's: .*did you mean 'sigmoid'\?",

@@ -20,7 +20,8 @@ from typing import Any
 
 from lit_losses.cli.config_tree import ConfigTree
 from lit_losses.cli.trl_config import TRLConfig
-from lit_losses.trl_fields import TRL_OPTIONS
+from lit_losses.errors import ConfigError
+from lit_losses.trl_fields import NO_GENERATION, TRL_OPTIONS
 
 PRESETS: dict[str, tuple[str, ...]] = {
     "dpo": (
@@ -166,6 +167,25 @@ def convert(trl: TRLConfig) -> Conversion:
     return out
 
 
+def mapping(trl: TRLConfig, name: str) -> dict[str, Any]:
+    """The mapping that field ``name`` holds (TRL takes one as JSON text too); empty when ``None``.
+
+    Raises:
+        ConfigError: the text is not a JSON object.
+    """
+    value = trl.values.get(name) or {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as err:
+            raise ConfigError(
+                f"{trl.source}: {name}: expected a mapping (or its JSON text), got {value!r} ({err})"
+            ) from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{trl.source}: {name}: expected a mapping (or its JSON text), got {value!r}")
+    return value
+
+
 def trainer_options(out: Conversion) -> None:
     """``trainer``: steps or epochs, accumulation, precision, clipping, logging, output folder."""
     values = out.trl.values
@@ -215,8 +235,7 @@ def model_options(out: Conversion) -> None:
             "model_name_or_path is not given: the config names my-model (a local directory or cached Hub id)"
         )
     out.put("model.init_args.model_name_or_path", name, "model_name_or_path")
-    init_kwargs = given.get("model_init_kwargs") or {}
-    init_kwargs = json.loads(init_kwargs) if isinstance(init_kwargs, str) else init_kwargs
+    init_kwargs = mapping(out.trl, "model_init_kwargs")
     dtype = given.get(
         "dtype", given.get("torch_dtype", init_kwargs.get("dtype", init_kwargs.get("torch_dtype")))
     )
@@ -312,6 +331,7 @@ def distillation_options(out: Conversion) -> None:
         out.put(f"{where}.beta", beta, "beta")
     if out.trl.trainer == "distillation":
         out.put(f"{where}.temperature", values["temperature"], "temperature")
+        out.unconverted("max_completion_length", NO_GENERATION)
     else:
         out.unconverted(
             "temperature", "has no counterpart: GKD samples at it; its loss is at temperature 1, as here"
@@ -337,8 +357,7 @@ def schedule_options(out: Conversion, where: str) -> None:
     """``schedule``, ``min_lr_ratio`` and the warmup, from ``lr_scheduler_type`` and its arguments."""
     values = out.trl.values
     kind = values["lr_scheduler_type"]
-    kwargs = values["lr_scheduler_kwargs"] or {}
-    kwargs = json.loads(kwargs) if isinstance(kwargs, str) else kwargs
+    kwargs = mapping(out.trl, "lr_scheduler_kwargs")
     out.handled.update(["lr_scheduler_type", "lr_scheduler_kwargs"])
     floor = 0.0
     if kind == "cosine_with_min_lr" and "min_lr_rate" in kwargs:
@@ -412,6 +431,8 @@ def data_path(out: Conversion) -> str:
     if name is None:
         out.note("dataset_name is not given: data.init_args.paths names train.jsonl, your records as JSONL")
         return "train.jsonl"
+    if str(name).endswith((".jsonl", ".json")) and Path(str(name)).is_file():
+        return str(name)  # a local file already
     path = f"{Path(str(name)).name}.jsonl"
     config = f", {values['dataset_config']!r}" if values["dataset_config"] else ""
     split = values["dataset_train_split"]
