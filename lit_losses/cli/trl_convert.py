@@ -329,6 +329,8 @@ def distillation_options(out: Conversion) -> None:
     out.put(f"{where}.loss", loss, "beta")
     if loss == "jsd":
         out.put(f"{where}.beta", beta, "beta")
+    if out.trl.values.get("lmbda") == 0.0:
+        out.handled.add("lmbda")  # no on-policy generation: distillation on the data's sequences, as here
     if out.trl.trainer == "distillation":
         out.put(f"{where}.temperature", values["temperature"], "temperature")
         out.unconverted("max_completion_length", NO_GENERATION)
