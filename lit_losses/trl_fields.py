@@ -153,7 +153,11 @@ TRL_OPTIONS: dict[str, TRLField] = {
         hint="is the second of model.init_args.optimizer.betas here (default 0.95, transformers': 0.999)"
     ),
     "adam_epsilon": TRLField("model.init_args.optimizer.eps"),
-    "warmup_steps": TRLField("model.init_args.optimizer.warmup_steps"),
+    "warmup_steps": TRLField(
+        "model.init_args.optimizer.warmup_steps",
+        "is model.init_args.optimizer.warmup_steps here (with warmup_start_ratio: 0.0, the warmup starts at "
+        "learning rate 0 as in transformers)",
+    ),
     "warmup_ratio": TRLField("model.init_args.optimizer.warmup_ratio"),
     "lr_scheduler_type": TRLField(hint="is model.init_args.optimizer.schedule here"),
     "lr_scheduler_kwargs": TRLField(
