@@ -50,10 +50,11 @@ def cli_help(args: str) -> str:
     """What ``lit-losses <args>`` prints (the help options exit with status 0)."""
     from lit_losses.cli.app import cli_main
     from lit_losses.cli.checkpoint import checkpoint_main
+    from lit_losses.cli.from_trl import from_trl_main
     from lit_losses.cli.report import report_main
 
     words = args.split()
-    own = {"report": report_main, "checkpoint": checkpoint_main}
+    own = {"report": report_main, "checkpoint": checkpoint_main, "from-trl": from_trl_main}
     out = io.StringIO()
     # sys.argv as if `lit-losses` ran: LightningCLI warns when given args beside mkdocs' own argv
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit), _argv(["lit-losses"]):

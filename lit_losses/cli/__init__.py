@@ -1,13 +1,15 @@
 """The command-line application around the library: ``lit-losses``.
 
 `entry` (the console script: `main`), `app` (LightningCLI: ``fit``, ``validate``, ``predict``, ``test``),
-`report` (``report``: the HTML report of runs, with `report_data`), `checkpoint` (``checkpoint``), `console`
-(progress bar, quiet third-party output), `run_dir` (each run's own log folder and config file), `run_end`
-(the end summary and ``run_end.json``), `objective_line` (what a run optimized, as one line),
-`trainer_errors` (Lightning's refusals as one line), `import_hint` (a missing package named by its extra).
+`report` (``report``: the HTML report of runs, with `report_data`), `checkpoint` (``checkpoint``),
+`from_trl` (``from-trl``: a TRL config converted; `trl_config` reads it against `trl_schema`, `trl_convert`
+writes its options into a `config_tree`), `console` (progress bar, quiet third-party output), `run_dir`
+(each run's own log folder and config file), `run_end` (the end summary and ``run_end.json``),
+`objective_line` (what a run optimized, as one line), `trainer_errors` (Lightning's refusals as one line),
+`import_hint` (a missing package named by its extra).
 The library (everything else in `lit_losses`) never imports this subpackage. The names of `app` are
-imported on first use, so that ``lit-losses report`` and ``lit-losses --version`` start without torch or
-Lightning.
+imported on first use, so that ``lit-losses report``, ``lit-losses from-trl`` and ``lit-losses --version``
+start without torch or Lightning.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """``lit-losses``'s console-script entry point: `main` starts the subcommand asked for, importing only what
-it needs, so that ``lit-losses report`` and ``lit-losses --version`` start without torch or Lightning."""
+it needs, so that ``lit-losses report``, ``lit-losses from-trl`` and ``lit-losses --version`` start without
+torch or Lightning."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import lit_losses
 
 def main() -> None:
     """``lit-losses report …`` is `lit_losses.cli.report.report_main`, ``lit-losses checkpoint …``
-    `lit_losses.cli.checkpoint.checkpoint_main`, ``lit-losses --version`` prints the version, every other
+    `lit_losses.cli.checkpoint.checkpoint_main`, ``lit-losses from-trl …``
+    `lit_losses.cli.from_trl.from_trl_main`, ``lit-losses --version`` prints the version, every other
     command line is LightningCLI's (`lit_losses.cli.app.lightning_main`; exit status:
     `lit_losses.cli.app.cli_main`)."""
     command, args = sys.argv[1:2], sys.argv[2:]
@@ -22,6 +24,10 @@ def main() -> None:
         from lit_losses.cli.checkpoint import checkpoint_main
 
         checkpoint_main(args)
+    elif command == ["from-trl"]:
+        from lit_losses.cli.from_trl import from_trl_main  # reads YAML only: no torch, no TRL
+
+        from_trl_main(args)
     elif command == ["--version"] and not args:
         print(f"lit-losses {lit_losses.__version__}")
     else:
