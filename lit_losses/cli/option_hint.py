@@ -15,7 +15,7 @@ import re
 
 from lit_losses.cli.class_options import accepted_options, import_class, option_class
 from lit_losses.registry import closest
-from lit_losses.trl_fields import trl_hint
+from lit_losses.trl_fields import TRL_OPTIONS, trl_hint
 
 _UNKNOWN = re.compile(r"Option '([^']+)' is not accepted")
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: --([\w.]+)")
@@ -78,7 +78,7 @@ def _line(where: str, name: str, cls: type | None, options: list[str]) -> str:
     """``<where>: not an option of <cls>`` and where TRL's field of that name is set here, the closest
     option, or the options."""
     line = f"{where}: not an option" + (f" of {cls.__name__}" if cls is not None else "")
-    if trl_hint(name):
+    if trl_hint(name) and TRL_OPTIONS[name].option != where:  # not the very option this class lacks
         return line + trl_hint(name)
     hint = closest(name, options)
     if hint or not options:
