@@ -1,9 +1,9 @@
 """Real run, float64: a preference loss's step on 2 DDP processes × 2 accumulated micro-batches of
 different pair and token counts equals the step of one process over one micro-batch holding every pair
-(gradients, loss and TRL's metrics, the token metrics of ``model.token_metrics`` among them), for DPO (reference computed on the fly; ``sft``'s token mean, ``ipo``'s
-lengths), SimPO, ORPO (its NLL over the chosen sequences' tokens) and WPO (DPO's ``use_weighting``: per-pair
-weights, so the pair count stays the denominator); and DPO and WPO under FSDP2 with their frozen reference
-replicated."""
+(gradients, loss and TRL's metrics, for DPO and ORPO with the token metrics of ``model.token_metrics``),
+for DPO (reference computed on the fly; ``sft``'s token mean, ``ipo``'s lengths), SimPO, ORPO (its NLL
+over the chosen sequences' tokens) and WPO (DPO's ``use_weighting``: per-pair weights, so the pair count
+stays the denominator); and DPO and WPO under FSDP2 with their frozen reference replicated."""
 
 from __future__ import annotations
 
