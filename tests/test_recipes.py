@@ -121,7 +121,7 @@ def test_coming_from_trl_configs(tmp_path, monkeypatch):
         runpy.run_path(str(tmp_path / script), run_name="__main__")
     expected = {
         "sft.yaml": ("cross_entropy", {"entropy", "mean_token_accuracy", "num_tokens"}),  # token_metrics
-        "dpo.yaml": ("dpo", {"rewards/accuracies", "rewards/margins", "logits/chosen", "mean_token_accuracy"}),
+        "dpo.yaml": ("dpo", {"rewards/accuracies", "rewards/margins", "logits/chosen", "num_tokens"}),
         "grpo.yaml": ("ppo", set()),
         "distill.yaml": ("distillation", {"distillation/divergence", "distillation/top1_agreement"}),
     }

@@ -20,9 +20,11 @@ and for ``is_top1`` one all-reduce MIN of the first global index of the maximum.
 Cost beside the head's own pass: one more forward matmul ``2·N·D·V`` FLOPs over the ``N`` valid tokens
 (the head's per-token outputs take four, with their backward), an ``exp`` over the ``N × V`` logits;
 memory one ``[chunk, V_b]`` logits block (``V_b = V`` when the weight is already in the operand dtype,
-else at most ``chunk · V / D`` rows: the cast block is no larger than a logits chunk) and ``O(N)``
-statistics; nothing is saved for backward. A vocabulary-parallel head casts its local rows once, as its
-own pass does (`lit_losses.heads.VocabParallelHead`), so there the cast shard is added instead.
+else at most ``chunk · V / D`` rows: the cast block is no larger than a logits chunk; two with the
+entropy, the default chunk then half as long) and ``O(N)`` statistics; nothing is saved for backward.
+A vocabulary-parallel head casts its local rows once, as its own pass does
+(`lit_losses.heads.VocabParallelHead`), so there the cast shard is added instead. The mean logit alone
+takes no pass: ``Σ_v z_v = h · Σ_v W_v + Σ_v b_v``.
 """
 
 from __future__ import annotations
@@ -256,7 +258,8 @@ def _exp_sums(
     is cast as it is used (the whole weight at once when it is already in the operand dtype).
     """
     n, rows = h.shape[0], weight.shape[0]
-    chunk = chunk_size or default_chunk_size(n, rows, device=h.device)
+    work = 8 if "entropy" in wanted else 4  # bytes per logit: the entropy's Σ e·(z − m) needs e beside z
+    chunk = chunk_size or default_chunk_size(n, rows, bytes_per_elem=work, device=h.device)
     block = rows if weight.dtype == h.dtype else min(rows, chunk * rows // max(1, h.shape[1]))
     block = max(1, block)
     run = _Running.empty(n, dtype=dtype, device=h.device, wanted=wanted)
