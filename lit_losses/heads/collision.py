@@ -2,9 +2,9 @@
 distribution, without ``[tokens × V]`` logits and without gradient (WPO's weights read it).
 
 ``log Σ_v p_v² = lse(2z) − 2 lse(z)``: the ``log_sum_sq_probs`` field of `lit_losses.heads.token_stats`,
-one pass over the logits in blocks with an online log-sum-exp of ``z`` and ``2z`` together (its module
-docstring gives the cost: one more forward matmul over the valid tokens, no gradient, ``O(tokens)``
-exchanged over a vocabulary-parallel group).
+one pass over the logits in blocks with an online log-sum-exp of ``z`` and ``2z`` together
+(`lit_losses.heads.token_statistics` gives the cost: one more forward matmul over the valid tokens,
+no gradient, ``O(tokens)`` exchanged over a vocabulary-parallel group).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from lit_losses.heads.fused_head import FusedLMHead
-from lit_losses.heads.token_stats import token_stats
+from lit_losses.heads.token_statistics import token_stats
 
 __all__ = ["log_sum_sq_probs"]
 
@@ -54,4 +54,4 @@ def log_sum_sq_probs(head: FusedLMHead, hidden: Tensor, targets: Tensor) -> Tens
         >>> out.requires_grad, float(out[0, 2])
         (False, 0.0)
     """
-    return token_stats(head, hidden, targets, ("log_sum_sq_probs",)).log_sum_sq_probs
+    return token_stats(head, hidden, targets, statistics=("log_sum_sq_probs",)).log_sum_sq_probs

@@ -109,7 +109,7 @@ class TokenMetrics:
         valid = labels != self.ignore_index
         names = self.metric_names(stage)
         wanted = {NEEDS[name] for name in names if name in NEEDS}
-        per_token = token_stats(head, hidden, labels, wanted)
+        per_token = token_stats(head, hidden, labels, statistics=wanted)
         dtype = torch.promote_types(hidden.dtype, torch.float32)
         masks = {"all": valid}
         counts = {"all": stats.get(LABELS_KEY).num_tokens}

@@ -50,6 +50,7 @@ __all__ = ["TOKEN_STATISTICS", "TokenStatistic", "TokenStats", "token_stats"]
 TokenStatistic = Literal["entropy", "log_sum_sq_probs", "mean_logit", "is_top1"]
 """A per-token statistic `token_stats` computes."""
 TOKEN_STATISTICS: tuple[str, ...] = get_args(TokenStatistic)
+"""The names of the statistics, the fields of `TokenStats`."""
 
 
 @dataclass
@@ -113,7 +114,7 @@ def token_stats(
     the head's ``logprobs``, in its compute dtype and matmul operand precision (`lit_losses.heads.precision`).
     A `lit_losses.heads.VocabParallelHead` gives the values of the whole vocabulary, equal on every rank of
     its group (every rank makes the call with the same inputs). Costs one more forward matmul over the
-    valid tokens and no ``[tokens × V]`` tensor (see the module docstring: `lit_losses.heads.token_stats`).
+    valid tokens and no ``[tokens × V]`` tensor (the module docstring: `lit_losses.heads.token_statistics`).
 
     Args:
         head: the output head (`FusedLMHead`, or `lit_losses.heads.VocabParallelHead`); its backend is not
@@ -157,7 +158,7 @@ def token_stats(
             values = {"mean_logit": _mean_logit(settings, h)}
         else:
             sharded = isinstance(settings, ShardedSettings)
-            run = _sharded(settings, h, y, wanted) if sharded else _unsharded(settings, h, wanted)
+            run = _sharded(settings, h, y, wanted=wanted) if sharded else _unsharded(settings, h, wanted)
             values = _finish(run, y, vocab_size=settings.vocab_size)
     out = TokenStats()
     for name, value in values.items():
@@ -208,7 +209,7 @@ def _unsharded(settings: HeadSettings, h: Tensor, wanted: frozenset[str]) -> _Ru
         )
 
 
-def _sharded(settings: ShardedSettings, h: Tensor, y: Tensor, wanted: frozenset[str]) -> _Running:
+def _sharded(settings: ShardedSettings, h: Tensor, y: Tensor, *, wanted: frozenset[str]) -> _Running:
     """The valid tokens' running sums over the vocabulary of a group whose ranks each hold some rows."""
     head, h = settings.tempered(h)
     config, h = head.local_rows(h)

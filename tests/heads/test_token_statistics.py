@@ -136,7 +136,7 @@ def test_bad_inputs_are_named():
 @pytest.mark.slow
 @pytest.mark.ddp
 def test_vocabulary_parallel_ranks_give_the_whole_vocabularys_statistics(tmp_path):
-    launch("tests.parallel.token_stats_worker", 2, str(tmp_path), timeout=180)
+    launch("tests.parallel.token_statistics_worker", 2, str(tmp_path), timeout=180)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for result in ranks:
         assert set(result["errors"]) == {"dtensor", "explicit", "explicit_empty"}

@@ -1,9 +1,9 @@
-"""Worker of ``tests/heads/test_token_stats.py``: every rank computes `token_stats` with a
+"""Worker of ``tests/heads/test_token_statistics.py``: every rank computes `token_stats` with a
 vocabulary-parallel head over its rows (a DTensor ``Shard(0)`` weight with bias, and explicit layouts, one
 of them leaving rank 0 without rows; the maximum tied across the ranks' rows at some positions) and
 compares each statistic with the full float64 logits' value.
 
-``python -m tests.parallel.token_stats_worker OUT`` under `tests.parallel.launch` (2 ranks). Rank ``r``
+``python -m tests.parallel.token_statistics_worker OUT`` under `tests.parallel.launch` (2 ranks). Rank ``r``
 saves ``OUT/rank{r}.pt``: ``errors`` (layout → statistic → max absolute error; top-1 mismatches and hits)
 and ``values`` (layout → statistic → values, for the cross-rank equality check).
 """
