@@ -39,10 +39,16 @@ def run_one(variant: str, args: argparse.Namespace) -> dict:
     from lit_losses import HFCausalLM
 
     torch.manual_seed(0)
-    config = {"model_type": "llama", "vocab_size": args.vocab, "hidden_size": args.hidden,
-              "intermediate_size": 2 * args.hidden, "num_hidden_layers": args.layers,
-              "num_attention_heads": args.hidden // 64, "num_key_value_heads": max(1, args.hidden // 256),
-              "max_position_embeddings": args.seq_len}  # fmt: skip
+    config = {
+        "model_type": "llama",
+        "vocab_size": args.vocab,
+        "hidden_size": args.hidden,
+        "intermediate_size": 2 * args.hidden,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": args.hidden // 64,
+        "num_key_value_heads": max(1, args.hidden // 256),
+        "max_position_embeddings": args.seq_len,
+    }
     model = HFCausalLM(
         config=config, attn_implementation="sdpa", label_format="input_aligned", check_finite=False
     )
@@ -68,8 +74,13 @@ def run_one(variant: str, args: argparse.Namespace) -> dict:
         loss = step()
         times.append(time.perf_counter() - start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"variant": variant, "seconds": min(times), "tokens_per_s": args.tokens / min(times),
-            "peak_mib": max(0, peak - base) / 2**20, "loss": loss}  # fmt: skip
+    return {
+        "variant": variant,
+        "seconds": min(times),
+        "tokens_per_s": args.tokens / min(times),
+        "peak_mib": max(0, peak - base) / 2**20,
+        "loss": loss,
+    }
 
 
 def main() -> None:
@@ -105,11 +116,18 @@ def main() -> None:
     print("| variant | step (s) | tokens/s | peak MiB | loss |")
     print("|---|---:|---:|---:|---:|")
     for r in results.values():
-        cells = (r["variant"], f"{r['seconds']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['peak_mib']:.0f}",
-                 f"{r['loss']:.5f}")  # fmt: skip
+        cells = (
+            r["variant"],
+            f"{r['seconds']:.3f}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['peak_mib']:.0f}",
+            f"{r['loss']:.5f}",
+        )
         print("| " + " | ".join(cells) + " |")
-    print(f"\nlit_losses / hf_labels: tokens/s {ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x, "
-          f"peak memory {ours['peak_mib'] / ref['peak_mib']:.2f}x")  # fmt: skip
+    print(
+        f"\nlit_losses / hf_labels: tokens/s {ours['tokens_per_s'] / ref['tokens_per_s']:.2f}x, "
+        f"peak memory {ours['peak_mib'] / ref['peak_mib']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

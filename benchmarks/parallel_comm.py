@@ -141,10 +141,16 @@ def fsdp_worker(args) -> dict:
             model = TinyLM(vocab_size=4096, d_model=192, n_layers=3, n_heads=3)
             timer = StepTimer()
             trainer = L.Trainer(
-                accelerator="cpu", devices=2, strategy=strategy, max_steps=args.steps, callbacks=[timer],
-                logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                accelerator="cpu",
+                devices=2,
+                strategy=strategy,
+                max_steps=args.steps,
+                callbacks=[timer],
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
                 enable_model_summary=False,
-            )  # fmt: skip
+            )
             trainer.fit(model, GlobalStatsLoader(batches, batch_size=None))
             steps[name] += [b - a for a, b in zip(timer.starts[3:-1], timer.starts[4:], strict=True)]
     return {name: {"ms_per_step": 1e3 * statistics.median(t), "steps": len(t)} for name, t in steps.items()}

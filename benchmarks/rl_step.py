@@ -131,10 +131,14 @@ def main() -> None:
     for name, t in times.items():
         med = statistics.median(t)
         paired = statistics.median(a / b for a, b in zip(t, times["ce"], strict=True))
-        print(f"| {name} | {paths[name]} | {med * 1e3:.1f} | {med / base:.3f} | {min(t) * 1e3:.1f} | "
-              f"{min(t) / best:.3f} | {paired:.3f} |")  # fmt: skip
-    print("first step (ms, with the entropy kernels' compile): " + ", ".join(
-        f"{k} {v * 1e3:.0f}" for k, v in first.items()))  # fmt: skip
+        print(
+            f"| {name} | {paths[name]} | {med * 1e3:.1f} | {med / base:.3f} | {min(t) * 1e3:.1f} | "
+            f"{min(t) / best:.3f} | {paired:.3f} |"
+        )
+    print(
+        "first step (ms, with the entropy kernels' compile): "
+        + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in first.items())
+    )
 
 
 if __name__ == "__main__":

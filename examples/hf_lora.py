@@ -33,8 +33,12 @@ def make_tokenizer(texts: list[str], folder: Path, vocab_size: int = 512) -> str
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|eos|>", "<|pad|>"],
-                                  initial_alphabet=alphabet, show_progress=False)  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|eos|>", "<|pad|>"],
+        initial_alphabet=alphabet,
+        show_progress=False,
+    )
     bpe.train_from_iterator(texts, trainer)
     PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|eos|>", pad_token="<|pad|>").save_pretrained(
         folder
@@ -43,9 +47,15 @@ def make_tokenizer(texts: list[str], folder: Path, vocab_size: int = 512) -> str
 
 
 def make_checkpoint(vocab_size: int, folder: Path) -> str:
-    config = AutoConfig.for_model("llama", vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
-                                  num_hidden_layers=2, num_attention_heads=4,
-                                  num_key_value_heads=2)  # fmt: skip
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     return str(folder)
@@ -62,8 +72,9 @@ def main(steps: int = 6, workdir: str | None = None) -> dict:
         len(PreTrainedTokenizerFast.from_pretrained(tokenizer)), folder / "checkpoint"
     )
 
-    data = HFTextDataModule(tokenizer, paths=[str(folder / "*.txt")], seq_len=128, tokens_per_batch=512,
-                            val_fraction=0.0)  # fmt: skip
+    data = HFTextDataModule(
+        tokenizer, paths=[str(folder / "*.txt")], seq_len=128, tokens_per_batch=512, val_fraction=0.0
+    )
     model = HFCausalLM(
         model_name_or_path=checkpoint,
         lora={"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
@@ -74,9 +85,16 @@ def main(steps: int = 6, workdir: str | None = None) -> dict:
         optimizer={"lr": 3e-3, "warmup_steps": 0},
     )
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", precision="bf16-mixed", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=str(folder))  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        precision="bf16-mixed",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(folder),
+    )
     trainer.fit(model, data)
     unchanged = all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -90,8 +90,9 @@ def pipeline_step(rank: int, dtype: torch.dtype, loss_agg: str, packed: bool, st
         schedule.step(batch["input_ids"])
     else:
         losses: list[torch.Tensor] = []
-        schedule.step(target=loss_fn.target(batch["labels"], batch["segment_ids"] if packed else None),
-                      losses=losses)  # fmt: skip
+        schedule.step(
+            target=loss_fn.target(batch["labels"], batch["segment_ids"] if packed else None), losses=losses
+        )
         print(f"step loss {float(loss_fn.step_loss(losses)):.6f}")
 
     # the reference: the unsplit model on the whole batch, logits materialized

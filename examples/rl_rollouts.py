@@ -87,14 +87,26 @@ def rollouts(policy: TinyLM, reference: TinyLM, num_prompts: int, group: int, ge
     ):
         prompt_len = len(tokens) - len(logprobs)
         ref = [None, *ref]  # one per token; its values at prompt tokens are not read
-        records.append({"tokens": tokens, "logprobs": [None] * prompt_len + logprobs, "advantage": adv,
-                        "ref_logprobs": ref})  # fmt: skip
+        records.append(
+            {
+                "tokens": tokens,
+                "logprobs": [None] * prompt_len + logprobs,
+                "advantage": adv,
+                "ref_logprobs": ref,
+            }
+        )
     return records, float(rewards.mean())
 
 
 def trainer(steps: int) -> L.Trainer:
-    return L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    return L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
 
 
 def main(rounds: int = 6, steps_per_round: int = 10) -> list[float]:
@@ -104,10 +116,17 @@ def main(rounds: int = 6, steps_per_round: int = 10) -> list[float]:
         {"name": "kl_reference", "weight": 0.05, "agg": "token-mean"},
         {"name": "entropy", "weight": 0.01, "args": {"mode": "bonus"}},
     ]
-    policy = TinyLM(vocab_size=VOCAB, d_model=32, n_layers=1, n_heads=2, base_loss="ppo",
-                    base_loss_args={"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
-                    loss_agg="token-mean", regularizers=regularizers,
-                    optimizer={"lr": 1e-2, "warmup_steps": 0, "schedule": "constant"})  # fmt: skip
+    policy = TinyLM(
+        vocab_size=VOCAB,
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        base_loss="ppo",
+        base_loss_args={"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+        loss_agg="token-mean",
+        regularizers=regularizers,
+        optimizer={"lr": 1e-2, "warmup_steps": 0, "schedule": "constant"},
+    )
     reference = copy.deepcopy(policy).eval()
     mean_rewards = []
     for k in range(rounds):
@@ -118,8 +137,10 @@ def main(rounds: int = 6, steps_per_round: int = 10) -> list[float]:
         loader = GlobalStatsLoader(dataset, batch_size=None, shuffle=True)
         trainer(steps_per_round).fit(policy.train(), train_dataloaders=loader)
         telemetry = policy.telemetry["base_loss"]["custom"]
-        print(f"round {k}: mean reward {mean_reward:.3f}, ratio {telemetry['ratio_mean']:.3f}, "
-              f"clip fraction {telemetry['clip_fraction']:.3f}")  # fmt: skip
+        print(
+            f"round {k}: mean reward {mean_reward:.3f}, ratio {telemetry['ratio_mean']:.3f}, "
+            f"clip fraction {telemetry['clip_fraction']:.3f}"
+        )
 
     # or as a JSONL file: what `lit-losses fit --data.init_args.paths=[...]` reads (a data module)
     with tempfile.TemporaryDirectory() as folder:

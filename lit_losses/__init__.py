@@ -25,9 +25,7 @@ Names are imported on first use (PEP 562 ``__getattr__``): ``import lit_losses.h
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from lit_losses import autograd
@@ -78,6 +76,7 @@ if TYPE_CHECKING:
     from lit_losses.schedule import Schedule
 
 from lit_losses import moved
+from lit_losses.lazy import lazy_exports
 
 moved.install()  # old module paths (lit_losses.preemption, lit_losses.report, ...) stay importable
 
@@ -178,17 +177,4 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module now; or a subpackage such as ``autograd``."""
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        value = importlib.import_module(f"{__name__}.{name}")
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS, subpackages=True)

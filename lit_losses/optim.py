@@ -34,10 +34,12 @@ ADAMW_BOUNDS = {
 class OptimizerConfig:
     """AdamW with a per-step schedule ``lr(s) = lr · f(s)``.
 
-    ``f`` rises linearly from ``1/(w+1)`` (never 0) to 1 over the ``w`` warmup steps (`warmup`), then follows
-    ``schedule`` down to ``r = min_lr_ratio`` at ``total_steps``: ``cosine``: ``r + (1−r)·½(1+cos πu)``,
-    ``linear``: ``1 − (1−r)·u``, ``constant``: 1, with ``u`` the fraction of the post-warmup steps done (one
-    `Schedule`, the same type that schedules regularizer weights).
+    ``f`` rises linearly from ``s₀`` to 1 over the ``w`` warmup steps (`warmup`): ``f(k) = s₀ + (1−s₀)·k/w``
+    for ``k < w``, with ``s₀ = warmup_start_ratio``, by default ``1/(w+1)`` (never 0, so that the first
+    step trains; transformers' schedules start at ``s₀ = 0``: their first optimizer step has learning rate
+    0). Then ``f`` follows ``schedule`` down to ``r = min_lr_ratio`` at ``total_steps``: ``cosine``:
+    ``r + (1−r)·½(1+cos πu)``, ``linear``: ``1 − (1−r)·u``, ``constant``: 1, with ``u`` the fraction of the
+    post-warmup steps done (one `Schedule`, the same type that schedules regularizer weights).
 
     The warmup is given as transformers' ``TrainingArguments`` give it: a number of steps
     (``warmup_steps: 100``), or a fraction of the run's optimizer steps, rounded up: ``warmup_steps: 0.1``
@@ -50,6 +52,9 @@ class OptimizerConfig:
         [0.25, 0.5, 0.75, 1.0, 0.875, 0.75, 0.625, 0.5]
         >>> OptimizerConfig(warmup_ratio=0.1).warmup(total_steps=25), OptimizerConfig().warmup(total_steps=25)
         (3, 100)
+        >>> hf = OptimizerConfig(warmup_steps=2, warmup_start_ratio=0.0, schedule="linear", min_lr_ratio=0.0)
+        >>> [hf.lr_factor(step, total_steps=4) for step in range(5)]  # transformers' linear schedule
+        [0.0, 0.5, 1.0, 0.5, 0.0]
     """
 
     lr: float = 3e-4
@@ -66,6 +71,10 @@ class OptimizerConfig:
     warmup_ratio: float | None = None
     """The warmup as a fraction of ``total_steps`` in [0, 1], rounded up to whole steps (transformers 4's
     ``warmup_ratio``); not with ``warmup_steps``."""
+    warmup_start_ratio: float | None = None
+    """The learning rate of the warmup's first step as a fraction of ``lr``, in [0, 1); ``None``:
+    ``1/(w+1)`` for a warmup of ``w`` steps. ``0.0`` is transformers' warmup, whose first optimizer step
+    has learning rate 0 (AdamW still updates its moments then)."""
     schedule: LRSchedule = "cosine"
     """Decay after warmup."""
     min_lr_ratio: float = 0.1
@@ -77,6 +86,9 @@ class OptimizerConfig:
         check_choice(self.schedule, LRSchedule, "optimizer.schedule")
         if self.lr <= 0:
             raise ConfigError(f"optimizer.lr must be > 0, got {self.lr}")
+        steps = self.warmup_steps
+        if isinstance(steps, float) and steps >= 1 and steps.is_integer():
+            self.warmup_steps = int(steps)  # a whole number of steps (a parser may give `20` as 20.0)
         self.check_warmup()
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
@@ -89,7 +101,7 @@ class OptimizerConfig:
 
     def check_warmup(self) -> None:
         """``warmup_steps`` is a number of steps or a fraction below 1, ``warmup_ratio`` a fraction in
-        [0, 1], and at most one of them is given.
+        [0, 1], at most one of them is given, and ``warmup_start_ratio`` is in [0, 1).
 
         Raises:
             ConfigError: naming ``optimizer.<field>`` and its value.
@@ -116,6 +128,12 @@ class OptimizerConfig:
         if ratio is not None and not 0.0 <= ratio <= 1.0:
             raise ConfigError(
                 f"optimizer.warmup_ratio={ratio} must be in [0, 1] (a fraction of the run's steps)"
+            )
+        start = self.warmup_start_ratio
+        if start is not None and not 0.0 <= start < 1.0:
+            raise ConfigError(
+                f"optimizer.warmup_start_ratio={start} must be in [0, 1) (the first warmup step's learning "
+                "rate as a fraction of optimizer.lr; 0.0: transformers' warmup)"
             )
 
     def warmup(self, total_steps: int) -> int:
@@ -168,12 +186,14 @@ class OptimizerConfig:
         return cls(**value) if isinstance(value, dict) else value or cls()
 
     def lr_schedule(self, total_steps: int) -> Schedule:
-        """The `Schedule` of ``f``: warmup from ``1/(w+1)`` (never a zero learning rate)."""
+        """The `Schedule` of ``f``: warmup from ``warmup_start_ratio``, by default ``1/(w+1)`` (never a zero
+        learning rate)."""
         warmup = self.warmup(total_steps)
+        start = self.warmup_start_ratio
         return Schedule(
             "linear_warmup" if self.schedule == "constant" else self.schedule,
             warmup_steps=warmup,
-            start=1.0 / (warmup + 1),
+            start=1.0 / (warmup + 1) if start is None else start,
             total_steps=max(self.total_steps or total_steps, warmup + 1),
             final=self.min_lr_ratio,
         )

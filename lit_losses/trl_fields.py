@@ -39,9 +39,24 @@ TRL_FIELDS = {
     "synchronization)",
     "ref_model_sync_steps": "has no counterpart: the reference model stays frozen (no TR-DPO "
     "synchronization)",
+    "top_entropy_quantile": "has no counterpart: the loss keeps every completion token (a quantile of the "
+    "whole batch's entropies is not known before its last micro-batch)",
+    "use_adaptive_entropy": "has no counterpart: model.grpo.entropy_coef is a fixed weight; a controller "
+    "rule can change the entropy term's weight from its logged value",
+    "mask_truncated_completions": "has no counterpart: leave the truncated completions out of the records "
+    "(or give them advantage 0)",
+    "temperature": "has no counterpart: the policy's log-probabilities are at temperature 1 here (TRL "
+    "divides the logits by it); give sampling_logprobs and old_logprobs at temperature 1",
     "learning_rate": "is model.init_args.optimizer.lr here",
     "weight_decay": "is model.init_args.optimizer.weight_decay here",
-    "warmup_steps": "is model.init_args.optimizer.warmup_steps here",
+    "warmup_steps": "is model.init_args.optimizer.warmup_steps here (with warmup_start_ratio: 0.0, the "
+    "warmup starts at learning rate 0 as in transformers)",
+    "adam_beta1": "is the first of model.init_args.optimizer.betas here",
+    "adam_beta2": "is the second of model.init_args.optimizer.betas here (default 0.95, transformers': "
+    "0.999)",
+    "adam_epsilon": "is model.init_args.optimizer.eps here",
+    "lr_scheduler_kwargs": "has one counterpart: cosine_with_min_lr's min_lr_rate is "
+    "model.init_args.optimizer.min_lr_ratio here",
     "warmup_ratio": "is model.init_args.optimizer.warmup_ratio here",
     "lr_scheduler_type": "is model.init_args.optimizer.schedule here",
     "per_device_train_batch_size": "is data.init_args.tokens_per_batch here (a token budget per micro-batch)",

@@ -120,7 +120,7 @@ def test_the_head_and_aggregation_from_the_top_level_load_no_lightning():
 
 
 APPLICATION = "lit_losses.cli"
-MAX_TOP_LEVEL_MODULES = 12
+MAX_TOP_LEVEL_MODULES = 13
 
 
 def test_the_library_never_imports_the_application():
@@ -158,20 +158,26 @@ def test_heads_and_autograd_load_torch_alone():
     assert loaded == "[]", loaded
 
 
-def test_the_report_loads_no_torch():
-    """``lit-losses report`` reads run folders (event files, ``run_end.json``): the report module and what it
-    imports load neither torch nor Lightning (a fresh interpreter; the application's package ``__init__``,
-    which imports the LightningCLI app, set aside so that the report's own imports alone count)."""
-    code = (
-        "import sys, types\n"
-        f"cli = types.ModuleType('lit_losses.cli'); cli.__path__ = [{str(PACKAGE / 'cli')!r}]\n"
-        "sys.modules['lit_losses.cli'] = cli\n"
-        "import lit_losses.cli.report"
-    )
-    loaded = loaded_packages(
-        code, ("torch", "lightning", "pytorch_lightning", "torchmetrics", "transformers")
-    )
+HEAVY = ("torch", "lightning", "pytorch_lightning", "torchmetrics", "transformers", "jsonargparse")
+
+
+@pytest.mark.parametrize("command", [["report", "{run}"], ["--version"]], ids=["report", "version"])
+def test_the_report_and_the_version_start_without_torch(command, tmp_path):
+    """``lit-losses report`` reads run folders (event files, ``metrics.csv``, ``run_end.json``) and
+    ``lit-losses --version`` prints the version: through the console script's own entry (``lit_losses.cli``'s
+    `main`, a fresh interpreter), neither loads torch, Lightning or jsonargparse."""
+    (tmp_path / "metrics.csv").write_text("epoch,step,train/loss_total\n0,0,4.0\n0,1,3.0\n")
+    argv = ["lit-losses", *(arg.format(run=tmp_path) for arg in command)]
+    code = f"import sys\nsys.argv = {argv!r}\nfrom lit_losses.cli import main\nmain()"
+    *printed, loaded = loaded_packages(code, HEAVY).splitlines()
     assert loaded == "[]", loaded[:500]
+    if command[0] == "report":
+        assert printed[-1].startswith("lit-losses: report written to")
+        assert (tmp_path / "report.html").is_file()
+    else:
+        import lit_losses
+
+        assert printed == [f"lit-losses {lit_losses.__version__}"]
 
 
 def test_the_cli_resolves_short_class_names_despite_the_lazy_top_level():

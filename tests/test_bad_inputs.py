@@ -132,9 +132,9 @@ CLI_CASES = [
     CliCase("base_loss_dro_without_beta", (f"{M}base_loss=dro",), "model.base_loss_args.beta is required"),
     # TRL's GRPO losses (model.grpo)
     CliCase(
-        "grpo_luspo_token_level",
-        (f"{M}grpo.loss_type=luspo",),
-        "model.grpo.importance_sampling_level='token': loss_type 'luspo' weights each sequence's loss",
+        "grpo_top_entropy_quantile",
+        (f"{M}grpo.top_entropy_quantile=0.2",),
+        "TRL's top_entropy_quantile has no counterpart",
     ),
     CliCase(
         "grpo_beside_loss_agg",
@@ -418,6 +418,7 @@ TOKENIZER = (  # a 6-token word-level tokenizer directory, as save_pretrained wr
     ("tok/tokenizer.json", json.dumps(TOKENIZER_JSON)),
     ("tok/tokenizer_config.json", '{"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>"}'),
 )
+DOCS = ("a.jsonl", '{"text": "the fox"}\n')  # a corpus: the tokenizer loads once the paths matched files
 REG = "model:\n  init_args:\n    regularizers:\n"
 
 CLI_CASES += [
@@ -859,8 +860,8 @@ def test_cli_bad_input_is_one_line(case: CliCase, tmp_path, capsys):
     base += [f"{M}d_model=16", f"{M}n_heads=2", f"{M}n_layers=1", f"{D}vocab_size=300", f"{D}seq_len=16"]
     base += [f"{D}tokens_per_batch=32", f"{D}cache_dir={tmp_path / 'cache'}"]
     if case.corpus:
-        (tmp_path / "corpus.txt").write_text(TEXT)
-        base.append(f"{D}paths=[{tmp_path / 'corpus.txt'}]")
+        (tmp_path / "corpus.txt").write_text(TEXT)  # one document: no validation item to hold out
+        base += [f"{D}paths=[{tmp_path / 'corpus.txt'}]", f"{D}val_fraction=0"]
     with pytest.raises(SystemExit) as exit_info:
         cli_main([*base, *args])
     err = capsys.readouterr().err
@@ -1307,21 +1308,23 @@ PY_CASES += [
     ApiCase(
         "hf_tokenizer_missing",
         "file",
-        lambda p: _hf(p, files=()),
+        lambda p: _hf(p, files=(DOCS,)),
         ConfigError,
         "/tok' is not a local directory",
     ),
     ApiCase(
         "hf_tokenizer_config_bad_json",
         "file",
-        lambda p: _hf(p, files=(TOKENIZER[0], ("tok/tokenizer_config.json", '{"eos_token": }'))),
+        lambda p: _hf(p, files=(TOKENIZER[0], ("tok/tokenizer_config.json", '{"eos_token": }'), DOCS)),
         ConfigError,
         "tok/tokenizer_config.json is not valid JSON (Expecting value, line 1 column 15)",
     ),
     ApiCase(
         "hf_tokenizer_unloadable",
         "file",
-        lambda p: _hf(p, files=(("tok/tokenizer_config.json", '{"tokenizer_class": "NoSuchTokenizer"}'),)),
+        lambda p: _hf(
+            p, files=(("tok/tokenizer_config.json", '{"tokenizer_class": "NoSuchTokenizer"}'), DOCS)
+        ),
         ConfigError,
         "tok': the tokenizer cannot be loaded (",
     ),
@@ -2052,6 +2055,7 @@ def test_max_steps_zero_ends_with_its_summary_and_run_end(tmp_path, capsys):
         f"{D}tokens_per_batch=32",
         f"{D}cache_dir={tmp_path / 'cache'}",
         f"{D}paths=[{tmp_path / 'corpus.txt'}]",
+        f"{D}val_fraction=0",  # one document: no validation item to hold out
     ]
     cli_main(args)
     record = json.loads((tmp_path / "run" / "run_end.json").read_text())

@@ -34,6 +34,7 @@ def run(tmp_path: Path, *args: str, text_data: bool = True) -> None:
         (tmp_path / "corpus.txt").write_text(TEXT)
         base += [f"{D}vocab_size=300", f"{D}seq_len=16", f"{D}tokens_per_batch=32"]
         base += [f"{D}cache_dir={tmp_path / 'cache'}", f"{D}paths=[{tmp_path / 'corpus.txt'}]"]
+        base += [f"{D}val_fraction=0"]  # one document: no validation item to hold out
     cli_main([*base, *args])
 
 

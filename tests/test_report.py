@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from lit_losses.cli.app import main
+from lit_losses.cli import main
 from lit_losses.cli.report import draw, panels, write_report
 from lit_losses.cli.report_data import read_runs
 from tests.cli_runs import fit_short, read_scalars, run_folder

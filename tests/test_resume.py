@@ -88,16 +88,30 @@ def assert_same_run(resumed, full, first_resumed_step):
     [(1, 0, 5), (2, 0, 5), (2, 2, 3), (1, 2, 9)],
     ids=["A1-w0-epoch0", "A2-w0-epoch1", "A2-w2-epoch0", "A1-w2-epoch1"],
 )
-def test_resume_mid_epoch_reproduces_every_step_and_the_weights(text_corpus, tmp_path, accumulate, workers,
-                                                                ckpt_step):  # fmt: skip
+def test_resume_mid_epoch_reproduces_every_step_and_the_weights(
+    text_corpus, tmp_path, accumulate, workers, ckpt_step
+):
     """7 micro-batches per epoch: 7 steps (A = 1) or 4 (A = 2, the last window of 1); checkpoints are
     taken every few steps, in the middle of epochs 0 and 1; the resumed run must be the same run."""
     max_steps = 12 if accumulate == 1 else 7
-    full = train(text_corpus, tmp_path / "full", accumulate=accumulate, workers=workers,
-                 max_steps=max_steps, controlled=True)  # fmt: skip
+    full = train(
+        text_corpus,
+        tmp_path / "full",
+        accumulate=accumulate,
+        workers=workers,
+        max_steps=max_steps,
+        controlled=True,
+    )
     assert len(full[0]) == max_steps
-    train(text_corpus, tmp_path / "first", accumulate=accumulate, workers=workers, max_steps=ckpt_step,
-          ckpt_every=ckpt_step, controlled=True)  # fmt: skip
+    train(
+        text_corpus,
+        tmp_path / "first",
+        accumulate=accumulate,
+        workers=workers,
+        max_steps=ckpt_step,
+        ckpt_every=ckpt_step,
+        controlled=True,
+    )
     ckpt = tmp_path / "first" / f"step={ckpt_step}.ckpt"
     state = torch.load(ckpt, weights_only=True)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
     batches_per_epoch = 7
@@ -106,8 +120,15 @@ def test_resume_mid_epoch_reproduces_every_step_and_the_weights(text_corpus, tmp
         micro_batches_done = (ckpt_step // 4) * 7 + (ckpt_step % 4) * 2
     assert state[0]["index"] == micro_batches_done % batches_per_epoch  # a mid-epoch position
     assert 0 < state[0]["index"] < batches_per_epoch
-    resumed = train(text_corpus, tmp_path / "resumed", accumulate=accumulate, workers=workers,
-                    max_steps=max_steps, ckpt_path=str(ckpt), controlled=True)  # fmt: skip
+    resumed = train(
+        text_corpus,
+        tmp_path / "resumed",
+        accumulate=accumulate,
+        workers=workers,
+        max_steps=max_steps,
+        ckpt_path=str(ckpt),
+        controlled=True,
+    )
     assert_same_run(resumed, full, ckpt_step)  # steps are logged 0-based
 
 
@@ -122,8 +143,14 @@ def test_extending_a_run_that_max_steps_stopped_mid_epoch_reproduces_the_longer_
     loops = torch.load(tmp_path / "stopped.ckpt", weights_only=True)["loops"]["fit_loop"]
     assert loops["epoch_progress"]["total"]["processed"] == 1  # what Lightning saves: the epoch "ended"
     assert loops["state_dict"]["combined_loader"][0]["index"] == 3
-    resumed = train(text_corpus, tmp_path / "resumed", accumulate=1, workers=0, max_steps=9,
-                    ckpt_path=str(tmp_path / "stopped.ckpt"))  # fmt: skip
+    resumed = train(
+        text_corpus,
+        tmp_path / "resumed",
+        accumulate=1,
+        workers=0,
+        max_steps=9,
+        ckpt_path=str(tmp_path / "stopped.ckpt"),
+    )
     assert_same_run(resumed, full, 3)
 
 
@@ -200,8 +227,10 @@ def test_resume_from_the_main_jobs_periodic_checkpoint(tmp_path):
         cli = cli_main(
             [
                 "fit",
-                "--config", str(REPO / "configs" / "tiny_lm.yaml"),
-                "--config", str(REPO / "configs" / "controlled.yaml"),
+                "--config",
+                str(REPO / "configs" / "tiny_lm.yaml"),
+                "--config",
+                str(REPO / "configs" / "controlled.yaml"),
                 f"--trainer.default_root_dir={root}",
                 f"--trainer.logger.init_args.save_dir={root}",
                 f"--trainer.max_steps={max_steps}",
@@ -218,7 +247,7 @@ def test_resume_from_the_main_jobs_periodic_checkpoint(tmp_path):
                 "--model.init_args.optimizer.total_steps=8",  # the schedule must not depend on max_steps
                 *extra,
             ]
-        )  # fmt: skip
+        )
         return cli, root
 
     full, full_root = job("full", 8)

@@ -49,9 +49,16 @@ def model_logprobs(model, record: dict) -> torch.Tensor:
 def fit_config(config: Path, root: Path):
     """``lit-losses fit --config <config>`` for `STEPS` steps into ``root``: the CLI and its TensorBoard
     events."""
-    args = ["fit", "--config", str(config), f"--trainer.max_steps={STEPS}",
-            f"--data.init_args.paths=[{DATA}]", f"--trainer.default_root_dir={root}",
-            f"--trainer.logger.init_args.save_dir={root}", "--trainer.enable_progress_bar=false"]  # fmt: skip
+    args = [
+        "fit",
+        "--config",
+        str(config),
+        f"--trainer.max_steps={STEPS}",
+        f"--data.init_args.paths=[{DATA}]",
+        f"--trainer.default_root_dir={root}",
+        f"--trainer.logger.init_args.save_dir={root}",
+        "--trainer.enable_progress_bar=false",
+    ]
     cli = cli_main(args)
     assert cli.trainer.global_step == STEPS
     (events,) = {p.parent for p in root.rglob("events.out.tfevents.*")}

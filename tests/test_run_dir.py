@@ -34,6 +34,7 @@ def fit_args(tmp_path: Path, *extra: str, logger: bool = False, command: str = "
     args += [f"{T}logger.init_args.save_dir={root}"] if logger else [f"{T}logger=false"]
     args += [f"{M}d_model=16", f"{M}n_heads=2", f"{M}n_layers=1", f"{D}vocab_size=300", f"{D}seq_len=16"]
     args += [f"{D}tokens_per_batch=32", f"{D}cache_dir={tmp_path / 'cache'}", f"{D}paths=[{corpus}]"]
+    args += [f"{D}val_fraction=0"]  # one document: no validation item to hold out
     return [*args, f"{T}enable_progress_bar=false", *extra]
 
 

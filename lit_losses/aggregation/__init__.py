@@ -8,8 +8,9 @@ alone; `loader` (`GlobalStatsLoader`), `window` (Lightning's accumulation window
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lit_losses.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from lit_losses.aggregation.loader import GLOBAL_STATS_KEY, GlobalStatsLoader
@@ -89,14 +90,4 @@ _MODULES = {
 _EXPORTS = {name: f"{__name__}.{module}" for module, names in _MODULES.items() for name in names}
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module now."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -1,5 +1,5 @@
 """``python -m lit_losses.cli …`` is ``lit-losses …``."""
 
-from lit_losses.cli.app import main
+from lit_losses.cli.entry import main
 
 main()

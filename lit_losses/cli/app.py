@@ -38,7 +38,7 @@ from lit_losses.checkpoint.preemption import PreemptionCheckpoint
 from lit_losses.checkpoint.resume import ARCHITECTURE_HINT, check_changes, option_changes, read_checkpoint
 from lit_losses.checkpoint.verified import VerifiedCheckpoints
 from lit_losses.checkpoint.verify import verify_checkpoint, warn_unverifiable
-from lit_losses.cli.class_defaults import config_file_args, default_classes
+from lit_losses.cli.class_defaults import config_file_args, default_classes, environment_configs
 from lit_losses.cli.console import quiet_console, use_step_progress_bar
 from lit_losses.cli.given_options import check_given_grpo, check_given_linked, given_options
 from lit_losses.cli.import_hint import import_error_line
@@ -131,11 +131,14 @@ def one_line_error(message: str) -> str:
 
 
 class LitLossesParser(LightningArgumentParser):
-    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback), and
-    whose usage lines name ``lit-losses`` however it was started (``python -m lit_losses.cli``, the docs)."""
+    """LightningCLI's parser whose errors are one line and exit code 2 (no usage dump, no traceback), whose
+    usage lines name ``lit-losses`` however it was started (``python -m lit_losses.cli``, the docs), and
+    which takes options by their whole name only: argparse would read ``--trainer.max_st=3`` as
+    ``--trainer.max_steps=3`` (an abbreviation), and a mistyped option as another one."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("prog", "lit-losses")
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def parse_args(self, args: Any = None, namespace: Any = None, **kwargs: Any) -> Namespace:
@@ -178,9 +181,11 @@ class LitLossesCLI(LightningCLI):
         """The folders and config file this run created to claim its log folder."""
         self.run_started = RunStarted()
         given = kwargs.get("args")
-        self.class_defaults = default_classes(sys.argv[1:] if given is None else given)
-        """The default class of each of ``model`` and ``data`` whose class the command line does not choose
-        (`lit_losses.cli.class_defaults`)."""
+        self.given_args = sys.argv[1:] if given is None else given
+        """The command line (or dict of options) this run parses."""
+        self.class_defaults: dict[str, dict[str, str]] | None = None
+        """The default class of each of ``model`` and ``data`` whose class no source of options chooses
+        (`lit_losses.cli.class_defaults`), once the parser is built."""
         self.resumed_linked_options: tuple[str, dict[str, Any]] = ("", {})
         """With ``--ckpt_path``: the checkpoint's values of the model options the data module gives when it
         is built (`check_linked_options`)."""
@@ -206,6 +211,9 @@ class LitLossesCLI(LightningCLI):
         return trainer.as_dict() if isinstance(trainer, Namespace) else {}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        if self.class_defaults is None:  # the main parser is built: its environment settings are known
+            configs = environment_configs(self.parser.env_prefix, self.parser.default_env, self.subcommands())
+            self.class_defaults = default_classes(self.given_args, configs)
         if self.class_defaults:
             parser.set_defaults(self.class_defaults)
         for target, source in LINKED.items():  # when the data module is built: its attribute
@@ -235,7 +243,7 @@ class LitLossesCLI(LightningCLI):
         super().parse_arguments(parser, args)
         self.given_config = self.config.clone()
         """The options as given, before LightningCLI replaces the model's with a checkpoint's."""
-        self.given_options = given_options(parser, given)
+        self.given_options = given_options(parser, given, parsed=self.config)
         """The options the command line and its config files give, without the defaults."""
         check_trainer_options(self)
 
@@ -599,20 +607,9 @@ def stop_exit_code(cli: LitLossesCLI) -> int:
     return 0
 
 
-def main() -> None:
-    """Console-script entry point ``lit-losses`` (exit status: `cli_main`); ``lit-losses report …`` is
-    `lit_losses.cli.report.report_main`, ``lit-losses checkpoint …``
-    `lit_losses.cli.checkpoint.checkpoint_main`, every other subcommand LightningCLI's."""
-    if sys.argv[1:2] == ["report"]:
-        from lit_losses.cli.report import report_main  # matplotlib only when a report is asked for
-
-        report_main(sys.argv[2:])
-        return
-    if sys.argv[1:2] == ["checkpoint"]:
-        from lit_losses.cli.checkpoint import checkpoint_main
-
-        checkpoint_main(sys.argv[2:])
-        return
+def lightning_main() -> None:
+    """``lit-losses fit|validate|test|predict …`` (``sys.argv``): `cli_main`, then the end of the process
+    group of a distributed run, whatever its exit status."""
     try:
         cli_main()
     except SystemExit as stop:  # a controller's exit code, a preemption: the process group ends all the same

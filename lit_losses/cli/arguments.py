@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from lit_losses.registry import closest
 
@@ -15,7 +15,8 @@ _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 
 class OneLineArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors are one line naming the subcommand, with the closest
-    choice for a misspelled one, and exit code 2.
+    choice for a misspelled one, and exit code 2; options are taken by their whole name only (``--o`` is
+    not ``--out``).
 
     Example:
         >>> parser = OneLineArgumentParser(prog="lit-losses checkpoint")
@@ -24,6 +25,10 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         lit-losses: error: checkpoint: argument command: invalid choice: 'verfy' (choose from 'verify'); did
         you mean 'verify'?
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def one_line(self, message: str) -> str:
         """The error line of ``message``."""

@@ -6,11 +6,15 @@ jsonargparse keeps the options of a default class that the chosen class also tak
 lit_losses.PreferenceDataModule`` would silently get ``TextDataModule``'s ``vocab_size: 32768`` and
 ``val_fraction: 0.02`` instead of ``PreferenceDataModule``'s own defaults. Without a default, jsonargparse
 takes every option the config leaves out from the chosen class's signature, so the default is set only
-when neither the command line nor a ``--config`` file names the class (`chosen_classes`).
+when no source of options names the class (`chosen_classes`): the command line, its ``--config`` files, and
+the environment variables where the parser reads them (`environment_configs`). Default config files
+(``parser_kwargs={"default_config_files": [...]}``) need nothing here: jsonargparse reads them into the
+defaults, where the class they name replaces the default class before any of its options is filled in.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -69,25 +73,68 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 """LightningCLI's subcommands: a ``--config`` file may give their options under their names."""
 
 
-def chosen_classes(args: Any, subcommands: Iterable[str] = SUBCOMMANDS) -> set[str]:
+def environment_configs(
+    env_prefix: str | bool,
+    default_env: bool,
+    subcommands: Iterable[str] = SUBCOMMANDS,
+    environ: Mapping[str, str] | None = None,
+) -> list[Any]:
+    """The options that environment variables give a parser that reads them (``default_env``:
+    LightningCLI's ``parser_kwargs={"default_env": True}``, or ``JSONARGPARSE_DEFAULT_ENV=true``), as
+    configs: the config of ``<PREFIX>_CONFIG``, and for each subcommand the config of
+    ``<PREFIX>_<SUB>__CONFIG`` and the values of ``<PREFIX>_<SUB>__MODEL`` and ``<PREFIX>_<SUB>__DATA``
+    (jsonargparse's names: the parser's ``env_prefix``, ``PL`` for LightningCLI, then the option's key,
+    ``.`` as ``__``, upper case); none when the parser does not read the environment.
+
+    Example:
+        >>> environ = {"PL_FIT__DATA": "PreferenceDataModule", "PL_FIT__CONFIG": "model: HFCausalLM"}
+        >>> environment_configs("PL", default_env=True, environ=environ)
+        [{'model': 'HFCausalLM'}, {'data': 'PreferenceDataModule'}]
+        >>> environment_configs("PL", default_env=False, environ=environ)
+        []
+    """
+    if not default_env:
+        return []
+    environ = os.environ if environ is None else environ
+    prefix = f"{env_prefix}_".replace("-", "_") if isinstance(env_prefix, str) else ""
+    configs = []
+    keys = ["config"] + [f"{sub}.{key}" for sub in subcommands for key in ("config", *DEFAULT_CLASSES)]
+    for key in keys:
+        value = environ.get((prefix + key).replace(".", "__").upper())
+        if value is None:
+            continue
+        content = _config_contents(value)
+        root = key.rpartition(".")[2]
+        configs.append(content if root == "config" else {root: content})
+    return configs
+
+
+def chosen_classes(
+    args: Any, subcommands: Iterable[str] = SUBCOMMANDS, configs: Iterable[Any] = ()
+) -> set[str]:
     """Which of ``model`` and ``data`` the command line ``args`` chooses the class of: with ``--model X``,
     ``--model=X``, ``--model.class_path=X`` (likewise ``--data``), or in a ``--config`` file (at its top or
-    under a subcommand). Options of a class (``--data.init_args.seq_len=64``) choose none: they apply to
-    the default class. ``args`` may also be a dict of options, as `LightningCLI` takes them.
+    under a subcommand); or one of the other ``configs`` (`environment_configs`). Options of a class
+    (``--data.init_args.seq_len=64``) choose none: they apply to the default class. ``args`` may also be a
+    dict of options, as `LightningCLI` takes them.
 
     Example:
         >>> sorted(chosen_classes(["fit", "--model=HFCausalLM", "--data.init_args.seq_len=64"]))
         ['model']
         >>> sorted(chosen_classes({"fit": {"data": {"class_path": "lit_losses.PreferenceDataModule"}}}))
         ['data']
+        >>> sorted(chosen_classes(["fit"], configs=[{"data": "lit_losses.PreferenceDataModule"}]))
+        ['data']
     """
     roots = tuple(DEFAULT_CLASSES)
+    subcommands = tuple(subcommands)
+    chosen = {root for config in configs for root in _chosen_in_mapping(config, roots, subcommands)}
     if isinstance(args, Mapping):
-        return _chosen_in_mapping(args, roots, subcommands)
+        return chosen | _chosen_in_mapping(args, roots, subcommands)
     if not isinstance(args, list | tuple):
-        return set()
+        return chosen
     args = [str(a) for a in args]
-    chosen = set(_chosen_on_command_line(args, roots))
+    chosen |= set(_chosen_on_command_line(args, roots))
     for value in config_file_args(args):
         chosen |= _chosen_in_mapping(_config_contents(value), roots, subcommands)
     return chosen
@@ -129,13 +176,13 @@ def _class_path(value: Any) -> str | None:
     return None
 
 
-def default_classes(args: Any) -> dict[str, dict[str, str]]:
+def default_classes(args: Any, configs: Iterable[Any] = ()) -> dict[str, dict[str, str]]:
     """The defaults to set on the parser: `DEFAULT_CLASSES` for each of ``model`` and ``data`` whose class
-    ``args`` does not choose (`chosen_classes`).
+    neither ``args`` nor the other ``configs`` (`environment_configs`) choose (`chosen_classes`).
 
     Example:
         >>> default_classes(["fit", "--data=lit_losses.PreferenceDataModule"])
         {'model': {'class_path': 'lit_losses.TinyLM'}}
     """
-    chosen = chosen_classes(args)
+    chosen = chosen_classes(args, configs=configs)
     return {root: {"class_path": path} for root, path in DEFAULT_CLASSES.items() if root not in chosen}

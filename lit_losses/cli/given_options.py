@@ -24,25 +24,38 @@ from lit_losses.errors import ConfigError
 from lit_losses.objectives.correction import check_given_fields
 
 
-def given_options(parser: ArgumentParser, args: Any) -> Namespace:
+def given_options(parser: ArgumentParser, args: Any, parsed: Namespace) -> Namespace:
     """The options of the subcommand that ``args`` give (the command line and its ``--config`` files, as
-    LightningCLI takes them: a list of arguments, or a dict of options), without the defaults: jsonargparse's
-    parse with ``defaults=False``, not validated again (the parse with the defaults has done it).
+    LightningCLI takes them: a list of arguments, or a dict of options; and the environment variables where
+    the parser reads them), without the defaults: jsonargparse's parse with ``defaults=False``.
+
+    That parse validates what it holds, and ``model`` and ``data`` are required: it starts from their
+    classes as ``parsed`` (the parse with the defaults) chose them (``class_path`` only, none of their
+    options), so that a run leaving the default class unnamed still parses, and the given options read as
+    options of the class that takes them.
 
     Example:
         >>> from lit_losses.cli.app import LitLossesParser
         >>> parser = LitLossesParser()
         >>> _ = parser.add_argument("--seq_len", type=int, default=64)
         >>> _ = parser.add_argument("--vocab_size", type=int, default=32768)
-        >>> given_options(parser, ["--vocab_size=32768"])
+        >>> args = ["--vocab_size=32768"]
+        >>> given_options(parser, args, parsed=parser.parse_args(args))
         Namespace(vocab_size=32768)
     """
-    if isinstance(args, Mapping | Namespace):
-        parsed = parser.parse_object(args, defaults=False, _skip_validation=True)
-    else:
-        parsed = parser.parse_args(list(args), defaults=False, _skip_validation=True)
     sub = parsed.get("subcommand")
     section = parsed.get(sub) if sub else parsed
+    classes = Namespace()
+    for root in ("model", "data"):
+        class_path = section.get(f"{root}.class_path") if isinstance(section, Namespace) else None
+        if class_path is not None:
+            classes[root] = Namespace(class_path=class_path)
+    start = Namespace({"subcommand": sub, sub: classes}) if sub else classes
+    if isinstance(args, Mapping | Namespace):
+        given = parser.parse_object(args, namespace=start, defaults=False)
+    else:
+        given = parser.parse_args(list(args), namespace=start, defaults=False)
+    section = given.get(sub) if sub else given
     return section if isinstance(section, Namespace) else Namespace()
 
 

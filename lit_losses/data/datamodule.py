@@ -170,7 +170,8 @@ class FileDataModule(L.LightningDataModule, abc.ABC):
 
     def split(self, items: list[Item]) -> tuple[list[Item], list[Item]]:
         """``(train, validation)``: the first ``round(len(items) × val_fraction)`` items (at least one when
-        ``val_fraction > 0`` and there are two items or more) are the validation items."""
+        ``val_fraction > 0`` and there are two items or more) are the validation items; `setup` refuses a
+        ``val_fraction > 0`` that leaves none (`check_validation`)."""
         n_val = round(len(items) * self.val_fraction)
         if self.val_fraction > 0 and len(items) > 1:
             n_val = max(1, n_val)
@@ -192,10 +193,43 @@ class FileDataModule(L.LightningDataModule, abc.ABC):
         """Read, split and build the training and validation datasets (once)."""
         if self.train_set is not None:
             return
-        train_items, val_items = self.split(self.read_items())
+        items = self.read_items()
+        train_items, val_items = self.split(items)
         self.prepare_encoding(train_items)
-        self.train_set = self.build_dataset(train_items)
-        self.val_set = self.build_dataset(val_items) if val_items else None
+        train_set = self.build_dataset(train_items)
+        val_set = self.build_dataset(val_items) if val_items else None
+        self.check_validation(read=len(items), held_out=len(val_items), val_set=val_set)
+        self.train_set = train_set
+        self.val_set = val_set
+
+    def check_validation(self, *, read: int, held_out: int, val_set: Dataset | Sequence | None) -> None:
+        """Refuse a ``val_fraction`` above 0 that leaves no validation micro-batch (too few items read, or
+        held-out items that make no micro-batch), which Lightning would only warn about.
+
+        Raises:
+            ConfigError: naming ``data.val_fraction``, the items read and held out.
+
+        Example:
+            >>> class Few(FileDataModule):
+            ...     paths_required = False
+            ...     def default_sources(self):
+            ...         return []
+            ...     def read_items(self):
+            ...         return ["only"]
+            ...     def build_dataset(self, items):
+            ...         return list(items)
+            >>> Few(paths=None, val_fraction=0.1, seed=0, num_workers=0).setup("fit")
+            Traceback (most recent call last):
+            ...
+            lit_losses.errors.ConfigError: data.val_fraction=0.1 leaves no validation micro-batch: 1 item(s)
+            read, 0 held out; give more data (data.paths), or data.val_fraction=0 to train without validation
+        """
+        if self.val_fraction > 0 and (val_set is None or len(val_set) == 0):
+            raise ConfigError(
+                f"data.val_fraction={self.val_fraction} leaves no validation micro-batch: {read} item(s) "
+                f"read, {held_out} held out; give more data (data.paths), or data.val_fraction=0 to train "
+                "without validation"
+            )
 
     def batch_keys(self) -> tuple[str, ...]:
         """The keys of this module's training micro-batches (after `setup`; empty before), so that a

@@ -165,14 +165,15 @@ class HFTextDataModule(TextDataModule):
         append_eos: bool = True,
         **kwargs: Any,
     ) -> None:
+        # the cheap checks first (the options, the files of paths), then the tokenizer is loaded; the
+        # parent's lower bound on vocab_size is its own byte-level BPE's (this tokenizer's size replaces it)
+        super().__init__(paths=paths, vocab_size=MIN_VOCAB_SIZE, **kwargs)
         self.hf_tokenizer = load_tokenizer(tokenizer)
         size = len(self.hf_tokenizer)
         if vocab_size is not None and vocab_size < size:
             raise ConfigError(
                 f"data.vocab_size={vocab_size} is smaller than the tokenizer's {size} tokens ({tokenizer!r})"
             )
-        # the parent's lower bound on vocab_size is its own byte-level BPE's; this tokenizer is given
-        super().__init__(paths=paths, vocab_size=max(size, MIN_VOCAB_SIZE), **kwargs)
         self.vocab_size = size if vocab_size is None else vocab_size
         # the hyper-parameters name the vocabulary given to the model (the CLI links it), as the model's do
         self.save_hyperparameters({**self.hparams, "vocab_size": self.vocab_size})

@@ -9,8 +9,7 @@ top-level names).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lit_losses.lazy import lazy_exports
 
 __all__ = ["FrozenModel", "HFCausalLM", "TinyLM", "TinyTransformer"]
 
@@ -22,14 +21,4 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module now."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

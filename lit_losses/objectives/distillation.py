@@ -19,7 +19,7 @@ cross-entropy of the untempered student. The teacher is
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from lit_losses.choices import check_choice
@@ -28,6 +28,8 @@ from lit_losses.heads.divergence import DistillationLoss, check_beta
 from lit_losses.objectives.options import check_flag, check_number, coerce_fields, first_set_option
 
 WHERE = "model.distillation"
+IMPLIED_BETA = {"forward_kl": 0.0, "reverse_kl": 1.0}
+"""The ``β`` of TRL's generalized JSD that each KL is (TRL's ``beta`` selects the divergence)."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,9 @@ class DistillationConfig:
             with ``model_type``, a `RegularizedLM` checkpoint file, ``initial_policy``), or ``None`` for
             offline top-k log-probabilities in the batches. Its vocabulary must be the student's size.
         loss: ``forward_kl`` (KL(teacher ‖ student)), ``reverse_kl`` or ``jsd`` (TRL's generalized JSD).
-        beta: ``β ∈ [0, 1]`` of ``jsd`` (TRL's ``GKDConfig.beta``; 0 is ``forward_kl``, 1 ``reverse_kl``).
+        beta: ``β ∈ [0, 1]`` of ``jsd`` (TRL's ``GKDConfig.beta``; 0 is ``forward_kl``, 1 ``reverse_kl``);
+            beside ``forward_kl`` or ``reverse_kl`` only their own ``β`` (0 or 1) is taken: TRL's ``beta``
+            alone selects a divergence, so a ``beta`` that ``loss`` would drop is an error.
         temperature: ``T > 0`` dividing both models' logits (the offline teacher's log-probabilities are
             used as given); no ``T²`` factor (multiply ``weight`` by ``T²`` for Hinton's).
         weight: the divergence's weight (``≥ 0``).
@@ -48,7 +52,7 @@ class DistillationConfig:
             over the ids).
 
     Raises:
-        ConfigError: naming ``model.distillation.<field>``.
+        ConfigError: naming ``model.distillation.<field>`` (a ``beta`` that ``loss`` ignores among them).
 
     Example:
         >>> DistillationConfig(teacher=None, loss="jsd", beta=0.5, temperature=0.9).offline
@@ -70,6 +74,8 @@ class DistillationConfig:
     def __post_init__(self) -> None:
         check_choice(self.loss, DistillationLoss, f"{WHERE}.loss")
         check_beta(self.beta, f"{WHERE}.beta")
+        if self.beta != 0.5:  # the default: given or not, only `coerce` can tell
+            check_beta_read(self.loss, self.beta)
         check_number(self.temperature, f"{WHERE}.temperature", "> 0")
         check_number(self.weight, f"{WHERE}.weight", ">= 0")
         check_number(self.ce_weight, f"{WHERE}.ce_weight", ">= 0")
@@ -86,8 +92,35 @@ class DistillationConfig:
 
     @classmethod
     def coerce(cls, value: DistillationConfig | Mapping[str, Any] | None) -> DistillationConfig | None:
-        """``value`` as a `DistillationConfig` (a mapping of its fields, e.g. a checkpoint's), or ``None``."""
+        """``value`` as a `DistillationConfig` (a mapping of its fields, e.g. a checkpoint's), or ``None``.
+
+        A ``beta`` given in a mapping is checked against its ``loss`` (`check_beta_read`) even at its
+        default, unless the mapping holds every field (written out whole: a checkpoint's).
+        """
+        if isinstance(value, Mapping) and "beta" in value and not {f.name for f in fields(cls)} <= set(value):
+            check_beta_read(value.get("loss", cls.loss), value["beta"])
         return coerce_fields(cls, value, WHERE)
+
+
+def check_beta_read(loss: Any, beta: Any) -> None:
+    """Refuse a ``beta`` beside a ``loss`` that ignores it (``forward_kl`` is ``β = 0``, ``reverse_kl``
+    ``β = 1``; ``jsd`` reads any ``β``).
+
+    Raises:
+        ConfigError: ``model.distillation.beta=<β>: loss '<loss>' ignores it; …``.
+
+    Example:
+        >>> check_beta_read("forward_kl", 0.0)
+        >>> check_beta_read("forward_kl", 0.3)
+        Traceback (most recent call last):
+        ...
+        lit_losses.errors.ConfigError: model.distillation.beta=0.3: loss 'forward_kl' ignores it; ...
+    """
+    if loss in IMPLIED_BETA and beta != IMPLIED_BETA[loss]:
+        raise ConfigError(
+            f"{WHERE}.beta={beta!r}: loss {loss!r} ignores it; TRL's beta selects the generalized JSD: give "
+            f"{WHERE}.loss: jsd for it (beta 0 is forward_kl, 1 reverse_kl), or remove {WHERE}.beta"
+        )
 
 
 def check_distillation_options(

@@ -1,9 +1,10 @@
 """`GRPOPreset`: TRL's ``GRPOTrainer`` loss (``loss_type`` and its arguments) as lit_losses options.
 
 ``model.grpo`` takes the loss fields of TRL's ``GRPOConfig`` under their names and sets ``base_loss``,
-``base_loss_args``, ``loss_agg``, ``loss_agg_norm`` and, with ``beta > 0``, a ``kl_reference`` term
-together. Each TRL loss is a per-token loss ``L_t`` plus ``β · KL_t`` aggregated by one rule; here the
-rule is an aggregation mode over the *global* counts of the optimizer step:
+``base_loss_args``, ``loss_agg``, ``loss_agg_norm``, with ``beta > 0`` a ``kl_reference`` term and with
+``entropy_coef > 0`` an ``entropy`` bonus together. Each TRL loss is a per-token loss ``L_t`` plus
+``β · KL_t`` aggregated by one rule; here the rule is an aggregation mode over the *global* counts of the
+optimizer step:
 
 ============  ================================  =============================
 ``loss_type``  ``base_loss``                    ``loss_agg``
@@ -12,7 +13,7 @@ rule is an aggregation mode over the *global* counts of the optimizer step:
 ``bnpo``      ``ppo``                           ``token-mean``
 ``dr_grpo``   ``ppo``                           ``seq-mean-token-sum-norm``, ``C = max_completion_length``
 ``dapo``      ``ppo``                           ``token-mean``
-``luspo``     ``ppo`` (sequence ratios)         ``seq-mean-token-sum``
+``luspo``     ``ppo``                           ``seq-mean-token-sum``
 ``cispo``     ``cispo`` (``lo = 0``, ``hi = ε_high``)  ``token-mean``
 ``sapo``      ``sapo``                          ``seq-mean-token-mean``
 ``vespo``     ``vespo``                         ``token-mean``
@@ -75,7 +76,9 @@ READS: dict[str, tuple[str, ...]] = {
 CORRECTION_FIELDS = tuple(f.name for f in fields(RolloutCorrectionOptions))
 """The rollout-correction fields (`RolloutCorrectionOptions`), which every loss type reads."""
 POSITIVE = ("delta", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg")
-NON_NEGATIVE = ("epsilon_high", "beta", "vespo_k_pos", "vespo_k_neg")
+NON_NEGATIVE = ("epsilon_high", "beta", "entropy_coef", "vespo_k_pos", "vespo_k_neg")
+ALWAYS_READ = ("loss_type", "beta", "use_bias_correction_kl", "entropy_coef")
+"""The fields every loss type reads."""
 
 
 @dataclass(frozen=True)
@@ -92,9 +95,10 @@ class GRPOPreset(RolloutCorrectionOptions):
             the cap of the ratio itself (TRL's and Liger-Kernel's meaning; ScaleRL uses 5.0).
         delta: INTELLECT-2's two-sided clipping, the unclipped ratio capped at ``δ`` (clipped types).
         beta: weight of the k3 KL to the reference (``batch["ref_logprobs"]``); 0: no KL term.
-        use_bias_correction_kl: the KL times the importance ratio (DeepSeek-V3.2; needs ``beta > 0``).
+        use_bias_correction_kl: the KL times the importance ratio (DeepSeek-V3.2; default on, as TRL's;
+            without a KL term, ``beta = 0``, it has no effect).
         importance_sampling_level: ``token``, or ``sequence`` (GSPO): the ratio of a sequence is
-            ``exp(mean_t (ℓ_t − q_t))`` over its valid tokens.
+            ``exp(mean_t (ℓ_t − q_t))`` over its valid tokens (``luspo``'s paper uses ``sequence``).
         max_completion_length: ``dr_grpo``'s constant (required by it).
         sapo_temperature_pos: SAPO's temperature where ``A > 0``.
         sapo_temperature_neg: SAPO's temperature where ``A ≤ 0``.
@@ -102,11 +106,14 @@ class GRPOPreset(RolloutCorrectionOptions):
         vespo_lambda_pos: VESPO's gamma rate where ``A ≥ 0``.
         vespo_k_neg: VESPO's gamma shape where ``A < 0``.
         vespo_lambda_neg: VESPO's gamma rate where ``A < 0``.
+        entropy_coef: weight of TRL's entropy bonus, ``−entropy_coef · H̄``, ``H̄`` the mean entropy of the
+            policy over the step's completion tokens (an ``entropy`` term, ``mode: bonus``, ``token-mean``,
+            whatever the loss type's aggregation); 0: none.
 
     Raises:
-        ConfigError: naming ``model.grpo.<field>``: an unknown choice, ``luspo`` without sequence
-            ratios, ``dr_grpo`` without ``max_completion_length``, an option the loss type ignores, a bad
-            rollout correction (`RolloutCorrectionOptions.resolve`).
+        ConfigError: naming ``model.grpo.<field>``: an unknown choice, ``dr_grpo`` without
+            ``max_completion_length``, an option the loss type ignores, a bad rollout correction
+            (`RolloutCorrectionOptions.resolve`).
 
     Example:
         >>> options = GRPOPreset("dr_grpo", epsilon_high=0.28, beta=0.04, max_completion_length=256).options()
@@ -114,10 +121,10 @@ class GRPOPreset(RolloutCorrectionOptions):
         ('ppo', 0.28, 'seq-mean-token-sum-norm')
         >>> options["loss_agg_norm"], [(r["name"], r["weight"]) for r in options["regularizers"]]
         (256.0, [('kl_reference', 0.04)])
-        >>> GRPOPreset("luspo")
+        >>> GRPOPreset("sapo", delta=2.0)
         Traceback (most recent call last):
         ...
-        lit_losses.errors.ConfigError: model.grpo.importance_sampling_level='token': loss_type 'luspo' ...
+        lit_losses.errors.ConfigError: model.grpo.delta=2.0: loss_type 'sapo' ignores it (it applies to ...
     """
 
     loss_type: TRLLossType = "dapo"
@@ -125,7 +132,7 @@ class GRPOPreset(RolloutCorrectionOptions):
     epsilon_high: float | None = None
     delta: float | None = None
     beta: float = 0.0
-    use_bias_correction_kl: bool = False
+    use_bias_correction_kl: bool = True
     importance_sampling_level: ImportanceSamplingLevel = "token"
     max_completion_length: int | None = None
     sapo_temperature_pos: float = 1.0
@@ -134,18 +141,12 @@ class GRPOPreset(RolloutCorrectionOptions):
     vespo_lambda_pos: float = 3.0
     vespo_k_neg: float = 3.0
     vespo_lambda_neg: float = 2.0
+    entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
         check_choice(self.loss_type, TRLLossType, f"{WHERE}.loss_type")
-        level = check_choice(
-            self.importance_sampling_level, ImportanceSamplingLevel, f"{WHERE}.importance_sampling_level"
-        )
-        if self.loss_type == "luspo" and level != "sequence":
-            raise ConfigError(
-                f"{WHERE}.importance_sampling_level={level!r}: loss_type 'luspo' weights each sequence's "
-                "loss by its length and needs sequence-level ratios ('sequence'; TRL's token-level luspo "
-                "sums over padding positions)"
-            )
+        level = self.importance_sampling_level
+        check_choice(level, ImportanceSamplingLevel, f"{WHERE}.importance_sampling_level")
         if self.loss_type == "dr_grpo" and self.max_completion_length is None:
             raise ConfigError(
                 f"{WHERE}.max_completion_length is required by loss_type 'dr_grpo' (its constant)"
@@ -154,10 +155,6 @@ class GRPOPreset(RolloutCorrectionOptions):
             raise ConfigError(f"{WHERE}.max_completion_length must be >= 1, got {self.max_completion_length}")
         self.check_numbers()
         self.check_ignored()
-        if self.use_bias_correction_kl and self.beta == 0:
-            raise ConfigError(
-                f"{WHERE}.use_bias_correction_kl=True corrects the KL term, which beta=0 disables"
-            )
         correction = self.resolve(WHERE)
         if self.loss_type == "vespo" and correction is not None and correction.level == "sequence":
             field_name = "vllm_importance_sampling_mode" if correction.vllm_mode else "rollout_is"
@@ -169,14 +166,14 @@ class GRPOPreset(RolloutCorrectionOptions):
     def fields_read(self) -> tuple[str, ...]:
         """The fields this loss type reads (`READS`, and every type the rollout-correction fields):
         ``cispo`` reads ``epsilon`` only as the default of ``epsilon_high``, and the bias-corrected KL reads
-        ``importance_sampling_level`` for every type.
+        ``importance_sampling_level`` for every type (when ``beta > 0``).
 
         Example:
             >>> [f for f in GRPOPreset("cispo", epsilon_high=5.0).fields_read() if f not in CORRECTION_FIELDS]
-            ['beta', 'epsilon_high', 'importance_sampling_level', 'loss_type', 'use_bias_correction_kl']
+            ['beta', 'entropy_coef', 'epsilon_high', 'importance_sampling_level', 'loss_type', ...]
         """
-        read = {"loss_type", "beta", "use_bias_correction_kl", *READS[self.loss_type], *CORRECTION_FIELDS}
-        if self.use_bias_correction_kl:
+        read = {*ALWAYS_READ, *READS[self.loss_type], *CORRECTION_FIELDS}
+        if self.bias_corrected_kl:
             read.add("importance_sampling_level")
         if self.loss_type == "cispo" and self.epsilon_high is not None:
             read.discard("epsilon")
@@ -201,7 +198,7 @@ class GRPOPreset(RolloutCorrectionOptions):
             if field.name == "epsilon" and self.loss_type == "cispo":
                 why = f"its ratio cap is epsilon_high={self.epsilon_high!r}"
             elif field.name == "importance_sampling_level":
-                why += ", and to use_bias_correction_kl"
+                why += ", and to the bias-corrected KL (beta > 0)"
             raise ConfigError(
                 f"{WHERE}.{field.name}={value!r}: loss_type {self.loss_type!r} ignores it ({why}); remove it "
                 "or choose a loss_type that reads it"
@@ -229,6 +226,11 @@ class GRPOPreset(RolloutCorrectionOptions):
         if isinstance(value, Mapping) and not {f.name for f in fields(cls)} <= set(value):
             check_given_fields(value, WHERE)
         return coerce_fields(cls, value, WHERE, expected="GRPOConfig fields")
+
+    @property
+    def bias_corrected_kl(self) -> bool:
+        """A KL term (``beta > 0``) with ``use_bias_correction_kl``."""
+        return self.use_bias_correction_kl and self.beta > 0
 
     @property
     def upper_epsilon(self) -> float:
@@ -283,19 +285,38 @@ class GRPOPreset(RolloutCorrectionOptions):
             "name": "kl_reference",
             "weight": self.beta,
             "agg": LOSS_AGG[self.loss_type],
-            "pointwise": not (self.use_bias_correction_kl and level == "sequence"),
+            "pointwise": not (self.bias_corrected_kl and level == "sequence"),
             "args": {
                 "estimator": "k3",
                 "bias_correction": self.use_bias_correction_kl,
                 "importance_sampling_level": level,
                 # TRL's ratio: π_old, the current policy detached when a correction has no old_logprobs
-                "old_detached": self.use_bias_correction_kl and self.uses_old(),
+                "old_detached": self.bias_corrected_kl and self.uses_old(),
             },
         }
 
+    def entropy_term(self) -> dict[str, Any]:
+        """The ``entropy`` bonus of ``entropy_coef``: TRL subtracts ``entropy_coef`` times the mean entropy
+        over the completion tokens whatever the loss type, so the term is a ``token-mean`` whatever the
+        base loss's mode."""
+        return {
+            "name": "entropy",
+            "weight": self.entropy_coef,
+            "agg": "token-mean",
+            "args": {"mode": "bonus"},
+        }
+
+    def terms(self) -> list[dict[str, Any]]:
+        """The regularizer specs the preset adds: the KL term (``beta > 0``), the entropy bonus
+        (``entropy_coef > 0``)."""
+        return [
+            *([self.kl_term()] if self.beta > 0 else []),
+            *([self.entropy_term()] if self.entropy_coef > 0 else []),
+        ]
+
     def options(self) -> dict[str, Any]:
         """The `Objective` options: ``base_loss``, ``base_loss_args``, ``loss_agg``, ``loss_agg_norm`` (for
-        ``dr_grpo``) and ``regularizers`` (the KL term, when ``beta > 0``)."""
+        ``dr_grpo``) and ``regularizers`` (`terms`, when there are any)."""
         base_loss, args = self.base_loss()
         out: dict[str, Any] = {
             "base_loss": base_loss,
@@ -304,8 +325,8 @@ class GRPOPreset(RolloutCorrectionOptions):
         }
         if self.loss_type == "dr_grpo":
             out["loss_agg_norm"] = float(self.max_completion_length)
-        if self.beta > 0:
-            out["regularizers"] = [self.kl_term()]
+        if self.terms():
+            out["regularizers"] = self.terms()
         return out
 
 
@@ -320,10 +341,11 @@ def apply_preset(
 ) -> dict[str, Any]:
     """`Objective.from_options`'s options with ``preset``'s: it sets ``base_loss``, ``base_loss_args``,
     ``loss_agg``, ``loss_agg_norm`` (so they must keep their defaults) and appends its KL term to the
-    regularizer specs ``terms`` (which must not have one) as ``regularizers``.
+    regularizer specs ``terms`` (which must not have one) as ``regularizers``, and its entropy bonus.
 
     Raises:
-        ConfigError: one of those options is set too, or ``beta > 0`` beside a ``kl_reference`` term.
+        ConfigError: one of those options is set too, ``beta > 0`` beside a ``kl_reference`` term, or
+            ``entropy_coef > 0`` beside an ``entropy`` term.
     """
     name = first_set_option(
         base_loss=base_loss, base_loss_args=base_loss_args, loss_agg=loss_agg, loss_agg_norm=loss_agg_norm
@@ -339,6 +361,11 @@ def apply_preset(
         raise ConfigError(
             f"{WHERE}.beta={preset.beta} adds the kl_reference term and model.regularizers has one "
             "already; remove one of them"
+        )
+    if preset.entropy_coef > 0 and "entropy" in names:
+        raise ConfigError(
+            f"{WHERE}.entropy_coef={preset.entropy_coef} adds the entropy term and model.regularizers has "
+            "one already; remove one of them"
         )
     options = preset.options()
     return {

@@ -169,8 +169,9 @@ def fit_once(mode: str, loader: str, path: str, batches: list[dict], options: di
     else:
         train = GlobalStatsLoader(data, batch_size=None, shuffle=False)
     L.seed_everything(0, verbose=False)
-    model = TinyLM(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, loss_agg=mode, head_backend="chunked",
-                   **options)  # fmt: skip
+    model = TinyLM(
+        vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, loss_agg=mode, head_backend="chunked", **options
+    )
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1 if full else RANKS,

@@ -195,8 +195,10 @@ def test_a_restored_position_continues_the_pass_without_loading_the_skipped_item
         assert data.loaded == [4, 5, 6]  # the first 4 were not loaded again
     stats = [b[GLOBAL_STATS_KEY] for b in rest]
     assert [(s.index, s.position, s.window, s.ends_window) for s in stats] == [
-        (4, 0, 2, False), (5, 1, 2, True), (6, 0, 1, True)
-    ]  # fmt: skip
+        (4, 0, 2, False),
+        (5, 1, 2, True),
+        (6, 0, 1, True),
+    ]
     assert stats[0].get().num_tokens == 5 + 6  # the window's counts: micro-batches 4 and 5
     assert indices(resumed) == list(range(7))  # the next pass starts at the beginning
 

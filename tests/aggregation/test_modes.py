@@ -241,9 +241,12 @@ def test_every_base_loss_split_into_ranks_and_micro_batches_equals_the_full_batc
         {"name": "entropy", "weight": 0.01, "args": {"mode": "bonus"}},
     ]
     objective = Objective(
-        RegularizerSet(terms, default_agg=mode), mode, base_loss=base_loss,
-        base_loss_args=BASE_LOSS_ARGS[base_loss], loss_agg_norm=NORM,
-    )  # fmt: skip
+        RegularizerSet(terms, default_agg=mode),
+        mode,
+        base_loss=base_loss,
+        base_loss_args=BASE_LOSS_ARGS[base_loss],
+        loss_agg_norm=NORM,
+    )
     assert objective.path("train", objective.head_outputs_needed()) == "fused"
     weight = torch.randn(
         F, V, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True

@@ -36,10 +36,14 @@ CUSTOM_CONFIG = {
     "controller_metrics": [{"name": "state", "class": "TrainingState"}],
     "operations": [{"name": "custom", "class": "StopOnRankZero"}],
     "controllers": [
-        {"name": "stop", "triggers": ["on_step_end"], "rule": 'state["global_step"] == 3',
-         "operations": ["custom.should_stop_now"]}
+        {
+            "name": "stop",
+            "triggers": ["on_step_end"],
+            "rule": 'state["global_step"] == 3',
+            "operations": ["custom.should_stop_now"],
+        }
     ],
-}  # fmt: skip
+}
 ERROR_CONFIG = {
     "controller-metrics": [
         {"name": "proc", "class": "PerProcessState"},

@@ -43,8 +43,9 @@ def recovery(**arguments) -> TrainingController:
 
 def run(data, *callbacks, **trainer_kwargs):
     record, net = StepLosses(), model()
-    trainer = quiet_trainer(max_steps=len(data), callbacks=[*callbacks, record], gradient_clip_val=1.0,
-                            **trainer_kwargs)  # fmt: skip
+    trainer = quiet_trainer(
+        max_steps=len(data), callbacks=[*callbacks, record], gradient_clip_val=1.0, **trainer_kwargs
+    )
     trainer.fit(net, GlobalStatsLoader(data, batch_size=None))
     return record, net, trainer
 

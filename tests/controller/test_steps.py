@@ -74,18 +74,29 @@ def test_a_window_is_unaffected_by_other_controllers_triggers():
     on every micro-batch: "the validation loss rose twice in a row" fires when it did."""
     config = {
         "controller-metrics": [
-            {"name": "val_history", "class": "HistoryBasedMetric",
-             "arguments": {"key": "val/loss", "window": 2}},
+            {
+                "name": "val_history",
+                "class": "HistoryBasedMetric",
+                "arguments": {"key": "val/loss", "window": 2},
+            },
             {"name": "state", "class": "TrainingState"},
         ],
         "controllers": [
-            {"name": "busy", "triggers": ["on_train_batch_end"], "rule": "state['global_step'] < 0",
-             "operations": ["lightning.should_log"]},
-            {"name": "val-rise", "triggers": ["on_validation_end"],
-             "rule": "val_history['full'] and val_history['window'][1] > val_history['window'][0]",
-             "patience": {"patience_threshold": 1}, "operations": ["lightning.should_training_stop"]},
+            {
+                "name": "busy",
+                "triggers": ["on_train_batch_end"],
+                "rule": "state['global_step'] < 0",
+                "operations": ["lightning.should_log"],
+            },
+            {
+                "name": "val-rise",
+                "triggers": ["on_validation_end"],
+                "rule": "val_history['full'] and val_history['window'][1] > val_history['window'][0]",
+                "patience": {"patience_threshold": 1},
+                "operations": ["lightning.should_training_stop"],
+            },
         ],
-    }  # fmt: skip
+    }
     ctrl = TrainingController(config)
     data = torch.utils.data.DataLoader([torch.ones(1)] * 4, batch_size=None)
     trainer = quiet_trainer(max_epochs=6, callbacks=[ctrl], limit_val_batches=1)
@@ -132,8 +143,9 @@ def test_hfcontrols_epoch_stop_ends_the_epoch_at_the_end_of_the_window():
             self.ends.append(trainer.global_step)
 
     # asked for at micro-batch 3 (in the middle of step 2's window): the epoch ends after step 2
-    ctrl = controller('state["epoch"] == 0.5', trigger="on_train_batch_end",
-                      operations=["hfcontrols.should_epoch_stop"])  # fmt: skip
+    ctrl = controller(
+        'state["epoch"] == 0.5', trigger="on_train_batch_end", operations=["hfcontrols.should_epoch_stop"]
+    )
     epochs = Epochs()
     trainer = quiet_trainer(max_epochs=2, accumulate_grad_batches=2, callbacks=[ctrl, epochs])
     trainer.fit(tiny(), GlobalStatsLoader(micro_batches(), batch_size=None))  # 6 micro-batches: 3 steps

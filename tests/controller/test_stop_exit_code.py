@@ -44,6 +44,7 @@ def fit(tmp_path: Path, arguments: str):
             f"{d}tokens_per_batch=32",
             f"{d}cache_dir={tmp_path / 'cache'}",
             f"{d}paths=[{tmp_path / 'corpus.txt'}]",
+            f"{d}val_fraction=0",  # one document: no validation item to hold out
         ]
     )
 

@@ -70,7 +70,9 @@ def test_a_model_reading_top_k_refuses_data_without_them(tmp_path):
     corpus.write_text("some text " * 200)
     model = TinyLM(vocab_size=300, d_model=16, n_layers=1, n_heads=2, distillation={"teacher": None})
     trainer = quiet_trainer(max_steps=1, enable_checkpointing=False)
-    data = TextDataModule(paths=[str(corpus)], vocab_size=300, seq_len=16, tokens_per_batch=64)
+    data = TextDataModule(
+        paths=[str(corpus)], vocab_size=300, seq_len=16, tokens_per_batch=64, val_fraction=0.0
+    )
     with pytest.raises(ConfigError, match=r"model.distillation reads batch key 'teacher_topk_ids'"):
         trainer.fit(model, data)
 

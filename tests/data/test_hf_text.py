@@ -22,8 +22,12 @@ def save_tokenizer(folder, eos=True):
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>", "<pad>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<eos>", "<pad>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     bpe.train_from_iterator(TEXTS * 5, trainer)
     special = {"eos_token": "<eos>", "pad_token": "<pad>"} if eos else {"pad_token": "<pad>"}
     PreTrainedTokenizerFast(tokenizer_object=bpe, **special).save_pretrained(folder)
@@ -39,8 +43,13 @@ def corpus(tmp_path):
 
 def test_documents_are_tokenized_packed_and_labelled_with_the_next_token(corpus):
     tok_dir = save_tokenizer(corpus / "tok")
-    data = HFTextDataModule(tok_dir, paths=[str(corpus / "*.txt"), str(corpus / "*.jsonl")], seq_len=64,
-                            tokens_per_batch=64, val_fraction=0.0)  # fmt: skip
+    data = HFTextDataModule(
+        tok_dir,
+        paths=[str(corpus / "*.txt"), str(corpus / "*.jsonl")],
+        seq_len=64,
+        tokens_per_batch=64,
+        val_fraction=0.0,
+    )
     data.setup("fit")
     tok = PreTrainedTokenizerFast.from_pretrained(tok_dir)
     batches = [data.train_set[i] for i in range(len(data.train_set))]

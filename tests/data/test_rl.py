@@ -153,10 +153,21 @@ def test_data_module_splits_shuffles_and_serves_global_counts_of_the_records_tar
 def test_trainer_fit_on_rl_batches_with_a_kl_reference_term(tmp_path):
     path = write(tmp_path / "r.jsonl", random_records(24, seed=2))
     data = RLDataModule(paths=[path], vocab_size=V, seq_len=16, tokens_per_batch=64)
-    model = TinyLM(vocab_size=V, d_model=16, n_layers=1, n_heads=2,
-                   regularizers=[{"name": "kl_reference", "weight": 0.1}])  # fmt: skip
-    trainer = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    model = TinyLM(
+        vocab_size=V,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        regularizers=[{"name": "kl_reference", "weight": 0.1}],
+    )
+    trainer = L.Trainer(
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(model, datamodule=data)
     assert trainer.global_step == 2
     assert model.telemetry["regularizers"]["kl_reference"]["value"] > 0
@@ -192,10 +203,19 @@ def test_cli_stops_on_a_bad_record_with_one_line_naming_file_and_line(tmp_path, 
     records = random_records(5, seed=3)
     records[3]["logprobs"][-1] = 0.25
     path = write(tmp_path / "r.jsonl", records)
-    args = ["fit", "--data=lit_losses.data.RLDataModule", f"--data.init_args.paths=[{path}]",
-            f"--data.init_args.vocab_size={V}", "--model.init_args.d_model=16", "--model.init_args.n_heads=2",
-            "--model.init_args.n_layers=1", "--trainer.max_steps=1", "--trainer.logger=false",
-            "--trainer.enable_checkpointing=false", f"--trainer.default_root_dir={tmp_path}"]  # fmt: skip
+    args = [
+        "fit",
+        "--data=lit_losses.data.RLDataModule",
+        f"--data.init_args.paths=[{path}]",
+        f"--data.init_args.vocab_size={V}",
+        "--model.init_args.d_model=16",
+        "--model.init_args.n_heads=2",
+        "--model.init_args.n_layers=1",
+        "--trainer.max_steps=1",
+        "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false",
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
     with pytest.raises(SystemExit) as exit_info:
         cli_main(args)
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]

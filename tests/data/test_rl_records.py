@@ -98,10 +98,14 @@ def test_tinker_datum_form_gives_the_row_of_the_flat_form(tensor_data, chunks):
 def test_datum_with_a_mask_and_no_weights_has_no_loss_weights():
     datum = {
         "model_input": [3, 4, 5],
-        "loss_fn_inputs": {"target_tokens": [4, 5, 6], "logprobs": [0, -1.0, -2.0],
-                           "advantages": [0, 1.0, 1.0], "mask": [0, 1, 1]},
+        "loss_fn_inputs": {
+            "target_tokens": [4, 5, 6],
+            "logprobs": [0, -1.0, -2.0],
+            "advantages": [0, 1.0, 1.0],
+            "mask": [0, 1, 1],
+        },
         "sample_weight": 0.5,
-    }  # fmt: skip
+    }
     row = parse_record(datum, "d")
     assert row.labels == [N, 5, 6]
     assert row.fields == {

@@ -34,8 +34,14 @@ def test_lightning_keeps_the_sampler_under_ddp():
 def test_the_data_module_shards_for_its_trainer(text_corpus):
     from lit_losses import TextDataModule
 
-    data = TextDataModule(paths=[str(text_corpus / "*.txt")], vocab_size=300, seq_len=32,
-                          tokens_per_batch=64, max_documents=6, val_fraction=0.2)  # fmt: skip
+    data = TextDataModule(
+        paths=[str(text_corpus / "*.txt")],
+        vocab_size=300,
+        seq_len=32,
+        tokens_per_batch=64,
+        max_documents=6,
+        val_fraction=0.2,
+    )
     data.setup("fit")
     data.trainer = SimpleNamespace(distributed_sampler_kwargs={"num_replicas": 2, "rank": 1})  # a DDP trainer
     sampler = data.train_dataloader().sampler

@@ -96,8 +96,13 @@ def test_auto_takes_liger_for_uniform_plain_ce_and_chunked_otherwise(monkeypatch
     torch.testing.assert_close(uniform, weighted, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["chunked", pytest.param("liger", marks=pytest.mark.skipif(
-    not liger_available(), reason="needs a CUDA device and the [liger] extra"))])  # fmt: skip
+LIGER = pytest.param(
+    "liger",
+    marks=pytest.mark.skipif(not liger_available(), reason="needs a CUDA device and the [liger] extra"),
+)
+
+
+@pytest.mark.parametrize("backend", ["chunked", LIGER])
 def test_bf16_mixed_on_cuda_multiplies_bf16_operands_with_fp32_products(backend):
     """``bf16-mixed`` (fp32 weight and hidden, autocast on): the default ``matmul_precision="auto"`` hands
     the matmuls bf16 operands (tensor cores); the chunked kernel keeps their products in fp32

@@ -81,8 +81,9 @@ def test_chunked_per_token_and_weighted_ce_pass_gradgradcheck():
 
     assert torch.autograd.gradgradcheck(per_token, (hidden, weight, b))
     weights = torch.rand(targets.shape, dtype=torch.float64)
-    assert torch.autograd.gradgradcheck(lambda h, w, bias: head(w, bias).weighted_ce(h, targets, weights),
-                                        (hidden, weight, b))  # fmt: skip
+    assert torch.autograd.gradgradcheck(
+        lambda h, w, bias: head(w, bias).weighted_ce(h, targets, weights), (hidden, weight, b)
+    )
 
 
 @pytest.mark.parametrize("backend", ["chunked", "naive"])

@@ -54,8 +54,11 @@ def test_communication_is_o_tokens_per_chunk(ranks):
     n, chunk = result["n_valid"], worker.CHUNK
     chunks = math.ceil(n / chunk)
     for layout in ("dtensor", "dtensor_no_bias", "explicit"):
-        calls = [(phase.split("/", 1)[1], op, numel) for phase, op, numel in result["collectives"]
-                 if phase.startswith(layout + "/")]  # fmt: skip
+        calls = [
+            (phase.split("/", 1)[1], op, numel)
+            for phase, op, numel in result["collectives"]
+            if phase.startswith(layout + "/")
+        ]
         assert {op for _, op, _ in calls} == {"all_reduce"}
         counts: dict[tuple[str, str], int] = {}
         for phase, _, numel in calls:

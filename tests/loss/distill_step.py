@@ -31,10 +31,13 @@ def save_teacher(path: str, vocab_size: int = VOCAB) -> None:
     with torch.no_grad():
         teacher.body.embed.weight.mul_(8.0)  # far from uniform: the divergence is not small
     torch.save(
-        {"state_dict": teacher.state_dict(), "hyper_parameters": plain_data(dict(teacher.hparams)),
-         "pytorch-lightning_version": L.__version__},
+        {
+            "state_dict": teacher.state_dict(),
+            "hyper_parameters": plain_data(dict(teacher.hparams)),
+            "pytorch-lightning_version": L.__version__,
+        },
         path,
-    )  # fmt: skip
+    )
 
 
 class CaptureFirstStep(L.Callback):

@@ -178,7 +178,10 @@ def test_seq_mean_token_sum_norm_uses_the_models_loss_agg_norm(model_agg, term_a
 def test_norm_mode_without_loss_agg_norm_names_the_regularizer():
     model = make_model()  # token-mean, no loss_agg_norm
     spec = {"fn": token_nll, "weight": 0.5, "name": "tok", "agg": NORM}
-    with pytest.raises(ConfigError, match=r"^forward_backward_custom: model\.loss_agg_norm is required .*"
-                       r"used by regularizer 'tok'$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^forward_backward_custom: model\.loss_agg_norm is required .*"
+        r"used by regularizer 'tok'$",
+    ):
         model.forward_backward_custom(packed_batch(), loss_fn=nll, regularizers=[spec])
     assert all(p.grad is None for p in model.parameters())  # refused before any backward

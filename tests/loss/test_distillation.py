@@ -59,7 +59,11 @@ def reference_loss(model: TinyLM, data: dict, cfg: dict, teacher_logits) -> tupl
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"loss": "forward_kl", "ce_weight": 0.0}, {"loss": "reverse_kl", "weight": 2.0, "temperature": 0.5}],
+    [
+        {},
+        {"loss": "forward_kl", "beta": 0.0, "ce_weight": 0.0},
+        {"loss": "reverse_kl", "beta": 1.0, "weight": 2.0, "temperature": 0.5},
+    ],
 )
 def test_the_loss_and_its_gradient_are_those_of_the_materialized_logits(teacher_path, options):
     model = student(teacher_path, **options)
@@ -80,7 +84,7 @@ def test_the_loss_and_its_gradient_are_those_of_the_materialized_logits(teacher_
 
 
 def test_offline_top_k_in_the_batch_is_the_teacher(teacher_path):
-    model = student(None, loss="forward_kl", tail=True, ce_weight=0.0)
+    model = student(None, loss="forward_kl", beta=0.0, tail=True, ce_weight=0.0)
     data = batch(1)
     frozen = student(teacher_path).frozen_model("teacher")
     with torch.no_grad():
@@ -136,13 +140,24 @@ def test_the_checkpoint_holds_no_teacher_and_resumes_exactly(tmp_path, text_corp
     weights of the run it was cut from, bit for bit."""
     teacher = str(tmp_path / "teacher.ckpt")
     distill_step.save_teacher(teacher, vocab_size=512)
-    data = dict(paths=[str(text_corpus / "*.txt")], vocab_size=512, seq_len=64, tokens_per_batch=256,
-                max_documents=12, val_fraction=0.0)  # fmt: skip
+    data = dict(
+        paths=[str(text_corpus / "*.txt")],
+        vocab_size=512,
+        seq_len=64,
+        tokens_per_batch=256,
+        max_documents=12,
+        val_fraction=0.0,
+    )
 
     def train(root: Path, ckpt_path: str | None = None) -> dict:
         torch.manual_seed(0 if ckpt_path is None else 123)  # a resumed run must not depend on the global RNG
-        model = TinyLM(vocab_size=512, d_model=32, n_layers=1, n_heads=2,
-                       distillation={**distill_step.DISTILLATION, "teacher": teacher})  # fmt: skip
+        model = TinyLM(
+            vocab_size=512,
+            d_model=32,
+            n_layers=1,
+            n_heads=2,
+            distillation={**distill_step.DISTILLATION, "teacher": teacher},
+        )
         save = L.pytorch.callbacks.ModelCheckpoint(
             root, every_n_train_steps=2, save_top_k=-1, filename="{step}"
         )

@@ -96,7 +96,13 @@ def test_torch_backend_runs_a_pointwise_term_that_reads_logprobs_only():
     losses = []
     for backend in ("torch", "chunked"):
         torch.manual_seed(0)
-        model = TinyLM(vocab_size=64, d_model=16, n_layers=1, n_heads=2, head_backend=backend,
-                       regularizers=[{"name": "logprob_l1", "weight": 0.1}]).double()  # fmt: skip
+        model = TinyLM(
+            vocab_size=64,
+            d_model=16,
+            n_layers=1,
+            n_heads=2,
+            head_backend=backend,
+            regularizers=[{"name": "logprob_l1", "weight": 0.1}],
+        ).double()
         losses.append(model.compute_loss(batch).total)
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-12, atol=1e-12)

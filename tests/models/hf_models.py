@@ -9,14 +9,25 @@ COMMON = dict(vocab_size=V, bos_token_id=0, eos_token_id=1, pad_token_id=2)
 
 #: ``model_type`` → config (tiny, no dropout); ``phi`` has an output layer with a bias, ``gpt2`` a tied one.
 CONFIGS = {
-    "llama": dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2),
-    "qwen2": dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2),
-    "gpt2": dict(n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-                 attn_pdrop=0.0),
+    "llama": dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
+    "qwen2": dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
+    "gpt2": dict(
+        n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    ),
     "phi": dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4),
-}  # fmt: skip
+}
 
 
 def hf_config(model_type: str, **overrides) -> dict:

@@ -22,9 +22,9 @@ LORA = {
     "r": 4,
     "lora_alpha": 8,
     "target_modules": ["q_proj", "v_proj"],
-    "lora_dropout": 0.3,
-    "init_lora_weights": False,
-}  # fmt: skip  (random B: the adapters change the outputs; dropout: train mode would be random)
+    "lora_dropout": 0.3,  # train mode would be random
+    "init_lora_weights": False,  # random B: the adapters change the outputs
+}
 
 
 def reference_logprobs(lm, batch) -> torch.Tensor:
@@ -107,9 +107,14 @@ def test_frozen_model_has_no_gradient_no_optimizer_state_no_checkpoint_keys_and_
     policy.add_frozen_model("reference", "initial_policy", where="model.dpo.ref_model")
     batch = token_batch(rows=2, seed=2)
     trainer = L.Trainer(
-        accelerator="cpu", max_steps=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=tmp_path, precision="64-true",
-    )  # fmt: skip
+        accelerator="cpu",
+        max_steps=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        precision="64-true",
+    )
     trainer.fit(policy, train_dataloaders=DataLoader([batch, batch], batch_size=None))
     frozen = policy.frozen_models["reference"]
     frozen_params = list(frozen.runner.parameters())
@@ -135,9 +140,13 @@ def test_a_regularizedlm_checkpoint_file_is_its_trained_model(tmp_path):
     trained = tiny(optimizer={"warmup_steps": 0, "lr": 0.05})
     batch = token_batch(rows=2, seed=3)
     trainer = L.Trainer(
-        accelerator="cpu", max_steps=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        max_steps=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         default_root_dir=tmp_path,
-    )  # fmt: skip
+    )
     trainer.fit(trained, train_dataloaders=DataLoader([batch, batch], batch_size=None))
     trainer.save_checkpoint(tmp_path / "sft.ckpt")
     policy = tiny()

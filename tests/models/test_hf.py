@@ -168,8 +168,16 @@ def test_construction_errors_name_the_option(tmp_path):
 
 
 def test_logit_softcapping_is_refused():
-    config = dict(model_type="gemma2", vocab_size=V, hidden_size=32, intermediate_size=48,
-                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                  final_logit_softcapping=3.0)  # fmt: skip
+    config = dict(
+        model_type="gemma2",
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        final_logit_softcapping=3.0,
+    )
     with pytest.raises(ConfigError, match=r"not linear.*config sets final_logit_softcapping"):
         HFCausalLM(config=config)

@@ -16,15 +16,28 @@ from lit_losses.cli.app import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "configs" / "hf_causal_lm.yaml")
-FAST = ["--trainer.max_steps=3", "--trainer.val_check_interval=3", "--trainer.limit_val_batches=1",
-        "--data.init_args.max_documents=20", "--data.init_args.vocab_size=512",
-        "--model.init_args.config.num_hidden_layers=1"]  # fmt: skip
+FAST = [
+    "--trainer.max_steps=3",
+    "--trainer.val_check_interval=3",
+    "--trainer.limit_val_batches=1",
+    "--data.init_args.max_documents=20",
+    "--data.init_args.vocab_size=512",
+    "--model.init_args.config.num_hidden_layers=1",
+]
 
 
 def test_fit_from_the_shipped_config_trains_a_llama_and_its_checkpoint_reloads(tmp_path):
     root = tmp_path / "run"
-    cli = cli_main(["fit", "--config", CONFIG, f"--trainer.default_root_dir={root}",
-                    f"--trainer.logger.init_args.save_dir={root}", *FAST])  # fmt: skip
+    cli = cli_main(
+        [
+            "fit",
+            "--config",
+            CONFIG,
+            f"--trainer.default_root_dir={root}",
+            f"--trainer.logger.init_args.save_dir={root}",
+            *FAST,
+        ]
+    )
     model = cli.model
     assert isinstance(model, HFCausalLM) and type(model.model).__name__ == "LlamaForCausalLM"
     assert cli.trainer.global_step == 3 and model.output_projection()[0].shape[0] == 512  # linked vocab

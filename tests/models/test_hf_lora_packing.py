@@ -20,8 +20,8 @@ LORA = {
     "lora_alpha": 8,
     "target_modules": ["q_proj", "v_proj"],
     "lora_dropout": 0.0,
-    "init_lora_weights": False,
-}  # fmt: skip  (random B: every adapter weight gets a gradient)
+    "init_lora_weights": False,  # random B: every adapter weight gets a gradient
+}
 
 
 class Shapes(TorchDispatchMode):
@@ -114,8 +114,9 @@ def test_global_stats_loader_counts_flattened_documents_as_sequences():
     model = HFCausalLM(config=hf_config("llama"), loss_agg="seq-mean-token-mean")
     collate = NextTokenCollator(DataCollatorWithFlattening())
     features = [{"input_ids": d} for d in DOCS]
-    loader = GlobalStatsLoader([features[:2], features[2:]], batch_size=None, collate_fn=collate,
-                               accumulate_grad_batches=2)  # fmt: skip
+    loader = GlobalStatsLoader(
+        [features[:2], features[2:]], batch_size=None, collate_fn=collate, accumulate_grad_batches=2
+    )
     micro = list(loader)
     assert micro[0]["global_stats"].get().num_sequences == 3
     total = sum(model.compute_loss(b).total for b in micro)
@@ -135,8 +136,16 @@ def test_packed_rows_of_an_attention_that_cannot_separate_documents_are_refused(
     """FlashAttention is given restarting position_ids alone; OPT (positions from the attention mask) given
     them alone lets documents attend to each other: the probe says so instead of training on it."""
     torch.manual_seed(0)
-    opt = dict(model_type="opt", vocab_size=V, hidden_size=32, ffn_dim=48, num_hidden_layers=1,
-               num_attention_heads=2, word_embed_proj_dim=32, dropout=0.0)  # fmt: skip
+    opt = dict(
+        model_type="opt",
+        vocab_size=V,
+        hidden_size=32,
+        ffn_dim=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        word_embed_proj_dim=32,
+        dropout=0.0,
+    )
     model = HFCausalLM(config=opt, attn_implementation="sdpa", label_format="input_aligned")
     flat = DataCollatorWithFlattening()([{"input_ids": d} for d in DOCS])
     model.compute_loss(flat)  # sdpa with lit_losses' block mask: fine

@@ -74,9 +74,12 @@ def expected_total(name: str, mode: str, batch: dict, weight, bias, hidden) -> t
 
 def objective_for(name: str, mode: str, terms=()) -> Objective:
     return Objective(
-        RegularizerSet(list(terms), default_agg=mode), mode, base_loss=name,
-        base_loss_args=reference.ARGS[name], loss_agg_norm=NORM,
-    )  # fmt: skip
+        RegularizerSet(list(terms), default_agg=mode),
+        mode,
+        base_loss=name,
+        base_loss_args=reference.ARGS[name],
+        loss_agg_norm=NORM,
+    )
 
 
 @pytest.mark.parametrize("path", ["fused", "general"])

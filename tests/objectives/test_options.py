@@ -24,9 +24,17 @@ def test_base_loss_options_are_run_options_a_resume_may_change():
 
 
 def test_the_model_keeps_its_options_and_builds_the_objective_from_them():
-    model = TinyLM(vocab_size=16, d_model=8, n_layers=1, n_heads=2, base_loss="cispo",
-                   base_loss_args={"clip_high_threshold": 2}, loss_agg="seq-mean-token-sum-norm",
-                   loss_agg_norm=32, regularizers=[{"name": "kl_reference", "weight": 0.1}])  # fmt: skip
+    model = TinyLM(
+        vocab_size=16,
+        d_model=8,
+        n_layers=1,
+        n_heads=2,
+        base_loss="cispo",
+        base_loss_args={"clip_high_threshold": 2},
+        loss_agg="seq-mean-token-sum-norm",
+        loss_agg_norm=32,
+        regularizers=[{"name": "kl_reference", "weight": 0.1}],
+    )
     assert model.hparams["base_loss"] == "cispo"
     assert model.hparams["base_loss_args"] == {"clip_high_threshold": 2}
     assert model.objective.base_loss.params == {

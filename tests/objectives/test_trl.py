@@ -20,7 +20,7 @@ from tests.objectives import trl_reference
 
 V, F = 7, 4
 LENGTHS = (5, 3, 6, 2)  # completions of different lengths: padded rows
-SAME = (4, 4, 4)  # unpadded rows (TRL's luspo with a KL term sums over padding positions)
+SAME = (4, 4, 4)  # unpadded rows (Liger-Kernel's luspo with a KL term sums over padding positions)
 BIAS_KL = {"beta": 0.04, "use_bias_correction_kl": True}
 SEQ = {"importance_sampling_level": "sequence"}
 
@@ -185,7 +185,6 @@ def test_presets_set_the_base_loss_its_aggregation_and_the_kl_term():
 
 BAD = [
     ({"loss_type": "grpoo"}, "model.grpo.loss_type 'grpoo' is not one of"),
-    ({"loss_type": "luspo"}, "model.grpo.importance_sampling_level='token': loss_type 'luspo'"),
     ({"loss_type": "dr_grpo"}, "model.grpo.max_completion_length is required by loss_type 'dr_grpo'"),
     ({"loss_type": "sapo", "delta": 2.0}, "model.grpo.delta=2.0: loss_type 'sapo' ignores it (it applies to"),
     ({"beta": -0.1}, "model.grpo.beta must be a finite number >= 0, got -0.1"),
@@ -199,7 +198,12 @@ BAD = [
         "model.grpo.vespo_k_neg must be a finite number >= 0, got -1.0",
     ),
     ({"delta": float("inf")}, "model.grpo.delta must be a finite number > 0, got inf"),
-    ({"use_bias_correction_kl": True}, "model.grpo.use_bias_correction_kl=True corrects the KL term"),
+    ({"entropy_coef": -0.1}, "model.grpo.entropy_coef must be a finite number >= 0, got -0.1"),
+    ({"top_entropy_quantile": 0.2}, "model.grpo.top_entropy_quantile: not a field of model.grpo; TRL's"),
+    (
+        {"loss_type": "vespo", "importance_sampling_level": "sequence"},
+        "model.grpo.importance_sampling_level='sequence': loss_type 'vespo' ignores it",
+    ),
     ({"importance_sampling_level": "seq"}, "model.grpo.importance_sampling_level 'seq' is not one of"),
     ({"epsilon_hi": 0.3}, "model.grpo.epsilon_hi: not a field of model.grpo; did you mean 'epsilon_high'?"),
     ([("loss_type", "grpo")], "model.grpo must be a mapping of GRPOConfig fields"),
@@ -288,6 +292,8 @@ def test_a_preset_refuses_the_options_it_sets_and_a_second_kl_term():
         Objective.from_options(grpo={"loss_type": "grpo"}, base_loss="ppo")
     with pytest.raises(ConfigError, match=r"model\.grpo\.beta=0\.1 adds the kl_reference term"):
         Objective.from_options([{"name": "kl_reference"}], grpo={"beta": 0.1})
+    with pytest.raises(ConfigError, match=r"model\.grpo\.entropy_coef=0\.1 adds the entropy term"):
+        Objective.from_options([{"name": "entropy"}], grpo={"entropy_coef": 0.1})
 
 
 def test_sequence_level_bias_corrected_kl_refuses_a_chunk_of_tokens():

@@ -53,9 +53,16 @@ def trl_split_value(cases: list[list[dict]], cfg: dict) -> torch.Tensor:
         for c in row:
             lp = policy_logprobs(c["x"], c["weight"], c["labels"])
             total = total + trl_reference.trl_loss(
-                lp, c["old"], c["ref"], c["adv"], c["mask"], cfg,
-                num_items_in_batch=num_items, num_processes=ranks, accumulation=accumulate,
-            )  # fmt: skip
+                lp,
+                c["old"],
+                c["ref"],
+                c["adv"],
+                c["mask"],
+                cfg,
+                num_items_in_batch=num_items,
+                num_processes=ranks,
+                accumulation=accumulate,
+            )
     return total / ranks
 
 

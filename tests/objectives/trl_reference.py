@@ -23,7 +23,7 @@ DEFAULTS = {
     "epsilon_high": None,
     "delta": None,
     "beta": 0.0,
-    "use_bias_correction_kl": False,
+    "use_bias_correction_kl": True,
     "importance_sampling_level": "token",
     "max_completion_length": None,
     "sapo_temperature_pos": 1.0,
@@ -127,7 +127,7 @@ def trl_aggregate(per_token, mask, cfg, num_items_in_batch=None, num_processes=1
         )
         return (per_token * mask).sum() / (items.clamp(min=1.0) / num_processes)
     if loss_type == "luspo":
-        return (per_token * mask.sum(1, keepdim=True)).mean() / accumulation
+        return (per_token * mask).sum(-1).mean() / accumulation
     raise KeyError(loss_type)
 
 

@@ -23,7 +23,18 @@ if __name__ == "__main__":
         strategy = ModelParallelStrategy(1, 1) if name == "fsdp2" else "auto"
         model, capture = make_model("seq-mean-token-mean", True, dtype=torch.float32), Capture()
         # the same order for both: Lightning shuffles a train loader when it injects a distributed sampler
-        fit(model, micro_batches(6), strategy, 1, 2, [capture], out, accelerator="cuda",
-            precision="bf16-mixed", max_steps=3, use_distributed_sampler=False)  # fmt: skip
+        fit(
+            model,
+            micro_batches(6),
+            strategy,
+            1,
+            2,
+            [capture],
+            out,
+            accelerator="cuda",
+            precision="bf16-mixed",
+            max_steps=3,
+            use_distributed_sampler=False,
+        )
         results[name] = {"grads": capture.grads, "losses": capture.losses}
     torch.save(results, out / "cuda.pt")

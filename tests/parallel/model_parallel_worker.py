@@ -52,10 +52,17 @@ def make_model(mode: str, regularizers: bool, tie: bool = True, dtype=torch.floa
     torch.set_default_dtype(dtype)
     try:
         return ClipRecordingLM(
-            vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, loss_agg=mode, head_backend="chunked",
-            regularizers=REGULARIZERS if regularizers else None, tie_embeddings=tie, parallel=parallel,
+            vocab_size=VOCAB,
+            d_model=32,
+            n_layers=2,
+            n_heads=2,
+            loss_agg=mode,
+            head_backend="chunked",
+            regularizers=REGULARIZERS if regularizers else None,
+            tie_embeddings=tie,
+            parallel=parallel,
             optimizer={"lr": 0.01, "warmup_steps": 0, "schedule": "constant"},
-        )  # fmt: skip
+        )
     finally:
         torch.set_default_dtype(default)
 
@@ -92,10 +99,18 @@ class Capture(L.Callback):
 def fit(model, data, strategy, devices, accumulate, callbacks, root, ckpt_path=None, **kwargs):
     kwargs.setdefault("accelerator", "cpu")
     trainer = L.Trainer(
-        devices=devices, strategy=strategy, accumulate_grad_batches=accumulate,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, default_root_dir=root, callbacks=callbacks, **kwargs,
-    )  # fmt: skip
+        devices=devices,
+        strategy=strategy,
+        accumulate_grad_batches=accumulate,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=root,
+        callbacks=callbacks,
+        **kwargs,
+    )
     trainer.fit(model, GlobalStatsLoader(data, batch_size=None, shuffle=False), ckpt_path=ckpt_path)
     return trainer
 
@@ -129,8 +144,17 @@ def part_fsdp(out: Path) -> dict:
         capture = Capture()
         strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
         ckpt = str(out / "checkpoint") if name == "resumed" else None
-        trainer = fit(make_model("seq-mean-token-mean", True), data, strategy, 2, ACCUMULATE, [capture], out,
-                      ckpt_path=ckpt, max_epochs=epochs)  # fmt: skip
+        trainer = fit(
+            make_model("seq-mean-token-mean", True),
+            data,
+            strategy,
+            2,
+            ACCUMULATE,
+            [capture],
+            out,
+            ckpt_path=ckpt,
+            max_epochs=epochs,
+        )
         if name == "first":
             trainer.save_checkpoint(out / "checkpoint")
         runs[name] = capture.losses

@@ -53,8 +53,17 @@ def test_config_parses_into_model_parallel_strategy_and_plan(name, capsys):
 
 def test_a_bad_parallel_option_stops_the_cli_with_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["fit", "--config", MAIN, "--config", config("fsdp2"),
-                  "--model.init_args.parallel.param_dtype=bf16", "--print_config"])  # fmt: skip
+        cli_main(
+            [
+                "fit",
+                "--config",
+                MAIN,
+                "--config",
+                config("fsdp2"),
+                "--model.init_args.parallel.param_dtype=bf16",
+                "--print_config",
+            ]
+        )
     assert exit_info.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("lit-losses: error: model.init_args.parallel.param_dtype: 'bf16'")

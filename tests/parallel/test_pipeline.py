@@ -48,8 +48,14 @@ def test_micro_batch_gradients_add_up_to_the_whole_batch(scale_grads, loss_agg):
     else:  # Dr. GRPO on packed rows, with a z_loss term in the same mode: both divided by C = 5
         segment_ids = torch.cumsum(torch.rand(6, 7, generator=g) < 0.3, dim=1)
         z_loss = [{"name": "z_loss", "weight": 0.1}]
-        loss_fn = PipelineLoss(lambda: (weight, None), n_microbatches=3, loss_agg=loss_agg,
-                               regularizers=z_loss, scale_grads=scale_grads, loss_agg_norm=5.0)  # fmt: skip
+        loss_fn = PipelineLoss(
+            lambda: (weight, None),
+            n_microbatches=3,
+            loss_agg=loss_agg,
+            regularizers=z_loss,
+            scale_grads=scale_grads,
+            loss_agg_norm=5.0,
+        )
         target = loss_fn.target(labels, segment_ids)
         nll = -logp.gather(-1, labels.clamp_min(0)[..., None])[..., 0]
         lse_sq = torch.logsumexp(logits, -1).square()
@@ -71,8 +77,10 @@ def test_target_must_come_first_and_bad_options_are_refused():
         PipelineLoss(lambda: None, 2, regularizers=[{"name": "z_loss", "mask_key": "answer_mask"}])
     with pytest.raises(ConfigError, match="n_microbatches must be >= 1, got 0"):
         PipelineLoss(lambda: None, 0)
-    with pytest.raises(ConfigError, match=r"^PipelineLoss: model\.loss_agg_norm is required .*used by "
-                       r"model\.loss_agg$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^PipelineLoss: model\.loss_agg_norm is required .*used by model\.loss_agg$",
+    ):
         PipelineLoss(lambda: None, 2, loss_agg="seq-mean-token-sum-norm")
     with pytest.raises(ConfigError, match=r"loss_agg_norm is required .*used by regularizer 'z'$"):
         PipelineLoss(

@@ -49,15 +49,17 @@ def expected_sequences(model, batch) -> list[dict]:
             if seg == 0 and not mask[row, pos].any():
                 continue
             valid = mask[row, pos]
-            out.append({
-                "row": row,
-                "segment": seg,
-                "input_ids": batch["input_ids"][row, pos],
-                "targets": batch["labels"][row, pos][valid],
-                "logprobs": logp[row, pos][valid],
-                "ref": batch["ref"][row, pos][valid],
-                "reward": batch["reward"][row],
-            })  # fmt: skip
+            out.append(
+                {
+                    "row": row,
+                    "segment": seg,
+                    "input_ids": batch["input_ids"][row, pos],
+                    "targets": batch["labels"][row, pos][valid],
+                    "logprobs": logp[row, pos][valid],
+                    "ref": batch["ref"][row, pos][valid],
+                    "reward": batch["reward"][row],
+                }
+            )
     return out
 
 
