@@ -9,6 +9,8 @@ its backward (the optimizer update is the same in every variant).
 Variants:
   fused        ``TinyLM(dpo=..., ref_model="initial_policy")``: ``compute_loss`` + ``backward`` (the policy's
                and the reference's log-probabilities from the fused head: no ``[tokens × V]`` logits)
+  metrics      ``fused`` with ``token_metrics=True``: TRL's per-token metrics (entropy, mean token accuracy,
+               ``logits/chosen|rejected``) from one more no-grad pass of the head over the completion tokens
   precomputed  the same with the reference's sequence log-probabilities in the batch
                (``precompute_ref_log_probs``): the policy alone
   naive        the same loss from materialized logits: ``log_softmax(h Wᵀ)`` of the policy (with autograd)
@@ -18,7 +20,7 @@ Time: variants interleaved round-robin, the median and the fastest of ``--repeat
 warm-up step. Memory: each variant in a fresh subprocess, one warm-up step, then the resident set's
 high-water mark of one step above the resident set before it (``VmHWM`` reset through
 ``/proc/self/clear_refs``; glibc returns every allocation of 64 KiB or more on free, so the resident set is
-the live memory). The three give the same loss (printed).
+the live memory). The variants give the same loss (printed).
 
     python benchmarks/preference_step.py --repeats 5 [--pairs 4 --width 256] [--threads 2]
 """
@@ -37,7 +39,7 @@ import time
 from resident import reset_peak_rss, status_kib
 
 VOCAB, D_MODEL, LAYERS, HEADS, BETA = 32768, 192, 3, 3, 0.1
-VARIANTS = ("fused", "precomputed", "naive")
+VARIANTS = ("fused", "metrics", "precomputed", "naive")
 
 
 def preference_batch(pairs: int, width: int, vocab: int = VOCAB):
@@ -78,7 +80,8 @@ def build(variant: str, batch: dict):
             "ref_chosen_logps": logps[:pairs],
             "ref_rejected_logps": logps[pairs:],
         }
-    model = TinyLM(**dims, dpo={"beta": BETA}, ref_model="initial_policy")
+    metrics = variant == "metrics"
+    model = TinyLM(**dims, dpo={"beta": BETA}, ref_model="initial_policy", token_metrics=metrics)
     model.reference_model()  # the frozen copy is taken here, before any step
     return trained(model), batch
 

@@ -110,6 +110,11 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             ``teacher`` model, or offline top-k log-probabilities in the batches; ``loss``, ``beta``,
             ``temperature``, ``weight``, ``ce_weight``), aggregated with ``loss_agg`` over the step's global
             counts (`lit_losses.loss.distillation`). Only the teacher's source is saved, never its weights.
+        token_metrics: also log TRL's per-token metrics of the loss's trainer, exact over the step
+            (`lit_losses.loss.token_metrics`): ``train/entropy``, ``train/mean_token_accuracy``,
+            ``train/num_tokens`` (SFT, DPO), ``train/logits/chosen`` and ``train/logits/rejected``
+            (DPO, KTO, CPO, ORPO), and in validation the means as ``val/<name>``; costs one more
+            no-grad forward matmul of the head over the valid tokens.
 
     Example:
         >>> import torch
@@ -149,6 +154,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         orpo: ORPOPreset | None = None,
         ref_model: FrozenSource | None = None,
         distillation: DistillationConfig | None = None,
+        token_metrics: bool = False,
     ) -> None:
         super().__init__()
         self.frozen_sources: dict[str, tuple[FrozenSource, str]] = {}
@@ -170,6 +176,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             grpo=grpo,
             preference=select_preset(dpo=dpo, kto=kto, cpo=cpo, orpo=orpo),
             distillation=distillation,
+            token_metrics=token_metrics,
         )
         self.regularizer_set = self.objective.regularizers
         self.loss_agg = self.objective.loss_agg
@@ -181,7 +188,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         preference = self.objective.preference
         self.val_telemetry = ValidationTelemetry(
             self.loss_agg,
-            metric_names=self.objective.metric_names(),
+            metric_names=self.objective.metric_names("val"),
             units=None if preference is None else preference.units,
         )
         self.step_telemetry = StepTelemetry()

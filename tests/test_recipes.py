@@ -120,8 +120,8 @@ def test_coming_from_trl_configs(tmp_path, monkeypatch):
     for script in ("make_stand_in.py", "sample_rollouts.py"):
         runpy.run_path(str(tmp_path / script), run_name="__main__")
     expected = {
-        "sft.yaml": ("cross_entropy", set()),
-        "dpo.yaml": ("dpo", {"rewards/accuracies", "rewards/margins"}),
+        "sft.yaml": ("cross_entropy", {"entropy", "mean_token_accuracy", "num_tokens"}),  # token_metrics
+        "dpo.yaml": ("dpo", {"rewards/accuracies", "rewards/margins", "logits/chosen", "num_tokens"}),
         "grpo.yaml": ("ppo", set()),
         "distill.yaml": ("distillation", {"distillation/divergence", "distillation/top1_agreement"}),
     }

@@ -52,6 +52,7 @@ RUN_OPTIONS = (
     "orpo",
     "ref_model",
     "distillation",
+    "token_metrics",
 )
 """`RegularizedLM`'s own arguments: what a resumed run may change (the others are the architecture)."""
 
@@ -68,6 +69,7 @@ ADDED_OPTION_DEFAULTS = {
     "orpo": None,
     "ref_model": None,
     "distillation": None,
+    "token_metrics": False,
 }
 
 ARCHITECTURE_HINT = (

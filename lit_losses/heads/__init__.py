@@ -9,7 +9,8 @@ dispatcher) picks for a call.
 `VocabParallelHead` (the ``vocab_parallel`` backend) computes the same over an output projection sharded
 along the vocabulary (tensor parallel). `linear_distillation` (two heads streamed together: a per-token
 divergence between a student's and a teacher's distributions) and `topk_distillation` (a teacher given as
-top-k log-probabilities) never materialize logits either (`lit_losses.heads.divergence`).
+top-k log-probabilities) never materialize logits either (`lit_losses.heads.divergence`). `token_stats`
+gives per-token statistics of the distribution (entropy, ``log Σ p²``, mean logit, top-1) in one no-grad pass.
 """
 
 from lit_losses.heads.backend import (
@@ -32,6 +33,7 @@ from lit_losses.heads.functional import (
 )
 from lit_losses.heads.fused_head import FusedLMHead
 from lit_losses.heads.output import HEAD_OUTPUTS, HeadOutput
+from lit_losses.heads.token_statistics import TOKEN_STATISTICS, TokenStatistic, TokenStats, token_stats
 from lit_losses.heads.topk import topk_distillation
 from lit_losses.heads.vocab_parallel import VocabParallelHead, head_for
 from lit_losses.heads.vocab_shard import VocabShard
@@ -41,11 +43,14 @@ __all__ = [
     "BACKEND_OUTPUTS",
     "HEAD_BACKENDS",
     "HEAD_OUTPUTS",
+    "TOKEN_STATISTICS",
     "Backend",
     "DistillationLoss",
     "FusedLMHead",
     "HeadBackend",
     "HeadOutput",
+    "TokenStatistic",
+    "TokenStats",
     "VocabParallelHead",
     "VocabShard",
     "check_backend_runs",
@@ -57,5 +62,6 @@ __all__ = [
     "log_sum_sq_probs",
     "register_backend",
     "select_backend",
+    "token_stats",
     "topk_distillation",
 ]

@@ -115,6 +115,9 @@ class LossOutput:
     num_tokens: int = 0
     base_metrics: dict[str, Tensor] = field(default_factory=dict)
     metrics: dict[str, Tensor] = field(default_factory=dict)
+    metric_weights: dict[str, float] = field(default_factory=dict)
+    """The validation weight of a metric that is a mean over other units than the loss (its count in
+    the micro-batch: the token metrics' tokens); the others take the loss's weight."""
 
     def logged_values(self, stage: str) -> dict[str, Tensor]:
         """Flat telemetry whose global value is a sum over micro-batches and ranks.

@@ -17,8 +17,15 @@ from lit_losses.errors import ConfigError
 from lit_losses.heads import FusedLMHead, HeadOutput
 from lit_losses.loss.context import LossContext, LossOutput, Stage, logprobs_first
 from lit_losses.loss.distillation import Distillation, DistillationStep, Teacher
-from lit_losses.loss.preference import PreferenceLoss, PreferenceStep, Reference, check_preference_options
-from lit_losses.loss.preference_unpaired import PolicyNoGrad, UnpairedPreferenceLoss
+from lit_losses.loss.preference import (
+    CHOSEN_MASK,
+    PreferenceLoss,
+    PreferenceStep,
+    Reference,
+    check_preference_options,
+)
+from lit_losses.loss.preference_unpaired import DESIRABLE_MASK, PolicyNoGrad, UnpairedPreferenceLoss
+from lit_losses.loss.token_metrics import TokenMetrics
 from lit_losses.objectives import (
     LOSS_WEIGHTS,
     SAMPLE_WEIGHTS,
@@ -78,6 +85,9 @@ class Objective:
             regularizer aggregates with it); it applies to the regularizers as well.
         preference: a preference preset whose loss replaces ``base_loss`` (`PreferenceLoss`).
         distillation: logit distillation from a teacher, replacing ``base_loss`` (`Distillation`).
+        token_metrics: add TRL's per-token metrics of the loss's trainer to `LossOutput.metrics`
+            (`TokenMetrics`: ``entropy``, ``mean_token_accuracy``, ``num_tokens``, ``logits/chosen``,
+            ``logits/rejected``); one more no-grad forward pass of the head over the valid tokens.
 
     Raises:
         ConfigError: bad options, each naming its ``model.…`` path.
@@ -114,6 +124,7 @@ class Objective:
         loss_agg_norm: float | None = None,
         preference: PreferencePreset | None = None,
         distillation: DistillationConfig | None = None,
+        token_metrics: bool = False,
     ) -> None:
         check_mode(loss_agg, "model.loss_agg")
         if not isinstance(base_loss_weight, int | float) or isinstance(base_loss_weight, bool):
@@ -132,6 +143,7 @@ class Objective:
         self.loss_agg_norm = regularizers.agg_norm = agg_norm_option(loss_agg_norm, loss_agg, regularizers)
         self.preference = preference_loss(preference)
         self.distillation = None if distillation is None else Distillation(distillation)
+        self.token_metrics = token_metrics_of(preference) if token_metrics else None
         self._warnings = WarningCache()
 
     @classmethod
@@ -147,6 +159,7 @@ class Objective:
         grpo: GRPOPreset | Mapping[str, Any] | None = None,
         preference: PreferencePreset | None = None,
         distillation: DistillationConfig | Mapping[str, Any] | None = None,
+        token_metrics: bool = False,
     ) -> Objective:
         """The objective of `RegularizedLM`'s options, every one checked (a `ConfigError` naming
         ``model.<option>``); ``grpo`` (`apply_preset`) sets the base loss, its aggregation and KL term;
@@ -171,7 +184,7 @@ class Objective:
             preset = GRPOPreset.coerce(grpo)
             options = apply_preset(preset, **given, loss_agg_norm=loss_agg_norm, terms=regularizers)
             scales = {"base_loss_weight": base_loss_weight, "regularizer_grad_norm": regularizer_grad_norm}
-            return cls.from_options(**options, **scales)
+            return cls.from_options(**options, **scales, token_metrics=token_metrics)
         terms = RegularizerSet(regularizers or (), loss_agg, regularizer_grad_norm)
         return cls(
             terms,
@@ -182,6 +195,7 @@ class Objective:
             loss_agg_norm=loss_agg_norm,
             preference=preference,
             distillation=distillation,
+            token_metrics=check_flag(token_metrics, "model.token_metrics"),
         )
 
     def head_outputs_needed(self) -> tuple[str, ...]:
@@ -200,16 +214,21 @@ class Objective:
     def mask_keys(self) -> tuple[str, ...]:
         """Mask keys whose global counts the loss terms need (``"labels"``: ``labels != ignore_index``;
         ``"rollout_valid"``: the completion tokens before a rollout rejection, `rejects`)."""
+        metrics = () if self.token_metrics is None else self.token_metrics.mask_keys()
         if self.preference is not None:
-            return tuple(dict.fromkeys((*self.preference.mask_keys(), *self.regularizers.mask_keys())))
+            keys = (*self.preference.mask_keys(), *metrics, *self.regularizers.mask_keys())
+            return tuple(dict.fromkeys(keys))
         rollout = (ROLLOUT_VALID,) if self.rejects else ()
-        return (LABELS_KEY, *rollout, *self.regularizers.mask_keys())
+        return tuple(dict.fromkeys((LABELS_KEY, *rollout, *metrics, *self.regularizers.mask_keys())))
 
-    def metric_names(self) -> tuple[str, ...]:
-        """The names of the loss's `LossOutput.metrics` (the preference losses' TRL metrics), or none."""
+    def metric_names(self, stage: Stage = "train") -> tuple[str, ...]:
+        """The names of the loss's `LossOutput.metrics` in ``stage`` (the preference losses' TRL metrics,
+        the token metrics), or none."""
         if self.distillation is not None:
-            return self.distillation.metric_names()
-        return () if self.preference is None else self.preference.metric_names()
+            names = self.distillation.metric_names()
+        else:
+            names = () if self.preference is None else self.preference.metric_names()
+        return names if self.token_metrics is None else (*names, *self.token_metrics.metric_names(stage))
 
     @property
     def rejects(self) -> bool:
@@ -257,7 +276,42 @@ class Objective:
         policy: PolicyNoGrad | None = None,
         teacher: Teacher | None = None,
     ) -> LossOutput:
-        """The `LossOutput` of one micro-batch (before ``stats.loss_scale``).
+        """The `LossOutput` of one micro-batch (before ``stats.loss_scale``), with the token metrics
+        (`TokenMetrics`) when they are on; the arguments are `loss`'s."""
+        out = self.loss(
+            head,
+            hidden,
+            batch=batch,
+            stats=stats,
+            step=step,
+            stage=stage,
+            needed=needed,
+            regularize=regularize,
+            reference=reference,
+            policy=policy,
+            teacher=teacher,
+        )
+        if self.token_metrics is not None and stage != "predict":
+            values, weights = self.token_metrics(head, hidden, batch=batch, stats=stats, stage=stage)
+            out.metrics = {**out.metrics, **values}
+            out.metric_weights = {**out.metric_weights, **weights}
+        return out
+
+    def loss(
+        self,
+        head: FusedLMHead,
+        hidden: Tensor,
+        batch: Mapping[str, Any],
+        stats: GlobalStats,
+        step: int,
+        stage: Stage,
+        needed: tuple[str, ...] | None = None,
+        regularize: Regularize | None = None,
+        reference: Reference | None = None,
+        policy: PolicyNoGrad | None = None,
+        teacher: Teacher | None = None,
+    ) -> LossOutput:
+        """The `LossOutput` of one micro-batch (before ``stats.loss_scale``), without the token metrics.
 
         Args:
             head: the output head over the model's output projection.
@@ -433,6 +487,22 @@ class Objective:
             loss_weights = token_values(batch, key=LOSS_WEIGHTS, mask=mask, reader=where)
             weights = weights * torch.where(mask, loss_weights.to(dtype), 0.0)
         return weights
+
+
+def token_metrics_of(preference: PreferencePreset | None) -> TokenMetrics:
+    """The `TokenMetrics` of a loss: its preference preset's trainer (the chosen tokens: ``chosen_mask``,
+    KTO's ``desirable_mask``), else SFT's."""
+    if preference is None:
+        return TokenMetrics("sft")
+    chosen = DESIRABLE_MASK if isinstance(preference, KTOPreset) else CHOSEN_MASK
+    return TokenMetrics(preference.trainer, chosen_key=chosen)
+
+
+def check_flag(value: Any, where: str) -> bool:
+    """``value`` if it is a bool, else a `ConfigError` naming ``where``."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    return value
 
 
 def replaced_base_context(

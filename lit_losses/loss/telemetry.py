@@ -14,6 +14,10 @@ from lit_losses.aggregation.metrics import MAX_SUFFIX
 from lit_losses.loss.context import LossOutput
 from lit_losses.regularizers import RegularizerSet, TermResult
 
+NUM_TOKENS_KEY = "train/num_tokens"
+"""A count of the micro-batch's input tokens (the token metrics'): summed unscaled, logged cumulatively."""
+UNSCALED = (MAX_SUFFIX, NUM_TOKENS_KEY)
+
 
 class StepTelemetry(nn.Module):
     """Sums of every logged value over the micro-batches and ranks of an optimizer step.
@@ -22,7 +26,9 @@ class StepTelemetry(nn.Module):
     (``÷A``) and DDP (``÷D``) make of its loss; the sum over the step is then the global value. A
     squared gradient norm adds ``‖g‖² × share²`` (the step's gradient w.r.t. a micro-batch's head
     outputs is ``share × g``, and the micro-batches' outputs are disjoint), so ``grad_norm`` is exact
-    with any loader; a value named ``…_max`` is a maximum over the micro-batches and ranks (unscaled).
+    with any loader; a value named ``…_max`` is a maximum over the micro-batches and ranks (unscaled);
+    ``train/num_tokens`` (`lit_losses.loss.token_metrics`) an unscaled count, logged as the running total
+    of the steps so far (TRL's cumulative ``num_tokens``).
     The sums live in one torchmetrics state (`StepSums`, ``dist_reduce_fx="sum"``: one collective per
     step, one more for maxima), created at the first update. `compute` returns the values to log
     (``…/grad_norm_sq`` as ``…/grad_norm``, ``…/error`` as 0/1, each term's weight and custom metrics,
@@ -51,6 +57,8 @@ class StepTelemetry(nn.Module):
         self.metric_names: tuple[str, ...] = ()
         self.nested: dict[str, Any] = {}
         """The last step as the nested dict of the class docstring."""
+        self.tokens_seen = 0
+        """``train/num_tokens``: the input tokens of every step so far (counted in this process's run)."""
 
     def update(self, values: Mapping[str, Tensor], share: float, terms: Mapping[str, TermResult]) -> None:
         """Add one micro-batch's logged values, scaled by its share of the step."""
@@ -63,7 +71,7 @@ class StepTelemetry(nn.Module):
         squared = share * share
         self.sums.update(
             {
-                k: v if k.endswith(MAX_SUFFIX) else v * (squared if k.endswith("/grad_norm_sq") else share)
+                k: v if k.endswith(UNSCALED) else v * (squared if k.endswith("/grad_norm_sq") else share)
                 for k, v in values.items()
             }
         )
@@ -95,6 +103,10 @@ class StepTelemetry(nn.Module):
                 key, value = key.removesuffix("_sq"), value.clamp_min(0).sqrt()
             elif key.endswith("/error"):
                 value = (value > 0).to(value.dtype)
+            elif key == NUM_TOKENS_KEY:
+                self.tokens_seen += int(value)
+                values[key] = torch.tensor(float(self.tokens_seen), dtype=torch.float64)
+                continue
             values[key] = value.float()
         self.sums.reset()
         if base_weight is not None:
@@ -153,7 +165,8 @@ class ValidationTelemetry(nn.Module):
     (`mode_denominator`), so ``Σ value·count / Σ count`` with torchmetrics' weighted `MeanMetric` (sum
     states) is the global value, exact under DDP. A loss that is a mean over other units (``units``: the
     preference losses' pairs or sequences, from the micro-batch's rows with a label) is weighted by them,
-    and its ``metric_names`` (`LossOutput.metrics`) are logged as ``val/<name>`` the same way.
+    and its ``metric_names`` (`LossOutput.metrics`) are logged as ``val/<name>`` the same way, each weighted
+    by its own count where the micro-batch gives one (`LossOutput.metric_weights`: the token metrics').
 
     Example:
         >>> import torch
@@ -194,4 +207,4 @@ class ValidationTelemetry(nn.Module):
             self.loss.update(out.base.detach(), weight=weight)
             self.loss_total.update(out.total.detach(), weight=weight)
             for name, metric in zip(self.metric_names, self.metrics, strict=True):
-                metric.update(out.metrics[name].detach(), weight=weight)
+                metric.update(out.metrics[name].detach(), weight=out.metric_weights.get(name, weight))

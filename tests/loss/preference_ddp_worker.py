@@ -22,11 +22,14 @@ VOCAB, RANKS, ACCUMULATE = 61, 2, 2
 PAIRS = (2, 1, 3, 1)  # pairs of each micro-batch: rank 0 gets micro-batches 0 and 2, rank 1 gets 1 and 3
 PRESETS = {
     # the reference is a copy of the initial policy (computed on the fly); sft divides by the chosen
-    # completions' tokens of the whole step, ipo by each completion's own length
-    "dpo": {"dpo": {"loss_type": ["sigmoid", "sft", "ipo"], "loss_weights": [1.0, 0.5, 0.1], "beta": 0.2}},
+    # completions' tokens of the whole step, ipo by each completion's own length; TRL's token metrics
+    "dpo": {
+        "dpo": {"loss_type": ["sigmoid", "sft", "ipo"], "loss_weights": [1.0, 0.5, 0.1], "beta": 0.2},
+        "token_metrics": True,
+    },
     # SimPO's per-token means, and ORPO's NLL over the chosen sequences' prompt and completion tokens
     "simpo": {"cpo": {"loss_type": "simpo", "cpo_alpha": 0.0, "beta": 2.0, "simpo_gamma": 0.5}},
-    "orpo": {"orpo": {"beta": 0.3}},
+    "orpo": {"orpo": {"beta": 0.3}, "token_metrics": True},
     # WPO: each pair's loss times its weight from the policy's log Σ_v p_v² (no gradient), ipo's lengths
     "wpo": {
         "dpo": {

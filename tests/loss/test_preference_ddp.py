@@ -1,9 +1,9 @@
 """Real run, float64: a preference loss's step on 2 DDP processes × 2 accumulated micro-batches of
 different pair and token counts equals the step of one process over one micro-batch holding every pair
-(gradients, loss and TRL's metrics), for DPO (reference computed on the fly; ``sft``'s token mean, ``ipo``'s
-lengths), SimPO, ORPO (its NLL over the chosen sequences' tokens) and WPO (DPO's ``use_weighting``: per-pair
-weights, so the pair count stays the denominator); and DPO and WPO under FSDP2 with their frozen reference
-replicated."""
+(gradients, loss and TRL's metrics, for DPO and ORPO with the token metrics of ``model.token_metrics``),
+for DPO (reference computed on the fly; ``sft``'s token mean, ``ipo``'s lengths), SimPO, ORPO (its NLL
+over the chosen sequences' tokens) and WPO (DPO's ``use_weighting``: per-pair weights, so the pair count
+stays the denominator); and DPO and WPO under FSDP2 with their frozen reference replicated."""
 
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ def test_split_step_equals_the_whole_batch_step(name, split, tmp_path):
         torch.testing.assert_close(got["grads"][param], expected, rtol=1e-9, atol=1e-12, msg=param)
     logged = reference["logged"]
     assert {"train/loss_total", "train/rewards/accuracies", "train/logps/chosen"} <= set(logged)
+    if name in ("dpo", "orpo"):  # TRL's token metrics too (model.token_metrics)
+        assert {"train/logits/chosen", "train/logits/rejected"} <= set(logged)
     assert got["logged"] == pytest.approx(logged, rel=1e-9, abs=1e-12)
 
 

@@ -39,7 +39,7 @@ RTOL, ATOL = 1e-6, 1e-7
 METRIC_ATOL = 1e-5
 """The rewards ``β (π − ρ)`` are differences of float32 sums of about 60 nats."""
 NOT_LOGGED = {"entropy", "num_tokens", "logits/chosen", "logits/rejected"}
-"""TRL's KTO metrics that `model.kto` does not log (they need the head's entropy or mean logits)."""
+"""TRL's KTO metrics that `model.kto` logs only with ``token_metrics`` (`test_trl_token_metrics`)."""
 
 
 @pytest.fixture(scope="module")

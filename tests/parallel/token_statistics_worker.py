@@ -1,0 +1,94 @@
+"""Worker of ``tests/heads/test_token_statistics.py``: every rank computes `token_stats` with a
+vocabulary-parallel head over its rows (a DTensor ``Shard(0)`` weight with bias, and explicit layouts, one
+of them leaving rank 0 without rows; the maximum tied across the ranks' rows at some positions) and
+compares each statistic with the full float64 logits' value.
+
+``python -m tests.parallel.token_statistics_worker OUT`` under `tests.parallel.launch` (2 ranks). Rank ``r``
+saves ``OUT/rank{r}.pt``: ``errors`` (layout → statistic → max absolute error; top-1 mismatches and hits)
+and ``values`` (layout → statistic → values, for the cross-rank equality check).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+from lit_losses.heads import VocabParallelHead, VocabShard, token_stats
+from tests.parallel.launch import init_from_env
+
+V, D, CHUNK, IGNORE, TEMPERATURE = 53, 6, 4, -100, 0.8
+EXPLICIT_EDGES = {"explicit": [0, 40, V], "explicit_empty": [0, 0, V]}
+ALL = ("entropy", "log_sum_sq_probs", "mean_logit", "is_top1")
+
+
+def problem() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 5, D, generator=g, dtype=torch.float64)
+    weight = 2 * torch.randn(V, D, generator=g, dtype=torch.float64)
+    bias = torch.randn(V, generator=g, dtype=torch.float64)
+    weight[45], bias[45] = weight[7], bias[7]  # rows 7 (rank 0's) and 45 (rank 1's) tie everywhere
+    hidden[0, 0] = weight[7] / weight[7].norm() * 20  # ... and are the maximum at two positions
+    hidden[1, 1] = hidden[0, 0]
+    targets = torch.randint(0, V, (3, 5), generator=g)
+    top = (hidden @ weight.T + bias).argmax(-1)
+    targets.view(-1)[1::2] = top.view(-1)[1::2]
+    targets.view(-1)[::5] = IGNORE
+    targets[0, 0], targets[1, 1] = 7, 45  # the first index of the tie is the top-1, the other not
+    return hidden, weight, bias, targets
+
+
+def expected(hidden, weight, bias, targets) -> dict[str, torch.Tensor]:
+    z = (hidden @ weight.T + bias) / TEMPERATURE
+    valid = targets != IGNORE
+    logp = torch.log_softmax(z, -1)
+    values = {
+        "entropy": -(logp.exp() * logp).sum(-1),
+        "log_sum_sq_probs": torch.logsumexp(2 * logp, -1),
+        "mean_logit": z.mean(-1),
+    }
+    out = {name: torch.where(valid, value, 0.0) for name, value in values.items()}
+    out["is_top1"] = valid & (z.argmax(-1) == targets)
+    return out
+
+
+def run(out_dir: str) -> None:
+    rank, world = init_from_env()
+    hidden, weight, bias, targets = problem()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    heads = {
+        "dtensor": VocabParallelHead(
+            distribute_tensor(weight.clone(), mesh, [Shard(0)]),
+            distribute_tensor(bias.clone(), mesh, [Shard(0)]),
+            chunk_size=CHUNK,
+            temperature=TEMPERATURE,
+        )
+    }
+    for layout, edges in EXPLICIT_EDGES.items():
+        shard = VocabShard(edges[rank], edges[rank + 1], V, mesh.get_group(0))
+        rows = slice(shard.start, shard.stop)
+        heads[layout] = VocabParallelHead(
+            weight[rows], bias[rows], shard=shard, chunk_size=CHUNK, temperature=TEMPERATURE
+        )
+    reference = expected(hidden, weight, bias, targets)
+    result: dict = {"errors": {}, "values": {}}
+    for layout, head in heads.items():
+        stats = token_stats(head, hidden, targets, ALL)
+        alone = token_stats(head, hidden, targets, ["mean_logit"]).mean_logit
+        values = {name: getattr(stats, name) for name in ALL} | {"mean_logit_alone": alone}
+        errors = {
+            name: float((values[name] - reference[name.removesuffix("_alone")]).abs().max())
+            for name in ("entropy", "log_sum_sq_probs", "mean_logit", "mean_logit_alone")
+        }
+        errors["top1_mismatches"] = int((stats.is_top1 != reference["is_top1"]).sum())
+        errors["top1_hits"] = int(stats.is_top1.sum())
+        result["errors"][layout], result["values"][layout] = errors, values
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run(sys.argv[1])
