@@ -225,7 +225,8 @@ def trainer_options(out: Conversion) -> None:
 
 
 def model_options(out: Conversion) -> None:
-    """``model``: ``HFCausalLM``, its weights, dtype, attention, checkpointing, dropout and LoRA."""
+    """``model``: ``HFCausalLM``, its weights, dtype, attention, checkpointing, dropout, the metrics TRL
+    logs (``token_metrics``) and LoRA."""
     values, given = out.trl.values, out.trl.given
     out.config.put("model.class_path", "lit_losses.HFCausalLM")
     name = values["model_name_or_path"]
@@ -256,6 +257,7 @@ def model_options(out: Conversion) -> None:
         out.put("model.init_args.disable_dropout", True, "disable_dropout")
     else:
         out.handled.add("disable_dropout")
+    out.config.put("model.init_args.token_metrics", True, "TRL's logged entropy, mean_token_accuracy, ...")
     lora_options(out)
 
 
