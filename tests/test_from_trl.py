@@ -358,6 +358,55 @@ def test_each_line_names_its_trl_field_and_the_rest_is_a_note(tmp_path, capsys):
             assert field.text.startswith(f"is {field.option} here"), name
 
 
+FORMER = {
+    "max_prompt_length": 128,
+    "rpo_alpha": 0.5,
+    "use_logits_to_keep": True,
+    "max_seq_length": 512,
+    "warmup_ratio": 0.1,
+    "torch_dtype": "bfloat16",
+}
+"""A value for each field of earlier TRL and transformers configs (`former_fields`)."""
+
+
+@pytest.mark.parametrize("trainer", ["sft", "dpo"])
+def test_former_fields_convert_or_are_one_note_each(trainer, tmp_path, capsys):
+    """A config written for an earlier TRL (fields that TRL 1.16's configs renamed or dropped) converts:
+    each former field is written at its option, commented with its own name, or is one note with its
+    hint; none stops the command."""
+    from lit_losses.cli.trl_config import former_fields
+
+    assert set(FORMER) == former_fields()
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump({"model_name_or_path": "my-model", **FORMER}))
+    code, out, err = run_from_trl([str(tmp_path / "old.yaml"), "--trainer", trainer], capsys)
+    assert code == 0, err
+    ours, notes = yaml.safe_load(out), err.splitlines()
+    init = ours["model"]["init_args"]
+    assert init["dtype"] == "bfloat16" and init["optimizer"]["warmup_ratio"] == 0.1
+    noted = {
+        name for name in FORMER if any(line.startswith(f"lit-losses: from-trl: {name}=") for line in notes)
+    }
+    if trainer == "sft":
+        assert ours["data"]["init_args"]["seq_len"] == 512
+        (line,) = [line for line in out.splitlines() if line.strip().startswith("seq_len:")]
+        assert line.endswith("# max_seq_length"), line
+        assert noted == {"max_prompt_length", "rpo_alpha", "use_logits_to_keep"}
+    else:
+        assert noted == {"max_prompt_length", "rpo_alpha", "use_logits_to_keep", "max_seq_length"}
+    (rpo,) = [line for line in notes if "rpo_alpha=" in line]
+    assert TRL_FIELDS["rpo_alpha"] in rpo
+
+
+def test_grpo_s_kl_names_the_records_reference_log_probabilities(tmp_path, capsys):
+    """GRPO's ``beta > 0`` reads each record's ``ref_logprobs`` (the records' sampler writes them): the
+    conversion says so; at ``beta: 0`` (TRL's default) it does not."""
+    for beta, expected in ((0.04, 1), (0.0, 0)):
+        (tmp_path / "grpo.yaml").write_text(yaml.safe_dump({"num_generations": 4, "beta": beta}))
+        code, out, err = run_from_trl([str(tmp_path / "grpo.yaml")], capsys)
+        assert code == 0 and yaml.safe_load(out)["model"]["init_args"]["grpo"]["beta"] == beta
+        assert sum("ref_logprobs" in line for line in err.splitlines()) == expected, err
+
+
 def test_from_trl_starts_without_torch_or_trl(tmp_path):
     """``lit-losses from-trl`` (the console script's own entry, a fresh interpreter) reads YAML and writes
     YAML: it loads neither torch, Lightning, jsonargparse nor TRL."""

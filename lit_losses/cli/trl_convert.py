@@ -305,6 +305,11 @@ def loss_options(out: Conversion) -> None:
 def grpo_options(out: Conversion, where: str) -> None:
     """``GRPOConfig``'s ``max_completion_length`` (``dr_grpo``'s constant) and rollout corrections."""
     values = out.trl.values
+    if values["beta"]:
+        out.note(
+            f"beta={values['beta']}: the KL term reads each record's ref_logprobs, the reference model's "
+            "log-probabilities of its tokens: write them beside logprobs (see the docs' Offline RL data)"
+        )
     if values["loss_type"] == "dr_grpo":
         out.put(f"{where}.max_completion_length", values["max_completion_length"], "max_completion_length")
     out.handled.add("max_completion_length")
@@ -484,8 +489,8 @@ def text_data(out: Conversion, where: str) -> None:
         out.note(
             f"rows hold at most data.init_args.seq_len={TEXT_SEQ_LEN} tokens: raise it to your longest record"
         )
-    out.put(f"{where}.seq_len", length, "max_length")
-    out.handled.add("max_seq_length")
+    out.put(f"{where}.seq_len", length, "max_seq_length" if "max_seq_length" in given else "max_length")
+    out.handled.update(["max_length", "max_seq_length"])
     packing = bool(values.get("packing") or values.get("padding_free"))
     out.put(f"{where}.packing", packing, "packing", "padding_free")
     for name, option in (
