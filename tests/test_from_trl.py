@@ -273,6 +273,14 @@ BAD = {
         "model_init_kwargs: '{dtype: bfloat16'\n",
         r"model_init_kwargs: expected a mapping \(or its JSON text\)",
     ),
+    "no step": (
+        "num_train_epochs: 0\n",
+        r"bad\.yaml: num_train_epochs=0 with max_steps=-1 trains no step in TRL",
+    ),
+    "no record": (
+        "per_device_train_batch_size: 0\n",
+        r"bad\.yaml: per_device_train_batch_size=0 must be >= 1",
+    ),
     "loss type": (
         "loss_type: sigmod\n",
         r"loss_type 'sigmod' is not one of DPOConfig's: .*did you mean 'sigmoid'\?",
@@ -405,6 +413,21 @@ def test_grpo_s_kl_names_the_records_reference_log_probabilities(tmp_path, capsy
         code, out, err = run_from_trl([str(tmp_path / "grpo.yaml")], capsys)
         assert code == 0 and yaml.safe_load(out)["model"]["init_args"]["grpo"]["beta"] == beta
         assert sum("ref_logprobs" in line for line in err.splitlines()) == expected, err
+
+
+def test_a_local_jsonl_dataset_name_stays_its_path(tmp_path, capsys, monkeypatch):
+    """``dataset_name: data/train.jsonl`` (TRL reads a local JSON Lines file) is the data's path, whether
+    or not the file exists yet (then one note says so), never a Hub data set to write out."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sft.yaml").write_text("dataset_name: data/train.jsonl\n")
+    for exists in (False, True):
+        if exists:
+            (tmp_path / "data").mkdir()
+            (tmp_path / "data" / "train.jsonl").write_text("{}\n")
+        code, out, err = run_from_trl(["sft.yaml", "--trainer", "sft"], capsys)
+        assert code == 0 and yaml.safe_load(out)["data"]["init_args"]["paths"] == ["data/train.jsonl"]
+        assert "load_dataset" not in err
+        assert ("dataset_name='data/train.jsonl' is no file here yet" in err) is not exists, err
 
 
 def test_from_trl_starts_without_torch_or_trl(tmp_path):

@@ -194,6 +194,12 @@ def trainer_options(out: Conversion) -> None:
         out.handled.add("num_train_epochs")
     else:
         epochs = values["num_train_epochs"]
+        if epochs <= 0:
+            raise ConfigError(
+                f"{out.trl.source}: num_train_epochs={epochs} with max_steps={values['max_steps']} trains no "
+                "step in TRL (and trainer.max_epochs=-1 trains without end here); give a positive "
+                "num_train_epochs or max_steps"
+            )
         out.put("trainer.max_epochs", math.ceil(epochs), "num_train_epochs")
         out.handled.add("max_steps")
         if epochs != math.ceil(epochs):
@@ -440,8 +446,10 @@ def data_path(out: Conversion) -> str:
     if name is None:
         out.note("dataset_name is not given: data.init_args.paths names train.jsonl, your records as JSONL")
         return "train.jsonl"
-    if str(name).endswith((".jsonl", ".json")) and Path(str(name)).is_file():
-        return str(name)  # a local file already
+    if str(name).endswith((".jsonl", ".json")):  # a local file (TRL loads it with the json builder)
+        if not Path(str(name)).is_file():
+            out.note(f"dataset_name={name!r} is no file here yet: data.init_args.paths names it")
+        return str(name)
     path = f"{Path(str(name)).name}.jsonl"
     config = f", {values['dataset_config']!r}" if values["dataset_config"] else ""
     split = values["dataset_train_split"]
@@ -456,6 +464,8 @@ def data_path(out: Conversion) -> str:
 def batch_budget(out: Conversion, rows: int, length: int, where: str) -> None:
     """``tokens_per_batch`` = ``rows`` × ``per_device_train_batch_size`` × ``length``."""
     batch = out.trl.values["per_device_train_batch_size"]
+    if batch < 1:
+        raise ConfigError(f"{out.trl.source}: per_device_train_batch_size={batch} must be >= 1")
     out.put(f"{where}.tokens_per_batch", rows * batch * length, "per_device_train_batch_size")
     unit = {1: "rows", 2: "records × 2 rows"}[rows]
     out.config.comments[f"{where}.tokens_per_batch"] = (
