@@ -392,8 +392,9 @@ def schedule_options(out: Conversion, where: str) -> None:
         "lr_scheduler_type",
     )
     out.put(f"{where}.min_lr_ratio", floor, "lr_scheduler_type")
-    out.config.comments[f"{where}.min_lr_ratio"] = (
-        "lr_scheduler_kwargs (min_lr_rate)" if floor else "transformers' schedules decay to 0"
+    out.config.comment(
+        f"{where}.min_lr_ratio",
+        "lr_scheduler_kwargs (min_lr_rate)" if floor else "transformers' schedules decay to 0",
     )
     warmup_options(out, where, constant=kind == "constant")
 
@@ -421,8 +422,9 @@ def data_options(out: Conversion) -> None:
     where = "data.init_args"
     out.put(f"{where}.paths", [data_path(out)], "dataset_name")
     given = "dataset_name" in out.trl.given and out.trl.trainer != "grpo"
-    out.config.comments[f"{where}.paths"] = (
-        "dataset_name, as JSONL" if given else "placeholder: your JSONL records"
+    out.config.comment(
+        f"{where}.paths",
+        "dataset_name, as JSONL" if given else "placeholder: your JSONL records",
     )
     out.handled.update(["dataset_name", "dataset_config", "dataset_train_split"])
     if trainer == "grpo":
@@ -468,8 +470,9 @@ def batch_budget(out: Conversion, rows: int, length: int, where: str) -> None:
         raise ConfigError(f"{out.trl.source}: per_device_train_batch_size={batch} must be >= 1")
     out.put(f"{where}.tokens_per_batch", rows * batch * length, "per_device_train_batch_size")
     unit = {1: "rows", 2: "records × 2 rows"}[rows]
-    out.config.comments[f"{where}.tokens_per_batch"] = (
-        f"per_device_train_batch_size: a token budget, {batch} {unit} × {length} tokens"
+    out.config.comment(
+        f"{where}.tokens_per_batch",
+        f"per_device_train_batch_size: a token budget, {batch} {unit} × {length} tokens",
     )
 
 
