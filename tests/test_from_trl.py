@@ -361,6 +361,10 @@ def test_each_line_names_its_trl_field_and_the_rest_is_a_note(tmp_path, capsys):
     }
     assert lines["beta"].endswith("# beta") and lines["lr"].endswith("# learning_rate (TRL's default)")
     assert "a token budget, 4 records × 2 rows × 512 tokens" in lines["tokens_per_batch"]
+    (tmp_path / "sft.yaml").write_text("eos_token: <|im_end|>\n")
+    code, out, err = run_from_trl([str(tmp_path / "sft.yaml"), "--trainer", "sft"], capsys)
+    assert f"eos_token='<|im_end|>' not converted: TRL's eos_token {TRL_FIELDS['eos_token']}" in err
+    assert "data.init_args.append_eos" in TRL_FIELDS["eos_token"]
     for name, field in TRL_OPTIONS.items():  # the converter's options are the hints' options
         if field.option is not None:
             assert field.text.startswith(f"is {field.option} here"), name
