@@ -301,6 +301,16 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case, tmp_path, capsys
     assert re.search(expected, err), err
 
 
+def test_the_output_is_never_the_trl_config_itself(tmp_path, capsys, monkeypatch):
+    """``-o`` naming the TRL config (by another spelling too) is one line, exit 2, the file unchanged."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dpo.yaml").write_text("beta: 0.1\n")
+    code, out, err = run_from_trl(["dpo.yaml", "--trainer", "dpo", "-o", "./dpo.yaml"], capsys)
+    assert code == 2 and out == "" and (tmp_path / "dpo.yaml").read_text() == "beta: 0.1\n"
+    expected = "-o ./dpo.yaml is the TRL config itself; write the conversion elsewhere"
+    assert err == f"lit-losses: error: from-trl: {expected}\n"
+
+
 def test_the_trainer_is_inferred_when_the_fields_tell_it(tmp_path, capsys):
     """Fields (and values: a loss type, a list) that one trainer's config takes give the trainer; fields
     that several take are one line naming them; a trainer that is not TRL's gets the closest name."""
