@@ -60,6 +60,10 @@ TRL_OPTIONS: dict[str, TRLField] = {
         "data.init_args.seq_len for text data (TextDataModule and its subclasses)"
     ),
     "max_seq_length": TRLField("data.init_args.seq_len"),
+    "eos_token": TRLField(
+        hint="has no counterpart: the tokenizer's own eos_token ends each completion "
+        "(data.init_args.append_eos); save the tokenizer with yours to end them with another"
+    ),
     "max_prompt_length": TRLField(hint=TRUNCATION),
     "max_completion_length": TRLField(hint=TRUNCATION),
     "padding_free": TRLField(

@@ -804,6 +804,13 @@ CHAT_PAIR = json.dumps(
 )
 CLI_CASES += [
     CliCase(
+        "preference_hf_context_shorter_than_max_length",
+        (*PREF, "--config={tmp}/hf.yaml", NO_VAL),
+        "model.init_args.config.max_position_embeddings=8 is smaller than data.max_length=16",
+        files=(("hf.yaml", HF_TINY % 8), ("pref.jsonl", PAIR + "\n" + PAIR + "\n")),
+        corpus=False,
+    ),
+    CliCase(
         "preference_record_missing_rejected",
         PREF,
         "pref.jsonl:2: missing field 'rejected' (a paired preference record has 'chosen' and 'rejected'",

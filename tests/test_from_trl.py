@@ -273,6 +273,14 @@ BAD = {
         "model_init_kwargs: '{dtype: bfloat16'\n",
         r"model_init_kwargs: expected a mapping \(or its JSON text\)",
     ),
+    "no step": (
+        "num_train_epochs: 0\n",
+        r"bad\.yaml: num_train_epochs=0 with max_steps=-1 trains no step in TRL",
+    ),
+    "no record": (
+        "per_device_train_batch_size: 0\n",
+        r"bad\.yaml: per_device_train_batch_size=0 must be >= 1",
+    ),
     "loss type": (
         "loss_type: sigmod\n",
         r"loss_type 'sigmod' is not one of DPOConfig's: .*did you mean 'sigmoid'\?",
@@ -291,6 +299,16 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case, tmp_path, capsys
     assert code == 2 and out == "" and not target.exists()
     assert len(err.splitlines()) == 1 and err.startswith("lit-losses: error: from-trl: "), err
     assert re.search(expected, err), err
+
+
+def test_the_output_is_never_the_trl_config_itself(tmp_path, capsys, monkeypatch):
+    """``-o`` naming the TRL config (by another spelling too) is one line, exit 2, the file unchanged."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dpo.yaml").write_text("beta: 0.1\n")
+    code, out, err = run_from_trl(["dpo.yaml", "--trainer", "dpo", "-o", "./dpo.yaml"], capsys)
+    assert code == 2 and out == "" and (tmp_path / "dpo.yaml").read_text() == "beta: 0.1\n"
+    expected = "-o ./dpo.yaml is the TRL config itself; write the conversion elsewhere"
+    assert err == f"lit-losses: error: from-trl: {expected}\n"
 
 
 def test_the_trainer_is_inferred_when_the_fields_tell_it(tmp_path, capsys):
@@ -353,9 +371,77 @@ def test_each_line_names_its_trl_field_and_the_rest_is_a_note(tmp_path, capsys):
     }
     assert lines["beta"].endswith("# beta") and lines["lr"].endswith("# learning_rate (TRL's default)")
     assert "a token budget, 4 records × 2 rows × 512 tokens" in lines["tokens_per_batch"]
+    (tmp_path / "sft.yaml").write_text("eos_token: <|im_end|>\n")
+    code, out, err = run_from_trl([str(tmp_path / "sft.yaml"), "--trainer", "sft"], capsys)
+    assert f"eos_token='<|im_end|>' not converted: TRL's eos_token {TRL_FIELDS['eos_token']}" in err
+    assert "data.init_args.append_eos" in TRL_FIELDS["eos_token"]
     for name, field in TRL_OPTIONS.items():  # the converter's options are the hints' options
         if field.option is not None:
             assert field.text.startswith(f"is {field.option} here"), name
+
+
+FORMER = {
+    "max_prompt_length": 128,
+    "rpo_alpha": 0.5,
+    "use_logits_to_keep": True,
+    "max_seq_length": 512,
+    "warmup_ratio": 0.1,
+    "torch_dtype": "bfloat16",
+}
+"""A value for each field of earlier TRL and transformers configs (`former_fields`)."""
+
+
+@pytest.mark.parametrize("trainer", ["sft", "dpo"])
+def test_former_fields_convert_or_are_one_note_each(trainer, tmp_path, capsys):
+    """A config written for an earlier TRL (fields that TRL 1.16's configs renamed or dropped) converts:
+    each former field is written at its option, commented with its own name, or is one note with its
+    hint; none stops the command."""
+    from lit_losses.cli.trl_config import former_fields
+
+    assert set(FORMER) == former_fields()
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump({"model_name_or_path": "my-model", **FORMER}))
+    code, out, err = run_from_trl([str(tmp_path / "old.yaml"), "--trainer", trainer], capsys)
+    assert code == 0, err
+    ours, notes = yaml.safe_load(out), err.splitlines()
+    init = ours["model"]["init_args"]
+    assert init["dtype"] == "bfloat16" and init["optimizer"]["warmup_ratio"] == 0.1
+    noted = {
+        name for name in FORMER if any(line.startswith(f"lit-losses: from-trl: {name}=") for line in notes)
+    }
+    if trainer == "sft":
+        assert ours["data"]["init_args"]["seq_len"] == 512
+        (line,) = [line for line in out.splitlines() if line.strip().startswith("seq_len:")]
+        assert line.endswith("# max_seq_length"), line
+        assert noted == {"max_prompt_length", "rpo_alpha", "use_logits_to_keep"}
+    else:
+        assert noted == {"max_prompt_length", "rpo_alpha", "use_logits_to_keep", "max_seq_length"}
+    (rpo,) = [line for line in notes if "rpo_alpha=" in line]
+    assert TRL_FIELDS["rpo_alpha"] in rpo
+
+
+def test_grpo_s_kl_names_the_records_reference_log_probabilities(tmp_path, capsys):
+    """GRPO's ``beta > 0`` reads each record's ``ref_logprobs`` (the records' sampler writes them): the
+    conversion says so; at ``beta: 0`` (TRL's default) it does not."""
+    for beta, expected in ((0.04, 1), (0.0, 0)):
+        (tmp_path / "grpo.yaml").write_text(yaml.safe_dump({"num_generations": 4, "beta": beta}))
+        code, out, err = run_from_trl([str(tmp_path / "grpo.yaml")], capsys)
+        assert code == 0 and yaml.safe_load(out)["model"]["init_args"]["grpo"]["beta"] == beta
+        assert sum("ref_logprobs" in line for line in err.splitlines()) == expected, err
+
+
+def test_a_local_jsonl_dataset_name_stays_its_path(tmp_path, capsys, monkeypatch):
+    """``dataset_name: data/train.jsonl`` (TRL reads a local JSON Lines file) is the data's path, whether
+    or not the file exists yet (then one note says so), never a Hub data set to write out."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sft.yaml").write_text("dataset_name: data/train.jsonl\n")
+    for exists in (False, True):
+        if exists:
+            (tmp_path / "data").mkdir()
+            (tmp_path / "data" / "train.jsonl").write_text("{}\n")
+        code, out, err = run_from_trl(["sft.yaml", "--trainer", "sft"], capsys)
+        assert code == 0 and yaml.safe_load(out)["data"]["init_args"]["paths"] == ["data/train.jsonl"]
+        assert "load_dataset" not in err
+        assert ("dataset_name='data/train.jsonl' is no file here yet" in err) is not exists, err
 
 
 def test_from_trl_starts_without_torch_or_trl(tmp_path):

@@ -35,6 +35,8 @@ def from_trl_main(args: list[str]) -> None:
     parser.add_argument("-o", "--output", metavar="OUT", help="the file to write (default: print it)")
     options = parser.parse_args(args)
     try:
+        if options.output and Path(options.output).resolve() == Path(options.config).resolve():
+            raise ConfigError(f"-o {options.output} is the TRL config itself; write the conversion elsewhere")
         conversion = convert(read_trl_config(options.config, trainer=options.trainer))
         text = header(conversion, options.config) + conversion.config.yaml() + "\n"
         if options.output:

@@ -53,8 +53,11 @@ class TRLConfig:
         return CONFIG_CLASSES[self.trainer]
 
     def is_default(self, name: str) -> bool:
-        """Whether field ``name`` is left at TRL's default."""
-        return name not in self.given or self.given[name] == trainer_fields(self.trainer)[name][1]
+        """Whether field ``name`` is left at TRL's default (a former field, given, never is)."""
+        if name not in self.given:
+            return True
+        spec = trainer_fields(self.trainer).get(name)
+        return spec is not None and self.given[name] == spec[1]
 
 
 def read_trl_config(path: str, trainer: str | None = None) -> TRLConfig:

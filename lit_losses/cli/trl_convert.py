@@ -194,6 +194,12 @@ def trainer_options(out: Conversion) -> None:
         out.handled.add("num_train_epochs")
     else:
         epochs = values["num_train_epochs"]
+        if epochs <= 0:
+            raise ConfigError(
+                f"{out.trl.source}: num_train_epochs={epochs} with max_steps={values['max_steps']} trains no "
+                "step in TRL (and trainer.max_epochs=-1 trains without end here); give a positive "
+                "num_train_epochs or max_steps"
+            )
         out.put("trainer.max_epochs", math.ceil(epochs), "num_train_epochs")
         out.handled.add("max_steps")
         if epochs != math.ceil(epochs):
@@ -305,6 +311,11 @@ def loss_options(out: Conversion) -> None:
 def grpo_options(out: Conversion, where: str) -> None:
     """``GRPOConfig``'s ``max_completion_length`` (``dr_grpo``'s constant) and rollout corrections."""
     values = out.trl.values
+    if values["beta"]:
+        out.note(
+            f"beta={values['beta']}: the KL term reads each record's ref_logprobs, the reference model's "
+            "log-probabilities of its tokens: write them beside logprobs (see the docs' Offline RL data)"
+        )
     if values["loss_type"] == "dr_grpo":
         out.put(f"{where}.max_completion_length", values["max_completion_length"], "max_completion_length")
     out.handled.add("max_completion_length")
@@ -381,8 +392,9 @@ def schedule_options(out: Conversion, where: str) -> None:
         "lr_scheduler_type",
     )
     out.put(f"{where}.min_lr_ratio", floor, "lr_scheduler_type")
-    out.config.comments[f"{where}.min_lr_ratio"] = (
-        "lr_scheduler_kwargs (min_lr_rate)" if floor else "transformers' schedules decay to 0"
+    out.config.comment(
+        f"{where}.min_lr_ratio",
+        "lr_scheduler_kwargs (min_lr_rate)" if floor else "transformers' schedules decay to 0",
     )
     warmup_options(out, where, constant=kind == "constant")
 
@@ -410,8 +422,9 @@ def data_options(out: Conversion) -> None:
     where = "data.init_args"
     out.put(f"{where}.paths", [data_path(out)], "dataset_name")
     given = "dataset_name" in out.trl.given and out.trl.trainer != "grpo"
-    out.config.comments[f"{where}.paths"] = (
-        "dataset_name, as JSONL" if given else "placeholder: your JSONL records"
+    out.config.comment(
+        f"{where}.paths",
+        "dataset_name, as JSONL" if given else "placeholder: your JSONL records",
     )
     out.handled.update(["dataset_name", "dataset_config", "dataset_train_split"])
     if trainer == "grpo":
@@ -435,8 +448,10 @@ def data_path(out: Conversion) -> str:
     if name is None:
         out.note("dataset_name is not given: data.init_args.paths names train.jsonl, your records as JSONL")
         return "train.jsonl"
-    if str(name).endswith((".jsonl", ".json")) and Path(str(name)).is_file():
-        return str(name)  # a local file already
+    if str(name).endswith((".jsonl", ".json")):  # a local file (TRL loads it with the json builder)
+        if not Path(str(name)).is_file():
+            out.note(f"dataset_name={name!r} is no file here yet: data.init_args.paths names it")
+        return str(name)
     path = f"{Path(str(name)).name}.jsonl"
     config = f", {values['dataset_config']!r}" if values["dataset_config"] else ""
     split = values["dataset_train_split"]
@@ -451,10 +466,13 @@ def data_path(out: Conversion) -> str:
 def batch_budget(out: Conversion, rows: int, length: int, where: str) -> None:
     """``tokens_per_batch`` = ``rows`` × ``per_device_train_batch_size`` × ``length``."""
     batch = out.trl.values["per_device_train_batch_size"]
+    if batch < 1:
+        raise ConfigError(f"{out.trl.source}: per_device_train_batch_size={batch} must be >= 1")
     out.put(f"{where}.tokens_per_batch", rows * batch * length, "per_device_train_batch_size")
     unit = {1: "rows", 2: "records × 2 rows"}[rows]
-    out.config.comments[f"{where}.tokens_per_batch"] = (
-        f"per_device_train_batch_size: a token budget, {batch} {unit} × {length} tokens"
+    out.config.comment(
+        f"{where}.tokens_per_batch",
+        f"per_device_train_batch_size: a token budget, {batch} {unit} × {length} tokens",
     )
 
 
@@ -484,8 +502,8 @@ def text_data(out: Conversion, where: str) -> None:
         out.note(
             f"rows hold at most data.init_args.seq_len={TEXT_SEQ_LEN} tokens: raise it to your longest record"
         )
-    out.put(f"{where}.seq_len", length, "max_length")
-    out.handled.add("max_seq_length")
+    out.put(f"{where}.seq_len", length, "max_seq_length" if "max_seq_length" in given else "max_length")
+    out.handled.update(["max_length", "max_seq_length"])
     packing = bool(values.get("packing") or values.get("padding_free"))
     out.put(f"{where}.packing", packing, "packing", "padding_free")
     for name, option in (

@@ -123,11 +123,14 @@ def zero_dropout(model: nn.Module) -> None:
             module.p = 0.0
 
 
-def check_context_length(config: Any, seq_len: int, where: str = "model.init_args.config") -> None:
+def check_context_length(
+    config: Any, seq_len: int, where: str = "model.init_args.config", option: str = "data.seq_len"
+) -> None:
     """Refuse a model whose positions end before the data's rows do: ``max_position_embeddings`` (GPT-2's
-    ``n_positions``, through the config's attribute map) smaller than ``data.seq_len``. Learned position
-    embeddings fail with an index error at the first long row; rotary ones train silently on positions the
-    model was never given.
+    ``n_positions``, through the config's attribute map) smaller than ``seq_len``, the data module's
+    ``option`` (``data.seq_len``; preference data: ``data.max_length``). Learned position embeddings fail
+    with an index error at the first long row; rotary ones train silently on positions the model was never
+    given.
 
     Raises:
         ConfigError: naming the config field, both lengths and the ways out.
@@ -143,8 +146,8 @@ def check_context_length(config: Any, seq_len: int, where: str = "model.init_arg
     limit = getattr(config, "max_position_embeddings", None)
     if isinstance(limit, int) and not isinstance(limit, bool) and limit < seq_len:
         raise ConfigError(
-            f"{where}.max_position_embeddings={limit} is smaller than data.seq_len={seq_len}: the model has "
-            f"no position beyond {limit - 1}; lower data.seq_len to at most {limit}, or use a model with a "
+            f"{where}.max_position_embeddings={limit} is smaller than {option}={seq_len}: the model has "
+            f"no position beyond {limit - 1}; lower {option} to at most {limit}, or use a model with a "
             "longer context"
         )
 
@@ -379,7 +382,8 @@ class HFCausalLM(RegularizedLM):
                 where = (
                     f"the config of model.init_args.model_name_or_path={self.hparams['model_name_or_path']}"
                 )
-            check_context_length(causal_lm_of(self.model).config, seq_len, where=where)
+            option = "data.max_length" if "max_length" in getattr(data, "hparams", {}) else "data.seq_len"
+            check_context_length(causal_lm_of(self.model).config, seq_len, where=where, option=option)
 
     def on_train_start(self) -> None:
         super().on_train_start()
