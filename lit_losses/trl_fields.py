@@ -178,6 +178,11 @@ TRL_OPTIONS: dict[str, TRLField] = {
     "max_grad_norm": TRLField("trainer.gradient_clip_val"),
     "logging_steps": TRLField("trainer.log_every_n_steps"),
     "eval_steps": TRLField(hint="is trainer.val_check_interval here (it counts micro-batches)"),
+    "eval_strategy": TRLField(
+        hint="is when validation runs here: trainer.val_check_interval (steps) or "
+        "trainer.check_val_every_n_epoch (epoch), on a held-out share of the data "
+        "(data.init_args.val_fraction)"
+    ),
     "save_steps": TRLField(
         hint="is trainer.callbacks here: lightning.pytorch.callbacks.ModelCheckpoint with every_n_train_steps"
     ),

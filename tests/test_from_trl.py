@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+import trl
 import yaml
 
 from lit_losses.cli.from_trl import from_trl_main
@@ -36,7 +37,6 @@ from lit_losses.cli.trl_schema import (
 from lit_losses.trl_fields import TRL_FIELDS, TRL_OPTIONS, trl_hint
 from tests.docs_blocks import DOCS, write_titled_blocks
 
-trl = pytest.importorskip("trl")
 TRAINERS: tuple[str, ...] = get_args(TRLTrainer)
 KIND_NAMES = {
     bool: "bool",
@@ -551,7 +551,6 @@ output_dir: Qwen2-0.5B-GRPO
 def stand_in(tmp_path_factory) -> Path:
     """The "Coming from TRL" page's stand-ins: ``my-model``, ``sft.jsonl``, ``pairs.jsonl``,
     ``rollouts.jsonl``; and ``kto.jsonl``, the pairs as unpaired records."""
-    pytest.importorskip("peft")
     folder = tmp_path_factory.mktemp("stand_in")
     write_titled_blocks(DOCS / "coming-from-trl.md", folder)
     with contextlib.chdir(folder):

@@ -37,6 +37,7 @@ from lit_losses.objectives import (
 )
 from lit_losses.objectives.distillation import DistillationConfig, check_distillation_options
 from lit_losses.objectives.inputs import ROLLOUT_VALID
+from lit_losses.objectives.options import check_flag
 from lit_losses.objectives.presets import GRPOPreset, apply_preset
 from lit_losses.regularizers import FusedTerms, RegularizerError, RegularizerSet, RegularizerSpec, TermResult
 
@@ -184,7 +185,10 @@ class Objective:
             preset = GRPOPreset.coerce(grpo)
             options = apply_preset(preset, **given, loss_agg_norm=loss_agg_norm, terms=regularizers)
             scales = {"base_loss_weight": base_loss_weight, "regularizer_grad_norm": regularizer_grad_norm}
-            return cls.from_options(**options, **scales, token_metrics=token_metrics)
+            objective = cls.from_options(**options, **scales, token_metrics=token_metrics)
+            if objective.token_metrics is not None:  # GRPOTrainer's set, not SFT's
+                objective.token_metrics = TokenMetrics("grpo")
+            return objective
         terms = RegularizerSet(regularizers or (), loss_agg, regularizer_grad_norm)
         return cls(
             terms,
@@ -496,13 +500,6 @@ def token_metrics_of(preference: PreferencePreset | None) -> TokenMetrics:
         return TokenMetrics("sft")
     chosen = DESIRABLE_MASK if isinstance(preference, KTOPreset) else CHOSEN_MASK
     return TokenMetrics(preference.trainer, chosen_key=chosen)
-
-
-def check_flag(value: Any, where: str) -> bool:
-    """``value`` if it is a bool, else a `ConfigError` naming ``where``."""
-    if not isinstance(value, bool):
-        raise ConfigError(f"{where} must be true or false, got {value!r}")
-    return value
 
 
 def replaced_base_context(

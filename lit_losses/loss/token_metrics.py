@@ -35,15 +35,17 @@ from lit_losses.aggregation import LABELS_KEY, GlobalStats
 from lit_losses.errors import BatchKeyError
 from lit_losses.heads import FusedLMHead, TokenStatistic, token_stats
 
-TrainerName = Literal["sft", "dpo", "kto", "cpo", "orpo"]
+TrainerName = Literal["sft", "grpo", "dpo", "kto", "cpo", "orpo"]
 TRAINER_METRICS: dict[str, tuple[str, ...]] = {
     "sft": ("entropy", "mean_token_accuracy", "num_tokens"),
+    "grpo": ("entropy", "num_tokens"),
     "dpo": ("entropy", "num_tokens", "logits/chosen", "logits/rejected", "mean_token_accuracy"),
     "kto": ("entropy", "num_tokens", "logits/chosen", "logits/rejected"),
     "cpo": ("logits/chosen", "logits/rejected"),
     "orpo": ("logits/chosen", "logits/rejected"),
 }
-"""The metrics each TRL trainer logs besides its loss's own (SFT's for every non-preference loss)."""
+"""The metrics each TRL trainer logs besides its loss's own (SFT's for every loss but GRPO and the preference
+presets: plain cross-entropy and distillation, as TRL's ``GKDTrainer``, an ``SFTTrainer``)."""
 NEEDS: dict[str, TokenStatistic] = {
     "entropy": "entropy",
     "mean_token_accuracy": "is_top1",
@@ -58,9 +60,10 @@ class TokenMetrics:
     """TRL's per-token metrics of one trainer (see the module docstring).
 
     Args:
-        trainer: whose set (`TRAINER_METRICS`): ``sft`` for a loss that is no preference preset.
+        trainer: whose set (`TRAINER_METRICS`): ``sft`` for a loss that is no preset of TRL's trainers.
         chosen_key: the mask key of the chosen (KTO: desirable) completions' tokens, for the ``logits/*``
-            metrics and DPO's accuracy (``chosen_mask``, ``desirable_mask``); required but for ``sft``.
+            metrics and DPO's accuracy (``chosen_mask``, ``desirable_mask``); required by the preference
+            trainers' sets.
         ignore_index: the label value of positions without a target.
 
     Example:
@@ -79,10 +82,10 @@ class TokenMetrics:
     """
 
     def __init__(self, trainer: TrainerName, chosen_key: str | None = None, ignore_index: int = -100) -> None:
-        if trainer != "sft" and chosen_key is None:
-            raise ValueError(f"the {trainer} metrics average over the chosen tokens: give their chosen_key")
         self.trainer = trainer
         self.names = TRAINER_METRICS[trainer]
+        if self.reads_chosen and chosen_key is None:
+            raise ValueError(f"the {trainer} metrics average over the chosen tokens: give their chosen_key")
         self.chosen_key = chosen_key
         self.ignore_index = ignore_index
 

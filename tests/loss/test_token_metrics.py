@@ -17,11 +17,15 @@ import torch
 import torch.nn.functional as F
 
 from lit_losses import GlobalStatsLoader, TinyLM
+from lit_losses.aggregation import GlobalStats
 from lit_losses.errors import ConfigError
+from lit_losses.heads import FusedLMHead
+from lit_losses.loss.objective import Objective
 from lit_losses.loss.token_metrics import TRAINER_METRICS, input_tokens
 from tests.helpers import EmbeddingLM, quiet_trainer, random_batch
 from tests.loss.preference_ddp_worker import VOCAB
 from tests.loss.preference_ddp_worker import micro_batches as pair_batches
+from tests.objectives.test_builtins import rl_batch
 
 SFT = ("train/entropy", "train/mean_token_accuracy", "train/num_tokens")
 
@@ -148,3 +152,17 @@ def test_the_option_must_be_a_flag_and_is_off_by_default():
         assert set(EmbeddingLM(token_metrics=True).compute_loss(random_batch()).metrics) == set(
             TRAINER_METRICS["sft"]
         )
+
+
+def test_grpo_logs_grpo_trainer_s_set_the_entropy_over_the_completion_tokens():
+    batch, weight, bias, hidden = rl_batch(weighted=False)
+    objective = Objective.from_options(grpo={"loss_type": "grpo"}, token_metrics=True)
+    assert {"entropy", "num_tokens"} <= set(objective.metric_names())
+    assert "mean_token_accuracy" not in objective.metric_names()  # GRPOTrainer does not log it
+    head = FusedLMHead(weight, bias)
+    out = objective(head, hidden, batch=batch, stats=GlobalStats.local_only(batch), step=0, stage="train")
+    valid = batch["labels"] != -100
+    logp = F.log_softmax((hidden @ weight.T + bias).double(), -1)[valid]
+    expected = -(logp.exp() * logp).sum(-1).mean()
+    assert float(out.metrics["entropy"]) == pytest.approx(float(expected), rel=1e-10)
+    assert int(out.metrics["num_tokens"]) == int((batch["segment_ids"] != 0).sum())
