@@ -121,3 +121,19 @@ def test_a_trainer_option_lightning_refuses_at_set_up_is_one_line_and_no_run(tmp
     assert "fit ended" not in captured.out and "tensorboard --logdir" not in captured.out, captured.out
     assert not list(root.rglob("run_end.json")) and not list(root.rglob("version_*"))
     assert not list(root.rglob("config*.yaml")) and not list(root.rglob("hparams.yaml"))
+
+
+def test_the_summary_prints_a_token_count_as_a_whole_number():
+    from lit_losses.cli.run_end import summary_text
+
+    record = {
+        "reason": "max_steps",
+        "detail": "max_steps=3 reached",
+        "step": 3,
+        "train_loss": 0.5,
+        "val_loss": None,
+        "log_dir": "runs/x",
+        "checkpoints": [],
+        "metrics": {"train/num_tokens": 1566.0, "train/entropy": 2.5},
+    }
+    assert "train/num_tokens 1566, train/entropy 2.5000" in summary_text(record)

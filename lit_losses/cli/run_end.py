@@ -308,15 +308,17 @@ def summary_text(record: dict[str, Any]) -> str:
                         lit-losses report runs/x/version_0  (writes runs/x/version_0/report.html)
     """
 
-    def fmt(value: float | str | None) -> str:
-        return "-" if value is None else value if isinstance(value, str) else f"{value:.4f}"
+    def fmt(value: float | str | None, name: str = "") -> str:
+        if value is None or isinstance(value, str):
+            return "-" if value is None else value
+        return f"{value:.0f}" if name.endswith("num_tokens") else f"{value:.4f}"  # a count
 
     log_dir = record["log_dir"]
     checkpoint = record["checkpoints"][-1] if record["checkpoints"] else "none written"
     resume = [f"  resume with:  {record['resume_command']}"] if record.get("resume_command") else []
     objective = record.get("objective")
     ran = [f"  objective:    {describe_objective(objective)}"] if objective else []
-    metrics = ", ".join(f"{k} {fmt(v)}" for k, v in (record.get("metrics") or {}).items())
+    metrics = ", ".join(f"{k} {fmt(v, k)}" for k, v in (record.get("metrics") or {}).items())
     return "\n".join(
         [
             f"lit-losses: fit ended at step {record['step']}: {record['detail']}",
