@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -132,6 +132,9 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     resume_changeable_options: tuple[str, ...] = ()
     #: A subclass's arguments that are not saved with its checkpoint (a built object): never compared.
     resume_unsaved_options: tuple[str, ...] = ()
+    #: A subclass's arguments added in a later version, with their defaults: a checkpoint written before
+    #: one existed trained as with its default, so resuming it at that default is no change.
+    resume_added_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(
         self,

@@ -175,7 +175,8 @@ def option_changes(
     Keys starting with ``_`` (LightningCLI's ``_class_path``, ``_instantiator``) are not options;
     ``_class_path`` is compared as ``model.class_path`` when both have it. ``model_class``'s
     ``resume_changeable_options`` may change like `RUN_OPTIONS`; its ``resume_unsaved_options`` are not
-    compared.
+    compared; its ``resume_added_options`` (like `ADDED_OPTION_DEFAULTS`) are no change when a checkpoint
+    lacks them and this run gives their default.
 
     Example:
         >>> saved = {"d_model": 64, "regularizers": [{"name": "z_loss", "weight": 1e-4}]}
@@ -191,11 +192,12 @@ def option_changes(
         changes.append(OptionChange(prefix.rpartition(".")[0] + ".class_path", *classes, changeable=False))
     changeable = (*RUN_OPTIONS, *getattr(model_class, "resume_changeable_options", ()))
     unsaved = getattr(model_class, "resume_unsaved_options", ())
+    added = {**ADDED_OPTION_DEFAULTS, **getattr(model_class, "resume_added_options", {})}
     for key in dict.fromkeys([*saved, *given]):
         if key.startswith("_") or key in unsaved:
             continue
         before, after = saved.get(key, _ABSENT), given.get(key, _ABSENT)
-        if before is _ABSENT and key in ADDED_OPTION_DEFAULTS and _same(after, ADDED_OPTION_DEFAULTS[key]):
+        if before is _ABSENT and key in added and _same(after, added[key]):
             continue  # a checkpoint from before the option existed, resumed with its default
         if before is not _ABSENT:
             before = _canonical(key, before)

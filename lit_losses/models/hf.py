@@ -14,7 +14,7 @@ import copy
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -212,6 +212,8 @@ class HFCausalLM(RegularizedLM):
     )
     #: A built ``model`` (Python) is not saved in the hyper-parameters.
     resume_unsaved_options = ("model",)
+    #: Options newer than some checkpoints, at the value those checkpoints trained with.
+    resume_added_options: ClassVar[dict[str, Any]] = {"disable_dropout": False}
 
     def __init__(
         self,

@@ -43,3 +43,12 @@ def test_disable_dropout_zeroes_what_trl_zeroes_and_training_is_deterministic():
 def test_trl_s_disable_dropout_field_in_a_preset_points_to_the_model_option():
     with pytest.raises(ConfigError, match=r"disable_dropout.*model\.init_args\.disable_dropout here"):
         HFCausalLM(config=GPT2, dpo={"beta": 0.1, "disable_dropout": True})
+
+
+def test_a_checkpoint_from_before_the_option_resumes_at_its_default_and_not_at_another():
+    from lit_losses.checkpoint.resume import option_changes
+
+    saved = {"config": GPT2, "label_format": "next_token"}  # written before disable_dropout existed
+    assert option_changes(saved, {**saved, "disable_dropout": False}, model_class=HFCausalLM) == []
+    (change,) = option_changes(saved, {**saved, "disable_dropout": True}, model_class=HFCausalLM)
+    assert str(change) == "model.init_args.disable_dropout: added (True)" and not change.changeable
