@@ -40,9 +40,9 @@ def expected(hidden, weight, bias, targets) -> torch.Tensor:
     return torch.where(targets != IGNORE, values, 0.0)
 
 
-def run(out_dir: str) -> None:
-    rank, world = init_from_env()
-    hidden, weight, bias, targets = problem()
+def vocab_parallel_heads(weight: torch.Tensor, bias: torch.Tensor, rank: int, world: int) -> dict:
+    """Layout name → this rank's `VocabParallelHead` over ``weight`` and ``bias``: a DTensor ``Shard(0)``
+    and the `EXPLICIT_EDGES` layouts."""
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     heads = {
         "dtensor": VocabParallelHead(
@@ -58,6 +58,13 @@ def run(out_dir: str) -> None:
         heads[layout] = VocabParallelHead(
             weight[rows], bias[rows], shard=shard, chunk_size=CHUNK, temperature=TEMPERATURE
         )
+    return heads
+
+
+def run(out_dir: str) -> None:
+    rank, world = init_from_env()
+    hidden, weight, bias, targets = problem()
+    heads = vocab_parallel_heads(weight, bias, rank=rank, world=world)
     reference = expected(hidden, weight, bias, targets)
     result: dict = {"errors": {}, "values": {}, "collectives": {}}
     original = dist.all_reduce

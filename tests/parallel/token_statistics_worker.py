@@ -15,13 +15,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
-from lit_losses.heads import VocabParallelHead, VocabShard, token_stats
+from lit_losses.heads import token_stats
+from tests.parallel.collision_worker import IGNORE, TEMPERATURE, D, V, vocab_parallel_heads
 from tests.parallel.launch import init_from_env
 
-V, D, CHUNK, IGNORE, TEMPERATURE = 53, 6, 4, -100, 0.8
-EXPLICIT_EDGES = {"explicit": [0, 40, V], "explicit_empty": [0, 0, V]}
 ALL = ("entropy", "log_sum_sq_probs", "mean_logit", "is_top1")
 
 
@@ -58,21 +56,7 @@ def expected(hidden, weight, bias, targets) -> dict[str, torch.Tensor]:
 def run(out_dir: str) -> None:
     rank, world = init_from_env()
     hidden, weight, bias, targets = problem()
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
-    heads = {
-        "dtensor": VocabParallelHead(
-            distribute_tensor(weight.clone(), mesh, [Shard(0)]),
-            distribute_tensor(bias.clone(), mesh, [Shard(0)]),
-            chunk_size=CHUNK,
-            temperature=TEMPERATURE,
-        )
-    }
-    for layout, edges in EXPLICIT_EDGES.items():
-        shard = VocabShard(edges[rank], edges[rank + 1], V, mesh.get_group(0))
-        rows = slice(shard.start, shard.stop)
-        heads[layout] = VocabParallelHead(
-            weight[rows], bias[rows], shard=shard, chunk_size=CHUNK, temperature=TEMPERATURE
-        )
+    heads = vocab_parallel_heads(weight, bias, rank=rank, world=world)
     reference = expected(hidden, weight, bias, targets)
     result: dict = {"errors": {}, "values": {}}
     for layout, head in heads.items():
