@@ -10,13 +10,15 @@
 # in the `liger` step only (with it, `auto` takes Liger's kernel for the plain CE, which other tests
 # exclude). STEPS: the steps to run (default: all but the whole training steps), e.g. "tests fused_head".
 #
-# The whole training step of a 1B Llama (benchmarks/train_step.py: this package, HF's loss, HF + Liger-Kernel,
-# each variant in its own process; Liger-Kernel from LIGER_DIR) runs as the named steps `train_step` (one
-# GPU) and `train_step_fsdp` (FSDP2 over one process), up to 400 s each (one per call of a 600 s limit;
-# rows that finished are in $OUT/train_step*.json even after a timeout), e.g.
-#   bash benchmarks/cuda_checks.sh /tmp/cce /tmp/liger train_step
+# The whole training step of a 1B Llama (benchmarks/train_step.py: this package with and without
+# use_liger_kernel, HF's loss, HF + Liger-Kernel, each variant in its own process, at most 100 s each;
+# Liger-Kernel from LIGER_DIR) runs as the named steps `train_step` (one GPU, about 190 s on an H100) and
+# `train_step_fsdp` (FSDP2 over one process); rows that finished are in $OUT/train_step*.json even after a
+# timeout, each variant's stderr in $OUT/logs. A machine without the package's dependencies takes them as
+# wheels in LIGER_DIR (jsonargparse, docstring_parser, typeshed_client, simpleeval, liger_kernel), e.g.
+#   bash benchmarks/cuda_checks.sh "" /tmp/site "train_step train_step_fsdp"
 # `per_token_time` and `per_token_memory` (named only too) measure `chunked` against `blocked` for the
-# per-token outputs of an fp32 weight, which `auto` gives to `chunked` on CUDA until measured there.
+# per-token outputs of an fp32 weight (`auto` takes `blocked`: measured on an H100, benchmarks/RESULTS.md).
 set -u
 out=${OUT:-cuda_checks}
 cce=${1:-}
@@ -63,7 +65,7 @@ step liger 90 env PYTHONPATH="/tmp/sm80:$PYTHONPATH:$liger" python3 -m pytest -m
 step head_memory 60 python3 benchmarks/head_memory.py --device cuda --backends auto
 step head_profile 40 python3 benchmarks/head_profile.py --device cuda --dtype bfloat16 --shape "$shape" \
     --variants blocked_ce chunked_ce --rows 10
-train=(python3 benchmarks/train_step.py --device cuda --steps 4 --warmup 2)
+train=(python3 benchmarks/train_step.py --device cuda --steps 4 --warmup 2 --variant-timeout 100 --logs "$out/logs")
 step train_step 400 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --json "$out/train_step.json"
 step train_step_fsdp 400 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --fsdp --json "$out/train_step_fsdp.json"
 step per_token_time 150 python3 benchmarks/fused_head.py --device cuda --dtype float32 --shapes "$shape" --repeats 3 \

@@ -11,7 +11,9 @@ model, gradients and optimizer states included.
 
 Variants, each in its own process:
   lit_sft          `HFCausalLM` + the fused head (``auto``), the SFT loss (cross-entropy, token mean)
-  lit_sft_reg      the same + ``z_loss`` and ``entropy`` regularizers
+  lit_sft_liger    ``lit_sft`` with ``use_liger_kernel``: Liger-Kernel's decoder kernels (RoPE, RMSNorm,
+                   SwiGLU; its loss patches off: the package's head computes the loss)
+  lit_sft_reg      ``lit_sft`` + ``z_loss`` and ``entropy`` regularizers
   lit_grpo         the same model with TRL's GRPO loss (``model.grpo``: ``dapo``, clip-higher, a k3 KL to
                    reference log-probabilities; the batch carries sampling and reference log-probabilities
                    and advantages)
@@ -48,7 +50,7 @@ from typing import Any
 from resident import reset_peak_rss, status_kib
 
 #: The variants, in table order.
-VARIANTS = ("lit_sft", "lit_sft_reg", "lit_grpo", "hf", "hf_liger")
+VARIANTS = ("lit_sft", "lit_sft_liger", "lit_sft_reg", "lit_grpo", "hf", "hf_liger")
 #: Llama 3.2 1B's shape (hidden, intermediate, layers, heads, key-value heads).
 LLAMA_1B = (2048, 8192, 16, 32, 8)
 #: A shape that runs in seconds on a CPU (``--tiny``).
@@ -148,10 +150,12 @@ def build(variant: str, args: argparse.Namespace, mesh: Any) -> tuple[Any, Any]:
     from lit_losses import HFCausalLM
     from lit_losses.parallel import ParallelConfig, parallelize
 
-    options: dict[str, Any] = {"lit_sft": {}, "lit_sft_reg": {"regularizers": REGULARIZERS}}.get(
-        variant, {"grpo": GRPO}
-    )
-    model = HFCausalLM(model=hf, head_backend="auto", **options)
+    options: dict[str, Any] = {
+        "lit_sft_liger": {"use_liger_kernel": True},
+        "lit_sft_reg": {"regularizers": REGULARIZERS},
+        "lit_grpo": {"grpo": GRPO},
+    }.get(variant, {})
+    model = HFCausalLM(model=hf, head_backend="auto", head_chunk_size=args.chunk_size, **options)
     if mesh is not None:
         parallelize(model, mesh, ParallelConfig())
     keys = ("input_ids", "labels") if variant != "lit_grpo" else None
@@ -184,7 +188,7 @@ def run_one(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         sync()
-        return time.perf_counter() - start, float(loss)
+        return time.perf_counter() - start, float(loss.detach())
 
     first_s, first_loss = step()
     for _ in range(args.warmup - 1):
@@ -209,11 +213,20 @@ def run_one(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def run_variant(variant: str, argv: list[str]) -> dict[str, Any]:
-    """``variant`` in a fresh process: its result, or ``{"absent": why}`` (the last line of its error)."""
+def run_variant(variant: str, argv: list[str], timeout: float | None, logs: str | None) -> dict[str, Any]:
+    """``variant`` in a fresh process: its result, or ``{"absent": why}`` (the last line of its error, or the
+    timeout); its stderr in ``logs/<variant>.log`` if ``logs`` is given."""
     cmd = [sys.executable, os.path.abspath(__file__), *argv, "--one", variant]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed memory leaves the resident set
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as timed_out:
+        stderr = timed_out.stderr.decode() if isinstance(timed_out.stderr, bytes) else timed_out.stderr or ""
+        out = subprocess.CompletedProcess(cmd, -9, "", stderr + f"\ntimed out after {timeout} s")
+    if logs:
+        os.makedirs(logs, exist_ok=True)
+        with open(os.path.join(logs, f"{variant}.log"), "w") as f:
+            f.write(out.stderr)
     lines = out.stdout.strip().splitlines()
     if out.returncode == 0 and lines:
         return json.loads(lines[-1])
@@ -273,9 +286,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=5, help="timed steps")
     parser.add_argument("--warmup", type=int, default=2, help="steps before timing (>= 1)")
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 over one process")
+    parser.add_argument(
+        "--chunk-size", type=int, help="the package's head_chunk_size (default: from a memory budget)"
+    )
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--json", help="also write the rows to this JSON file (after each variant)")
+    parser.add_argument("--variant-timeout", type=float, help="seconds before a variant's process is stopped")
+    parser.add_argument("--logs", help="a folder for each variant's stderr (<variant>.log)")
     parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # internal: one variant here
     args = parser.parse_args(argv)
     if args.warmup < 1:
@@ -293,7 +311,7 @@ def main() -> None:
     argv = sys.argv[1:]
     results = []
     for variant in args.variants:  # each row on stderr and in the JSON as it comes (a timeout keeps them)
-        results.append(run_variant(variant, argv))
+        results.append(run_variant(variant, argv, timeout=args.variant_timeout, logs=args.logs))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
         if args.json:
             with open(args.json, "w") as f:

@@ -140,6 +140,12 @@ TRL_OPTIONS: dict[str, TRLField] = {
         "model.init_args.disable_dropout",
         "is model.init_args.disable_dropout here (HFCausalLM; false by default, TRL's: true)",
     ),
+    "use_liger_kernel": TRLField(
+        "model.init_args.use_liger_kernel",
+        "is model.init_args.use_liger_kernel here (HFCausalLM: Liger-Kernel's decoder kernels; the fused "
+        "head computes the loss)",
+    ),
+    "liger_kernel_config": TRLField("model.init_args.liger_kernel_config"),
     "use_peft": TRLField(hint=LORA),
     "lora_r": TRLField(hint=LORA + " (r)"),
     "lora_alpha": TRLField(hint=LORA + " (lora_alpha)"),

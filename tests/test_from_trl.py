@@ -429,6 +429,37 @@ def test_grpo_s_kl_names_the_records_reference_log_probabilities(tmp_path, capsy
         assert sum("ref_logprobs" in line for line in err.splitlines()) == expected, err
 
 
+def test_use_liger_kernel_is_hfcausallm_s_without_the_loss_patches(tmp_path, capsys):
+    """``use_liger_kernel`` and ``liger_kernel_config`` go to `HFCausalLM`'s options of those names, the
+    loss patches out (one note): the fused head computes the loss. Without ``use_liger_kernel`` TRL ignores
+    ``liger_kernel_config``: a note, no option."""
+    import inspect
+
+    from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+    from lit_losses import HFCausalLM
+    from lit_losses.cli.trl_convert import LIGER_LOSS_PATCHES
+    from lit_losses.models.liger_decoder import LOSS_PATCHES
+
+    assert LIGER_LOSS_PATCHES == LOSS_PATCHES
+    liger = {"rope": False, "swiglu": True, "fused_linear_cross_entropy": True}
+    (tmp_path / "sft.yaml").write_text(
+        yaml.safe_dump({"use_liger_kernel": True, "liger_kernel_config": liger})
+    )
+    code, out, err = run_from_trl([str(tmp_path / "sft.yaml"), "--trainer", "sft"], capsys)
+    model = yaml.safe_load(out)["model"]["init_args"]
+    assert code == 0 and model["use_liger_kernel"] is True
+    assert model["liger_kernel_config"] == {"rope": False, "swiglu": True}
+    assert set(model["liger_kernel_config"]) <= set(inspect.signature(apply_liger_kernel_to_llama).parameters)
+    assert {"use_liger_kernel", "liger_kernel_config"} <= set(inspect.signature(HFCausalLM).parameters)
+    notes = [line for line in err.splitlines() if "liger" in line]
+    assert len(notes) == 1 and "['fused_linear_cross_entropy'] not converted" in notes[0], err
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump({"liger_kernel_config": {"rope": False}}))
+    code, out, err = run_from_trl([str(tmp_path / "sft.yaml"), "--trainer", "sft"], capsys)
+    assert code == 0 and "liger" not in yaml.safe_dump(yaml.safe_load(out))
+    assert "liger_kernel_config: not converted, as TRL ignores it without use_liger_kernel: true" in err
+
+
 def test_a_local_jsonl_dataset_name_stays_its_path(tmp_path, capsys, monkeypatch):
     """``dataset_name: data/train.jsonl`` (TRL reads a local JSON Lines file) is the data's path, whether
     or not the file exists yet (then one note says so), never a Hub data set to write out."""

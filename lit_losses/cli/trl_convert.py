@@ -98,6 +98,9 @@ LORA_FIELDS = {
     "use_dora": "use_dora",
 }
 """``ModelConfig``'s LoRA fields and the ``peft.LoraConfig`` argument each is (TRL's ``get_peft_config``)."""
+LIGER_LOSS_PATCHES = ("cross_entropy", "fused_linear_cross_entropy")
+"""The options of ``liger_kernel_config`` that patch the loss (`lit_losses.models.liger_decoder`'s
+``LOSS_PATCHES``, written again here because ``from-trl`` runs without torch)."""
 TEXT_SEQ_LEN = 1024
 """The rows' length when TRL's config bounds none (``DistillationConfig``, ``GRPOConfig``, ``max_length:
 null``): TRL's ``max_length`` default."""
@@ -264,7 +267,29 @@ def model_options(out: Conversion) -> None:
     else:
         out.handled.add("disable_dropout")
     out.config.put("model.init_args.token_metrics", True, "TRL's logged entropy, mean_token_accuracy, ...")
+    liger_options(out)
     lora_options(out)
+
+
+def liger_options(out: Conversion) -> None:
+    """``model.init_args.use_liger_kernel`` and ``liger_kernel_config``, the latter without Liger's loss
+    patches (the fused head computes the loss)."""
+    out.handled.update(["use_liger_kernel", "liger_kernel_config"])
+    if not out.trl.values["use_liger_kernel"]:
+        if "liger_kernel_config" in out.trl.given:
+            out.note("liger_kernel_config: not converted, as TRL ignores it without use_liger_kernel: true")
+        return
+    out.put("model.init_args.use_liger_kernel", True, "use_liger_kernel")
+    config = mapping(out.trl, "liger_kernel_config")
+    dropped = [name for name in LIGER_LOSS_PATCHES if name in config]
+    if dropped:
+        out.note(
+            f"liger_kernel_config {dropped} not converted: the fused head computes the loss here "
+            "(use_liger_kernel applies Liger-Kernel's decoder kernels only)"
+        )
+    kept = {name: value for name, value in config.items() if name not in LIGER_LOSS_PATCHES}
+    if kept:
+        out.put("model.init_args.liger_kernel_config", kept, "liger_kernel_config")
 
 
 def lora_options(out: Conversion) -> None:

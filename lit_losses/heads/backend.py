@@ -220,9 +220,9 @@ def _backend(name: str, narrow_weight: bool = False) -> HeadBackend:
     return HEAD_BACKENDS[LEAN_BACKEND if narrow_weight else DEFAULT_BACKEND]
 
 
-def _per_token_backend(name: str, narrow_weight: bool, on_cuda: bool) -> HeadBackend:
-    """``auto``'s backend for per-token outputs: `LEAN_BACKEND` for a narrow weight or off CUDA."""
-    return _backend(name, narrow_weight=narrow_weight or (name == "auto" and not on_cuda))
+def _per_token_backend(name: str) -> HeadBackend:
+    """``auto``'s backend for per-token outputs: `LEAN_BACKEND`, whatever the weight and the device."""
+    return _backend(name, narrow_weight=True)
 
 
 def _auto_ce_backend(uniform: bool, on_cuda: bool, narrow_weight: bool) -> HeadBackend:
@@ -267,17 +267,18 @@ def select_backend(
     Liger's kernel first (where it is installed): for a bf16 weight ``blocked`` is both faster and leaner
     than Liger with the fp32 weight-gradient accumulation the head's precision asks for (one H200,
     8192 × 4096 × 128256: 55 ms and 1.7 GiB, where Liger accumulating in bf16 takes 54 ms and 1.1 GiB, and
-    in fp32 about 1.5× that time and 3 GiB; `benchmarks/RESULTS.md`).
+    in fp32 about 1.5× that time and 3 GiB; one H100: 56 ms and 1.6 GiB, Liger 64 ms and 1.1 GiB;
+    `benchmarks/RESULTS.md`).
 
-    Per-token outputs (``per_token``) take four ``N·D·V`` matmuls on either backend, and off CUDA
-    ``auto`` takes ``blocked`` for them whatever the weight's dtype: it writes each block of the weight's
-    gradient once where ``chunked`` adds every token chunk into the whole ``V × D`` gradient. Measured on
-    CPU (2026-11-27, 2 x86_64 cores, torch 2.13, fp32): at 2048 × 512 × 128256, CPU time on one thread /
-    the three bare matmuls: ``blocked`` 1.32 (``chunked`` 1.37) for ``logprobs``, 1.27 (1.40) with the
-    entropy; at 1024 × 1024 × 65536, chunk 256, memory above the inputs / (weight gradient + two fp32
-    chunks): 0.80 (0.85) for ``logprobs`` + entropy (`benchmarks/fused_head.py`,
-    `benchmarks/head_memory.py`). On CUDA a weight in the compute dtype keeps ``chunked`` for them (not
-    measured there).
+    Per-token outputs (``per_token``) take four ``N·D·V`` matmuls on either backend, and ``auto`` takes
+    ``blocked`` for them whatever the weight's dtype and the device: it writes each block of the weight's
+    gradient once where ``chunked`` adds every token chunk into the whole ``V × D`` gradient. Measured for
+    an fp32 weight, time / the three bare matmuls and memory: on CPU (2026-11-27, 2 x86_64 cores, torch
+    2.13), at 2048 × 512 × 128256 on one thread, ``blocked`` 1.32 (``chunked`` 1.37) for ``logprobs``,
+    1.27 (1.40) with the entropy, and at 1024 × 1024 × 65536, chunk 256, memory above the inputs /
+    (weight gradient + two fp32 chunks) 0.80 (0.85) for ``logprobs`` + entropy; on one H100 (2026-11-27,
+    torch 2.11, 8192 × 4096 × 128256) 1.39 (1.45) at a peak of 2626 MiB (3348) for ``logprobs``, 1.39
+    (1.44) at 2577 MiB (3860) with the entropy (`benchmarks/fused_head.py`, `benchmarks/head_memory.py`).
 
     * ``per_token``: the requested backend (``auto``: as above), which must give ``outputs``.
     * ``weighted_ce``: for ``auto``, ``blocked`` for a narrow weight; otherwise the first registered
@@ -295,7 +296,7 @@ def select_backend(
         task: ``"per_token"``, ``"weighted_ce"`` or ``"pointwise"``.
         outputs: the per-token outputs the call needs (``per_token``, ``pointwise``).
         uniform: ``weighted_ce``: one float weight for every token (not a tensor of weights).
-        on_cuda: the hidden states are on a CUDA device (``weighted_ce``, ``per_token``).
+        on_cuda: the hidden states are on a CUDA device (``weighted_ce``).
         narrow_weight: the weight's dtype is narrower than the compute dtype (see above).
 
     Returns:
@@ -314,10 +315,10 @@ def select_backend(
         >>> select_backend("auto", "per_token", outputs=("logprobs",), narrow_weight=True).backend.name
         'blocked'
         >>> select_backend("auto", "per_token", outputs=("logprobs",), on_cuda=True).backend.name
-        'chunked'
+        'blocked'
     """
     if task == "per_token":
-        backend = _per_token_backend(requested, narrow_weight=narrow_weight, on_cuda=on_cuda)
+        backend = _per_token_backend(requested)
         _check_outputs(backend, outputs)
         return Route(backend, fused=False)
     if task == "weighted_ce":

@@ -34,6 +34,7 @@ from lit_losses.models.hf_batch import (
     shift_labels,
 )
 from lit_losses.models.hf_load import causal_lm_of, check_plain_head, import_transformers, refused_as
+from lit_losses.models.liger_decoder import apply_liger_decoder, check_liger_device
 from lit_losses.models.pretrained import local_pretrained
 from lit_losses.module import RegularizedLM
 from lit_losses.optim import check_trainable_dtypes
@@ -186,6 +187,12 @@ class HFCausalLM(RegularizedLM):
         gradient_checkpointing: recompute the body's activations in backward.
         disable_dropout: set the probability of every ``torch.nn.Dropout`` module to 0 (TRL's
             ``disable_dropout``, whose default is true; here the model's config decides by default).
+        use_liger_kernel: patch the model with Liger-Kernel's decoder kernels (RoPE, RMSNorm, SwiGLU, ...;
+            CUDA, the ``[liger]`` extra): Hugging Face's and TRL's option, except that the fused head keeps
+            computing the loss (`apply_liger_decoder`). On one H100 this made the step of a 1B Llama
+            1.25× faster and 19 % leaner (``benchmarks/train_step.py``).
+        liger_kernel_config: the options of Liger's ``apply_liger_kernel_to_<model>`` (Hugging Face's
+            ``liger_kernel_config``), e.g. ``{swiglu: false}``; with ``use_liger_kernel`` only.
         parallel: how ``configure_model`` shards the model under ``ModelParallelStrategy``
             (`ParallelConfig`; by default FSDP2 units are the decoder layers, `fsdp_modules`).
         **kwargs: the `RegularizedLM` options (head, loss aggregation, optimizer, regularizers).
@@ -209,11 +216,17 @@ class HFCausalLM(RegularizedLM):
         "model_name_or_path",
         "attn_implementation",
         "gradient_checkpointing",
+        "use_liger_kernel",
+        "liger_kernel_config",
     )
     #: A built ``model`` (Python) is not saved in the hyper-parameters.
     resume_unsaved_options = ("model",)
     #: Options newer than some checkpoints, at the value those checkpoints trained with.
-    resume_added_options: ClassVar[dict[str, Any]] = {"disable_dropout": False}
+    resume_added_options: ClassVar[dict[str, Any]] = {
+        "disable_dropout": False,
+        "use_liger_kernel": False,
+        "liger_kernel_config": None,
+    }
 
     def __init__(
         self,
@@ -227,6 +240,8 @@ class HFCausalLM(RegularizedLM):
         lora: dict[str, Any] | None = None,
         gradient_checkpointing: bool = False,
         disable_dropout: bool = False,
+        use_liger_kernel: bool = False,
+        liger_kernel_config: dict[str, Any] | None = None,
         parallel: ParallelConfig | None = None,
         **kwargs: Any,
     ) -> None:
@@ -243,6 +258,11 @@ class HFCausalLM(RegularizedLM):
             )
         elif model_name_or_path is not None or config is not None:
             raise ConfigError("HFCausalLM: give model, or model_name_or_path, or config; not several")
+        if liger_kernel_config is not None and not use_liger_kernel:
+            raise ConfigError(
+                f"model.init_args.liger_kernel_config={liger_kernel_config!r} is given but "
+                "model.init_args.use_liger_kernel is false: set it to true, or remove liger_kernel_config"
+            )
         if lora is not None:
             model = add_lora(model, lora)
         if disable_dropout:
@@ -255,6 +275,8 @@ class HFCausalLM(RegularizedLM):
         cause = f"model.init_args.dtype={dtype}" if dtype is not None else ""
         check_trainable_dtypes(self.named_parameters(), self.optimizer_config, cause=cause)
         check_plain_head(model)
+        if use_liger_kernel:  # after the probe forward of check_plain_head: Liger's kernels run on CUDA only
+            apply_liger_decoder(model, liger_kernel_config)
         rows = self.output_projection()[0].shape[0]
         if vocab_size is not None and vocab_size > rows:
             raise ConfigError(
@@ -373,9 +395,11 @@ class HFCausalLM(RegularizedLM):
         return super().predict_step(self.prepare_batch(batch, "predict"), batch_idx, dataloader_idx)
 
     def setup(self, stage: str) -> None:
-        """`RegularizedLM.setup`'s checks, and the model's context length against the data module's
-        ``seq_len`` (`check_context_length`), before any batch."""
+        """`RegularizedLM.setup`'s checks, the model's context length against the data module's
+        ``seq_len`` (`check_context_length`), and a CUDA device for ``use_liger_kernel``, before any batch."""
         super().setup(stage)
+        if self.hparams.get("use_liger_kernel") and self._trainer is not None:
+            check_liger_device(self._trainer.strategy.root_device)
         data = getattr(self._trainer, "datamodule", None)
         seq_len = getattr(data, "seq_len", None)
         if isinstance(seq_len, int):

@@ -97,7 +97,9 @@ def test_outputs_they_cannot_give_are_refused(name):
     ids=["cce", "liger_scaled"],
 )
 def test_a_missing_package_is_a_runtime_error_saying_what_to_install(monkeypatch, module, package, call):
-    monkeypatch.setitem(sys.modules, package, None)  # import fails as when not installed
+    for name in [m for m in sys.modules if m == package or m.startswith(f"{package}.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # import fails as when not installed (submodules too)
+    monkeypatch.setitem(sys.modules, package, None)
     monkeypatch.setattr(peer_kernels, "require_cuda", lambda backend, hidden: None)  # reach the import on CPU
     hidden, weight, targets = cpu_problem()
     with pytest.raises(
