@@ -30,7 +30,7 @@ from lit_losses.hparams import plain_data
 from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.custom import CustomLossMixin
 from lit_losses.loss.objective import Objective, batch_tensor
-from lit_losses.loss.telemetry import StepTelemetry, ValidationTelemetry
+from lit_losses.loss.telemetry import TOKENS_SEEN_KEY, StepTelemetry, ValidationTelemetry
 from lit_losses.models.frozen import (
     DISABLED_ADAPTERS,
     INITIAL_POLICY,
@@ -495,18 +495,22 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         return optimizer_and_schedule(self, self.optimizer_config, self._trainer)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Save the regularizers' run-time weights and flags, hyper-parameters as plain data, the run's layout
+        """Save the regularizers' run-time weights and flags, the input tokens trained on so far
+        (``train/num_tokens``), hyper-parameters as plain data, the run's layout
         (`lit_losses.checkpoint.topology`) and the names of the optimizer states' parameters
         (`lit_losses.checkpoint.reshard`): what resuming on another layout needs."""
         checkpoint["lit_losses_regularizers"] = self.regularizer_set.state_dict()
+        checkpoint[TOKENS_SEEN_KEY] = self.step_telemetry.tokens_seen
         if "hyper_parameters" in checkpoint:
             checkpoint["hyper_parameters"] = plain_data(checkpoint["hyper_parameters"])
         record_topology(checkpoint, self.trainer)
         record_param_names(checkpoint, module=self, optimizers=self.trainer.optimizers)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Check this run's options against the checkpoint's; restore its run-time state (`resume`)."""
+        """Check this run's options against the checkpoint's; restore its run-time state (`resume`) and the
+        count of input tokens trained on (0 from a checkpoint written before it was saved)."""
         restore_checkpoint_state(self, checkpoint)
+        self.step_telemetry.tokens_seen = int(checkpoint.get(TOKENS_SEEN_KEY, 0))
 
     def teardown(self, stage: str) -> None:
         self.regularizer_set.close()

@@ -17,6 +17,8 @@ from lit_losses.regularizers import RegularizerSet, TermResult
 NUM_TOKENS_KEY = "train/num_tokens"
 """A count of the micro-batch's input tokens (the token metrics'): summed unscaled, logged cumulatively."""
 UNSCALED = (MAX_SUFFIX, NUM_TOKENS_KEY)
+TOKENS_SEEN_KEY = "lit_losses_tokens_seen"
+"""The checkpoint's entry of `StepTelemetry.tokens_seen`: ``train/num_tokens`` goes on after a resume."""
 
 
 class StepTelemetry(nn.Module):
@@ -58,7 +60,7 @@ class StepTelemetry(nn.Module):
         self.nested: dict[str, Any] = {}
         """The last step as the nested dict of the class docstring."""
         self.tokens_seen = 0
-        """``train/num_tokens``: the input tokens of every step so far (counted in this process's run)."""
+        """``train/num_tokens``: the input tokens of every step so far (saved in checkpoints)."""
 
     def update(self, values: Mapping[str, Tensor], share: float, terms: Mapping[str, TermResult]) -> None:
         """Add one micro-batch's logged values, scaled by its share of the step."""

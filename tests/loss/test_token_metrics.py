@@ -95,6 +95,28 @@ def test_sft_metrics_are_the_steps_means_and_the_token_count_cumulative():
     assert abs(trl_entropy - expected[0]["train/entropy"]) > 1e-4
 
 
+def test_num_tokens_goes_on_from_the_checkpoint_after_a_resume(tmp_path):
+    """A run resumed mid-epoch from its step-1 checkpoint logs the uninterrupted run's cumulative
+    ``train/num_tokens`` at step 2 (the count is saved in the checkpoint; TRL's restarts from 0)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    batches = sft_batches()
+
+    def fit(ckpt_path=None):
+        torch.manual_seed(0)
+        model = EmbeddingLM(head_backend="chunked", token_metrics=True)
+        record = EveryStep()
+        every = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1, filename="{step}")
+        trainer = quiet_trainer(max_steps=2, accumulate_grad_batches=2, callbacks=[record, every])
+        trainer.fit(model, GlobalStatsLoader(batches, batch_size=None, shuffle=False), ckpt_path=ckpt_path)
+        return record.steps
+
+    whole = fit()
+    resumed = fit(ckpt_path=tmp_path / "step=1.ckpt")
+    assert whole[1]["train/num_tokens"] == sum(input_tokens(b) for b in batches)
+    assert resumed[-1]["train/num_tokens"] == whole[1]["train/num_tokens"]
+
+
 def test_validation_means_are_over_every_token_of_the_epoch():
     torch.manual_seed(0)
     model = EmbeddingLM(head_backend="chunked", token_metrics=True).double()
