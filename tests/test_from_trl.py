@@ -454,6 +454,9 @@ def test_use_liger_kernel_is_hfcausallm_s_without_the_loss_patches(tmp_path, cap
     assert {"use_liger_kernel", "liger_kernel_config"} <= set(inspect.signature(HFCausalLM).parameters)
     notes = [line for line in err.splitlines() if "liger" in line]
     assert len(notes) == 1 and "['fused_linear_cross_entropy'] not converted" in notes[0], err
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump({"model_init_kwargs": {"use_kernels": True}}))
+    code, out, err = run_from_trl([str(tmp_path / "sft.yaml"), "--trainer", "sft"], capsys)
+    assert code == 0 and "use_kernels: model.init_args.use_liger_kernel applies Liger-Kernel's" in err
     (tmp_path / "sft.yaml").write_text(yaml.safe_dump({"liger_kernel_config": {"rope": False}}))
     code, out, err = run_from_trl([str(tmp_path / "sft.yaml"), "--trainer", "sft"], capsys)
     assert code == 0 and "liger" not in yaml.safe_dump(yaml.safe_load(out))

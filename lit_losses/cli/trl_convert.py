@@ -257,7 +257,13 @@ def model_options(out: Conversion) -> None:
     others = sorted(set(init_kwargs) - {"dtype", "torch_dtype", "attn_implementation"})
     out.handled.add("model_init_kwargs")
     if others:
-        out.note(f"model_init_kwargs {others} not converted: HFCausalLM takes dtype and attn_implementation")
+        kernels = ""
+        if "use_kernels" in others:
+            kernels = " (for use_kernels: model.init_args.use_liger_kernel applies Liger-Kernel's)"
+        out.note(
+            f"model_init_kwargs {others} not converted: HFCausalLM takes dtype and "
+            f"attn_implementation{kernels}"
+        )
     if values["gradient_checkpointing"]:
         out.put("model.init_args.gradient_checkpointing", True, "gradient_checkpointing")
     else:

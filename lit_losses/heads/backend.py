@@ -57,7 +57,7 @@ Task = Literal["per_token", "weighted_ce", "pointwise"]
 DEFAULT_BACKEND = "chunked"
 
 #: The backend of ``backend="auto"`` for a weight narrower than the compute dtype, and for per-token outputs
-#: off CUDA (`select_backend`).
+#: (`select_backend`).
 LEAN_BACKEND = "blocked"
 
 
@@ -297,7 +297,8 @@ def select_backend(
         outputs: the per-token outputs the call needs (``per_token``, ``pointwise``).
         uniform: ``weighted_ce``: one float weight for every token (not a tensor of weights).
         on_cuda: the hidden states are on a CUDA device (``weighted_ce``).
-        narrow_weight: the weight's dtype is narrower than the compute dtype (see above).
+        narrow_weight: the weight's dtype is narrower than the compute dtype (``weighted_ce``,
+            ``pointwise``; see above).
 
     Returns:
         The `Route`.

@@ -13,8 +13,8 @@ and an fp32 ``V × D`` gradient accumulator beside the weight's own gradient (me
 65536 on CPU: 3.2× the bf16 gradient's bytes above the inputs for the plain cross-entropy). For a weight
 already in the compute dtype the accumulator *is* the gradient, and ``chunked`` keeps its faster fused
 paths (three matmuls for the plain cross-entropy; `benchmarks/head_memory.py`). Per-token outputs take
-four matmuls on both, and off CUDA ``auto`` takes ``blocked`` for them with any weight (measured faster
-and leaner on CPU, `lit_losses.heads.backend.select_backend`).
+four matmuls on both, and ``auto`` takes ``blocked`` for them with any weight (measured faster and leaner
+on CPU and on an H100, `lit_losses.heads.backend.select_backend`).
 """
 
 from __future__ import annotations
@@ -134,8 +134,8 @@ def blocked_weighted_ce(head: HeadConfig, h: Tensor, y: Tensor, token_weights: T
     return -float(token_weights) * logprobs.sum()
 
 
-#: The ``blocked`` backend (``auto``'s for weights narrower than the compute dtype, and for per-token outputs
-#: off CUDA).
+#: The ``blocked`` backend (``auto``'s for weights narrower than the compute dtype, and for per-token
+#: outputs).
 BLOCKED = register_backend(
     HeadBackend(
         name="blocked",

@@ -294,8 +294,7 @@ def linear_logprobs(
         targets: ``[...]`` token ids (``ignore_index`` where none).
         bias: ``[V]`` or ``None``.
         outputs: one or more of ``"logprobs"``, ``"lse"``, ``"entropy"``.
-        backend: ``auto`` (``blocked`` off CUDA or for a weight narrower than the compute dtype, else
-            ``chunked``, see `select_backend`), ``chunked``, ``blocked``, ``naive``, ``torch``
+        backend: ``auto`` (``blocked``, see `select_backend`), ``chunked``, ``blocked``, ``naive``, ``torch``
             (``logprobs`` only), or a registered name (`HEAD_BACKENDS`).
         chunk_size: tokens per chunk (default: from a memory budget, `default_chunk_size`).
         ignore_index: target value of positions without a label.

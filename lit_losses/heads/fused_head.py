@@ -49,7 +49,7 @@ class FusedLMHead:
             (`F.linear_cross_entropy`, logprobs only), ``liger`` (CUDA, plain CE with one token weight),
             ``liger_scaled`` (CUDA, Liger's logprobs + entropy, no bias), ``cce`` (CUDA, cut-cross-entropy's
             logprobs and plain CE, bf16/fp16, no bias; ``auto`` never picks these two), ``auto`` (blocked
-            for per-token outputs off CUDA and for a weight narrower than the compute dtype, else chunked;
+            for per-token outputs and for a weight narrower than the compute dtype, else chunked;
             liger for the plain CE with one token weight, on CUDA, of a weight in the compute dtype, when
             installed; `select_backend` gives the reasons), or a registered name.
         chunk_size: tokens per chunk (default: about 512 MiB of fp32 logits per chunk; on CPU about
@@ -135,17 +135,10 @@ class FusedLMHead:
         """The weight, the bias and the options as one call takes them (checked)."""
         return HeadSettings(weight=self.weight, bias=self.bias, **self.options())
 
-    def resolve_backend(self, outputs: Sequence[str], hidden: Tensor | None = None) -> str:
-        """The name of the backend that computes the per-token ``outputs`` of ``hidden`` (for ``auto``:
-        ``blocked`` off CUDA or for a weight narrower than the compute dtype, else ``chunked``; without
-        ``hidden``, the weight's device and compute dtype with ``accum_dtype``); a `ValueError` naming
-        those that can when it cannot give them."""
-        probe = self.weight[:0] if hidden is None else hidden
-        narrow = self.settings().narrow_weight(probe)
-        route = select_backend(
-            self.backend, "per_token", outputs=outputs, on_cuda=probe.is_cuda, narrow_weight=narrow
-        )
-        return route.backend.name
+    def resolve_backend(self, outputs: Sequence[str]) -> str:
+        """The name of the backend that computes the per-token ``outputs`` (for ``auto``: ``blocked``,
+        whatever the weight and the device); a `ValueError` naming those that can when it cannot give them."""
+        return select_backend(self.backend, "per_token", outputs=outputs).backend.name
 
     def __call__(
         self, hidden: Tensor, targets: Tensor, outputs: str | Sequence[str] = ("logprobs",)

@@ -106,8 +106,10 @@ class CausalLMRunner(nn.Module):
     of its base model (for the batch's ``input_ids``, ``attention_mask``, positions and packed rows,
     `body_inputs`) and its output layer.
 
-    Packed rows (``segment_ids``) are checked once, on a probe, to keep their documents apart
-    (`packing_leak`); a model that does not is a `ConfigError`.
+    Its logits must be ``linear(hidden, lm_head)`` (`check_plain_head`, on a probe, unless ``checked``: a
+    copy of a model checked already, such as the initial policy). Packed rows (``segment_ids``) are checked
+    once, on a probe, to keep their documents apart (`packing_leak`); a model that does not is a
+    `ConfigError`.
 
     Example:
         >>> import torch
@@ -120,9 +122,10 @@ class CausalLMRunner(nn.Module):
         (torch.Size([1, 3, 8]), torch.Size([32, 8]))
     """
 
-    def __init__(self, lm: nn.Module, where: str = "frozen model") -> None:
+    def __init__(self, lm: nn.Module, where: str = "frozen model", checked: bool = False) -> None:
         super().__init__()
-        check_plain_head(lm, owner=where)
+        if not checked:  # a copy of a checked model (the initial policy) is not probed again
+            check_plain_head(lm, owner=where)
         self.lm = lm
         self.where = where
         self.packing_checked = False

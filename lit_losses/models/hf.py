@@ -109,6 +109,18 @@ def add_lora(model: PreTrainedModel, lora: dict[str, Any]) -> nn.Module:
         return peft.get_peft_model(model, config)
 
 
+def check_liger_options(use_liger_kernel: Any, liger_kernel_config: Any) -> None:
+    """Refuse a ``use_liger_kernel`` that is not a bool, and a ``liger_kernel_config`` without it (before the
+    model is built)."""
+    if not isinstance(use_liger_kernel, bool):
+        raise ConfigError(f"model.init_args.use_liger_kernel={use_liger_kernel!r}: expected true or false")
+    if liger_kernel_config is not None and not use_liger_kernel:
+        raise ConfigError(
+            f"model.init_args.liger_kernel_config={liger_kernel_config!r} is given but "
+            "model.init_args.use_liger_kernel is false: set it to true, or remove liger_kernel_config"
+        )
+
+
 def zero_dropout(model: nn.Module) -> None:
     """Set the probability of every ``torch.nn.Dropout`` module of ``model`` to 0 (what TRL's
     ``disable_dropout`` does; attention kernels that read a dropout rate from the config are untouched).
@@ -189,7 +201,8 @@ class HFCausalLM(RegularizedLM):
             ``disable_dropout``, whose default is true; here the model's config decides by default).
         use_liger_kernel: patch the model with Liger-Kernel's decoder kernels (RoPE, RMSNorm, SwiGLU, ...;
             CUDA, the ``[liger]`` extra): Hugging Face's and TRL's option, except that the fused head keeps
-            computing the loss (`apply_liger_decoder`). On one H100 this made the step of a 1B Llama
+            computing the loss and that only this model is patched (`apply_liger_decoder`; docs:
+            ``tutorials/hugging-face.md``). On one H100 this made the step of a 1B Llama
             1.25× faster and 19 % leaner (``benchmarks/train_step.py``).
         liger_kernel_config: the options of Liger's ``apply_liger_kernel_to_<model>`` (Hugging Face's
             ``liger_kernel_config``), e.g. ``{swiglu: false}``; with ``use_liger_kernel`` only.
@@ -252,17 +265,13 @@ class HFCausalLM(RegularizedLM):
         self.label_format = check_choice(label_format, LabelFormat, "model.label_format")
         if dtype is not None:
             check_choice(dtype, DType, "model.dtype")
+        check_liger_options(use_liger_kernel, liger_kernel_config)
         if model is None:
             model = build_causal_lm(
                 model_name_or_path, config, vocab_size, attn_implementation=attn_implementation, dtype=dtype
             )
         elif model_name_or_path is not None or config is not None:
             raise ConfigError("HFCausalLM: give model, or model_name_or_path, or config; not several")
-        if liger_kernel_config is not None and not use_liger_kernel:
-            raise ConfigError(
-                f"model.init_args.liger_kernel_config={liger_kernel_config!r} is given but "
-                "model.init_args.use_liger_kernel is false: set it to true, or remove liger_kernel_config"
-            )
         if lora is not None:
             model = add_lora(model, lora)
         if disable_dropout:
@@ -275,14 +284,14 @@ class HFCausalLM(RegularizedLM):
         cause = f"model.init_args.dtype={dtype}" if dtype is not None else ""
         check_trainable_dtypes(self.named_parameters(), self.optimizer_config, cause=cause)
         check_plain_head(model)
-        if use_liger_kernel:  # after the probe forward of check_plain_head: Liger's kernels run on CUDA only
-            apply_liger_decoder(model, liger_kernel_config)
         rows = self.output_projection()[0].shape[0]
         if vocab_size is not None and vocab_size > rows:
             raise ConfigError(
                 f"model.init_args.vocab_size={vocab_size} (the data's vocabulary) exceeds the model's "
                 f"output rows V={rows}: use the model's own tokenizer"
             )
+        if use_liger_kernel:  # after the probe forward of check_plain_head: Liger's kernels run on CUDA only
+            apply_liger_decoder(model, liger_kernel_config)
         self._labels_checked = False
         self._packing_problem: str | None = None  # None: not probed yet; "": packed rows are safe
         self.parallel_config = ParallelConfig.coerce(parallel)
@@ -397,9 +406,9 @@ class HFCausalLM(RegularizedLM):
     def setup(self, stage: str) -> None:
         """`RegularizedLM.setup`'s checks, the model's context length against the data module's
         ``seq_len`` (`check_context_length`), and a CUDA device for ``use_liger_kernel``, before any batch."""
-        super().setup(stage)
         if self.hparams.get("use_liger_kernel") and self._trainer is not None:
             check_liger_device(self._trainer.strategy.root_device)
+        super().setup(stage)
         data = getattr(self._trainer, "datamodule", None)
         seq_len = getattr(data, "seq_len", None)
         if isinstance(seq_len, int):
@@ -419,7 +428,7 @@ class HFCausalLM(RegularizedLM):
     def initial_copy(self) -> nn.Module:
         """A copy of the wrapped model (with its adapters, when it has some) as a frozen runner
         (`CausalLMRunner`), for a frozen ``initial_policy``."""
-        return CausalLMRunner(copy.deepcopy(self.model), where="initial_policy")
+        return CausalLMRunner(copy.deepcopy(self.model), where="initial_policy", checked=True)
 
     def has_adapters(self) -> bool:
         """Whether the wrapped model has PEFT adapters (``lora``)."""

@@ -4,8 +4,6 @@ loss and gradients are the unpatched model's, to Liger's kernels' rounding."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -38,16 +36,39 @@ def bound_function(module: torch.nn.Module):
     return getattr(forward, "__func__", None)
 
 
-def test_the_decoder_gets_liger_kernels_and_the_model_keeps_its_own_forward():
-    plain = HFCausalLM(config=hf_config("llama"))  # first: Liger's patch replaces Llama's classes too
+def logits_of(model: HFCausalLM) -> torch.Tensor:
+    return model.forward_logits({"input_ids": torch.arange(3, 11)[None]})
+
+
+def test_only_the_model_given_gets_liger_kernels():
+    """The patched model's modules run Liger's forwards (its own ``forward`` stays: no fused linear
+    cross-entropy, the head computes the loss); a model built afterwards is Hugging Face's own and computes
+    what one built before did (RoPE falls back to Hugging Face's function off CUDA)."""
+    torch.manual_seed(0)
+    before = logits_of(HFCausalLM(config=hf_config("llama")))
     model = HFCausalLM(config=hf_config("llama"), use_liger_kernel=True)
     lm = model.model
     assert bound_function(lm.model.norm) is liger_rms_norm.LigerRMSNorm.forward
     for layer in lm.model.layers:
         assert bound_function(layer.input_layernorm) is liger_rms_norm.LigerRMSNorm.forward
         assert bound_function(layer.mlp) is liger_swiglu.LigerSwiGLUMLP.forward
-    assert "forward" not in vars(lm)  # no fused linear cross-entropy: the head computes the loss
-    assert bound_function(plain.model.model.norm) is not liger_rms_norm.LigerRMSNorm.forward
+    assert "forward" not in vars(lm)
+    assert modeling_llama.LlamaRMSNorm.__module__ == modeling_llama.__name__
+    assert modeling_llama.LlamaMLP.__module__ == modeling_llama.__name__
+    torch.manual_seed(0)
+    after = HFCausalLM(config=hf_config("llama"))
+    assert bound_function(after.model.model.norm) is modeling_llama.LlamaRMSNorm.forward
+    torch.testing.assert_close(logits_of(after), before, rtol=0, atol=0)
+
+
+def test_the_initial_policy_copy_runs_its_own_patched_modules():
+    """A DPO reference without LoRA is a copy of the policy: built without a probe forward (the policy was
+    checked before the patch), its Liger forwards bound to the copy's own modules."""
+    model = HFCausalLM(config=hf_config("llama"), use_liger_kernel=True)
+    runner = model.initial_copy()
+    norm = runner.lm.model.norm
+    assert norm is not model.model.model.norm
+    assert norm.forward.__self__ is norm and bound_function(norm) is liger_rms_norm.LigerRMSNorm.forward
 
 
 def test_liger_kernel_config_chooses_the_kernels_and_lora_wraps_the_patched_model():
@@ -62,9 +83,6 @@ def test_liger_kernel_config_chooses_the_kernels_and_lora_wraps_the_patched_mode
     assert bound_function(base.model.layers[0].mlp) is not liger_swiglu.LigerSwiGLUMLP.forward
     assert type(base.model.layers[0].mlp.gate_proj).__name__ == "Linear"  # peft's LoRA layer
     assert hasattr(base.model.layers[0].mlp.gate_proj, "lora_A")
-    # a frozen copy (initial_policy) runs its own copy of the patched modules
-    copied = copy.deepcopy(base.model.norm)
-    assert copied.forward.__self__ is copied
 
 
 @pytest.mark.parametrize(
@@ -83,6 +101,15 @@ def test_liger_kernel_config_chooses_the_kernels_and_lora_wraps_the_patched_mode
             "['rms_nrom'] are not options of Liger-Kernel's apply_liger_kernel_to_llama",
         ),
         (
+            {"use_liger_kernel": True, "liger_kernel_config": ["rope"]},
+            "liger_kernel_config=['rope']: expected a mapping of Liger's options",
+        ),
+        (
+            {"use_liger_kernel": True, "liger_kernel_config": {"rope": "false"}},
+            "liger_kernel_config.rope='false': expected true or false",
+        ),
+        ({"use_liger_kernel": "false"}, "model.init_args.use_liger_kernel='false': expected true or false"),
+        (
             {"liger_kernel_config": {"rope": False}},
             "liger_kernel_config={'rope': False} is given but model.init_args.use_liger_kernel",
         ),
@@ -92,6 +119,17 @@ def test_bad_options_are_refused_by_name(options, message):
     with pytest.raises(ConfigError) as err:
         HFCausalLM(config=hf_config("llama"), **options)
     assert message in str(err.value)
+
+
+def test_the_swiglu_kernel_is_refused_for_another_activation():
+    """Liger patches the MLP instance's forward with ``silu(gate) * up`` whatever ``hidden_act`` says."""
+    config = hf_config("llama", hidden_act="gelu")
+    with pytest.raises(
+        ConfigError, match=r"this model's hidden_act is 'gelu'; set .*liger_kernel_config\.swiglu"
+    ):
+        HFCausalLM(config=config, use_liger_kernel=True)
+    model = HFCausalLM(config=config, use_liger_kernel=True, liger_kernel_config={"swiglu": False})
+    assert bound_function(model.model.model.layers[0].mlp) is modeling_llama.LlamaMLP.forward
 
 
 def test_a_model_liger_has_no_kernels_for_is_refused():
@@ -106,7 +144,8 @@ def batches(n: int = 2, rows: int = 2, length: int = 16) -> list[dict[str, torch
 
 
 def test_a_cpu_run_is_refused_before_any_batch():
-    model = HFCausalLM(config=hf_config("llama"), use_liger_kernel=True)
+    """Before the frozen models are loaded (a DPO reference copied from the policy, here)."""
+    model = HFCausalLM(config=hf_config("llama"), use_liger_kernel=True, dpo={"beta": 0.1})
     trainer = quiet_trainer(max_steps=1, accelerator="cpu")
     with pytest.raises(
         ConfigError, match="Liger-Kernel's kernels run on CUDA only and this run's device is cpu"
