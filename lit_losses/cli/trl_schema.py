@@ -10,7 +10,9 @@ A TRL config is one flat mapping of the fields of ``ScriptArguments``, ``ModelCo
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+
+from lit_losses.trl_loss_types import CPOConfigLossType, DPOLossType, KTOLossType, TRLLossType
 
 TRLTrainer = Literal["sft", "dpo", "kto", "grpo", "cpo", "orpo", "gkd", "distillation"]
 """The TRL trainers whose configs convert: ``SFTConfig``, ``DPOConfig``, ``KTOConfig``, ``GRPOConfig``,
@@ -435,26 +437,10 @@ CONFIG_FIELDS: dict[str, dict[str, FieldSpec]] = {
 LOSS_TYPES: dict[str, tuple[str, ...]] = {
     "sft": ("nll", "dft", "chunked_nll"),
     "gkd": ("nll", "dft", "chunked_nll"),
-    "dpo": (
-        "sigmoid",
-        "hinge",
-        "ipo",
-        "exo_pair",
-        "nca_pair",
-        "robust",
-        "bco_pair",
-        "sppo_hard",
-        "aot",
-        "aot_unpaired",
-        "apo_zero",
-        "apo_down",
-        "discopop",
-        "sft",
-        "sigmoid_norm",
-    ),
-    "kto": ("kto", "apo_zero_unpaired"),
-    "cpo": ("sigmoid", "hinge", "ipo", "simpo", "alphapo"),
-    "grpo": ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"),
+    "dpo": get_args(DPOLossType),
+    "kto": get_args(KTOLossType),
+    "cpo": get_args(CPOConfigLossType),
+    "grpo": get_args(TRLLossType),
 }
 """The values of each trainer config's ``loss_type`` (``DPOConfig``'s: a list of them)."""
 

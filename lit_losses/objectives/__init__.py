@@ -46,8 +46,8 @@ from lit_losses.objectives.inputs import (
     token_values,
 )
 from lit_losses.objectives.preference_cpo import CPOLoss, CPOLossType, cpo_loss, simpo_loss
-from lit_losses.objectives.preference_dpo import DPOLoss, DPOLossType, FDivergenceType, dpo_loss
-from lit_losses.objectives.preference_kto import KTOLoss, KTOLossType, kto_loss
+from lit_losses.objectives.preference_dpo import DPOLoss, FDivergenceType, dpo_loss
+from lit_losses.objectives.preference_kto import KTOLoss, kto_loss
 from lit_losses.objectives.preference_orpo import ORPOLoss, orpo_loss
 from lit_losses.objectives.preference_presets import (
     PREFERENCE_PRESETS,
@@ -65,9 +65,10 @@ from lit_losses.objectives.preference_sequences import (
     sequence_logps,
     wpo_weights,
 )
-from lit_losses.objectives.presets import GRPOPreset, TRLLossType
+from lit_losses.objectives.presets import GRPOPreset
 from lit_losses.objectives.ratios import ImportanceSamplingLevel
 from lit_losses.objectives.registry import BASE_LOSSES, BaseLoss, BaseLossArgError, register_base_loss
+from lit_losses.trl_loss_types import DPOLossType, KTOLossType, TRLLossType
 
 if set(get_args(BaseLossName)) - set(BASE_LOSSES.names()):  # pragma: no cover - a maintenance error
     raise RuntimeError(f"BaseLossName lists {get_args(BaseLossName)}; registered: {BASE_LOSSES.names()}")

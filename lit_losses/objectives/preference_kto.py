@@ -13,7 +13,7 @@ sequences apart.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -21,9 +21,7 @@ from torch import Tensor
 from lit_losses.choices import check_choice
 from lit_losses.objectives.options import check_number
 from lit_losses.objectives.preference_checks import check_numbers
-
-KTOLossType = Literal["kto", "apo_zero_unpaired"]
-"""TRL's ``KTOConfig.loss_type`` values."""
+from lit_losses.trl_loss_types import KTOLossType
 
 
 class KTOLoss(NamedTuple):

@@ -41,26 +41,23 @@ from lit_losses.objectives.preference_dpo import (
     SMOOTHED,
     SORTING,
     DPOLoss,
-    DPOLossType,
     FDivergenceType,
     check_dpo_numbers,
     check_f_divergence,
     dpo_loss,
     loss_types_of,
 )
-from lit_losses.objectives.preference_kto import KTOLoss, KTOLossType, kto_loss
+from lit_losses.objectives.preference_kto import KTOLoss, kto_loss
 from lit_losses.objectives.preference_orpo import ORPOLoss, orpo_loss
 from lit_losses.objectives.preference_sequences import SequenceReduction, ld_sequence_logps, sequence_logps
 from lit_losses.registry import closest
+from lit_losses.trl_loss_types import CPOConfigLossType, DPOLossType, KTOLossType
 
 PreferenceTrainer = Literal["dpo", "kto", "cpo", "orpo"]
 """The TRL trainers whose losses the presets give, and the option names ``model.<trainer>``."""
 
 NLLTokens = Literal["completion", "prompt_and_completion"]
 """The tokens of a chosen sequence that a preset's NLL term averages over."""
-
-CPOConfigLossType = Literal["sigmoid", "hinge", "ipo", "simpo", "alphapo"]
-"""TRL's ``CPOConfig.loss_type`` (``alphapo``: ``simpo`` with ``cpo_alpha = 0``)."""
 
 
 def coerce_preset(cls: type, value: Any) -> Any:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any
 
 from lit_losses.aggregation.modes import AggMode
 from lit_losses.choices import check_choice
@@ -40,9 +40,7 @@ from lit_losses.errors import ConfigError
 from lit_losses.objectives.correction import RolloutCorrectionOptions, check_given_fields
 from lit_losses.objectives.options import NumberBound, check_number, coerce_fields, first_set_option
 from lit_losses.objectives.ratios import ImportanceSamplingLevel
-
-TRLLossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
-"""TRL's ``GRPOConfig.loss_type`` (also Liger-Kernel's ``LigerFusedLinearGRPOLoss``)."""
+from lit_losses.trl_loss_types import TRLLossType
 
 LOSS_AGG: dict[str, AggMode] = {
     "grpo": "seq-mean-token-mean",
