@@ -281,41 +281,7 @@ class Objective:
         teacher: Teacher | None = None,
     ) -> LossOutput:
         """The `LossOutput` of one micro-batch (before ``stats.loss_scale``), with the token metrics
-        (`TokenMetrics`) when they are on; the arguments are `loss`'s."""
-        out = self.loss(
-            head,
-            hidden,
-            batch=batch,
-            stats=stats,
-            step=step,
-            stage=stage,
-            needed=needed,
-            regularize=regularize,
-            reference=reference,
-            policy=policy,
-            teacher=teacher,
-        )
-        if self.token_metrics is not None and stage != "predict":
-            values, weights = self.token_metrics(head, hidden, batch=batch, stats=stats, stage=stage)
-            out.metrics = {**out.metrics, **values}
-            out.metric_weights = {**out.metric_weights, **weights}
-        return out
-
-    def loss(
-        self,
-        head: FusedLMHead,
-        hidden: Tensor,
-        batch: Mapping[str, Any],
-        stats: GlobalStats,
-        step: int,
-        stage: Stage,
-        needed: tuple[str, ...] | None = None,
-        regularize: Regularize | None = None,
-        reference: Reference | None = None,
-        policy: PolicyNoGrad | None = None,
-        teacher: Teacher | None = None,
-    ) -> LossOutput:
-        """The `LossOutput` of one micro-batch (before ``stats.loss_scale``), without the token metrics.
+        (`TokenMetrics`) when they are on.
 
         Args:
             head: the output head over the model's output projection.
@@ -334,8 +300,8 @@ class Objective:
             ctx = self.distillation_context(
                 head, hidden, batch=batch, stats=stats, step=step, stage=stage, needed=needed, teacher=teacher
             )
-            return self.general_output(ctx, regularize=regularize)
-        if self.preference is not None:
+            out = self.general_output(ctx, regularize=regularize)
+        elif self.preference is not None:
             ctx = self.preference_context(
                 head,
                 hidden,
@@ -347,7 +313,37 @@ class Objective:
                 reference=reference,
                 policy=policy,
             )
-            return self.general_output(ctx, regularize=regularize)
+            out = self.general_output(ctx, regularize=regularize)
+        else:
+            out = self.token_loss(
+                head,
+                hidden,
+                batch=batch,
+                stats=stats,
+                step=step,
+                stage=stage,
+                needed=needed,
+                regularize=regularize,
+            )
+        if self.token_metrics is not None and stage != "predict":
+            values, weights = self.token_metrics(head, hidden, batch=batch, stats=stats, stage=stage)
+            out.metrics = {**out.metrics, **values}
+            out.metric_weights = {**out.metric_weights, **weights}
+        return out
+
+    def token_loss(
+        self,
+        head: FusedLMHead,
+        hidden: Tensor,
+        batch: Mapping[str, Any],
+        stats: GlobalStats,
+        step: int,
+        stage: Stage,
+        needed: tuple[str, ...] | None,
+        regularize: Regularize | None,
+    ) -> LossOutput:
+        """The token-level loss (the base loss over the labelled tokens and the regularizers) of one
+        micro-batch, without the token metrics; the arguments are `__call__`'s."""
         labels = batch_tensor(batch, "labels")
         mask = labels != head.ignore_index
         needed = self.head_outputs_needed() if needed is None else needed
