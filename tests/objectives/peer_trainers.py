@@ -52,8 +52,10 @@ def tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(str(TOKENIZER))
 
 
-def tiny_llama(vocab_size: int, pad_token_id: int, seed: int = 0) -> LlamaForCausalLM:
-    """A float64 two-layer Llama with random weights (no dropout)."""
+def tiny_llama(
+    vocab_size: int, pad_token_id: int | None = None, seed: int = 0, **fields: Any
+) -> LlamaForCausalLM:
+    """A float64 two-layer Llama with random weights (no dropout); ``fields``: more `LlamaConfig` fields."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -63,6 +65,7 @@ def tiny_llama(vocab_size: int, pad_token_id: int, seed: int = 0) -> LlamaForCau
         num_attention_heads=4,
         num_key_value_heads=2,
         pad_token_id=pad_token_id,
+        **fields,
     )
     return LlamaForCausalLM(config).double()
 

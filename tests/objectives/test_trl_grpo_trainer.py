@@ -25,6 +25,7 @@ from lit_losses.objectives import TRLLossType
 from lit_losses.trl_fields import trl_hint
 from tests.aggregation.test_modes import split_step_loss
 from tests.objectives import trl_grpo_trainer as trl
+from tests.objectives.peer_trainers import perturbed
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
@@ -71,7 +72,7 @@ RTOL = 1e-5
 def models(tmp_path_factory):
     """The policy (float64) and a perturbed reference, saved where TRL loads it from."""
     policy = trl.llama(seed=0)
-    reference = trl.perturbed(policy)
+    reference = perturbed(policy, seed=1, scale=0.05)
     saved = tmp_path_factory.mktemp("reference")
     reference.save_pretrained(saved)
     return policy, reference, saved

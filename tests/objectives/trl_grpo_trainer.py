@@ -14,7 +14,6 @@ with a float64 computation to about 1e-6 (relative), not to float64's precision.
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,44 +25,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from datasets import Dataset
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
-TOKENIZER = Path(__file__).resolve().parents[2] / "data" / "tokenizers" / "chatml-bpe"
+from tests.objectives.peer_trainers import tiny_llama, tokenizer
+
 PROMPT = 3  # prompt tokens of every row (no left padding: TRL's positions then equal ours)
 LENGTHS = (6, 3, 5, 2)  # completion tokens of each row (right-padded to the longest)
 MAX_COMPLETION = 8
 REWARDS = (1.0, 0.0, 0.25, 2.0)  # one per row: two groups of two generations with unequal rewards
 
 
-def tokenizer():
-    return AutoTokenizer.from_pretrained(TOKENIZER)
-
-
 def llama(seed: int = 0, vocab_size: int | None = None) -> LlamaForCausalLM:
     """A 2-layer Llama of the shipped tokenizer's vocabulary, float64, seeded weights."""
-    config = LlamaConfig(
-        vocab_size=vocab_size or len(tokenizer()),
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).double()
-
-
-def perturbed(model: torch.nn.Module, scale: float = 0.05, seed: int = 1) -> torch.nn.Module:
-    """A copy of ``model`` with every weight moved by ``scale`` · N(0, 1) (a reference ≠ the policy)."""
-    other = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in other.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return other
+    return tiny_llama(vocab_size or len(tokenizer()), seed=seed, max_position_embeddings=64)
 
 
 def grpo_trainer(
