@@ -250,13 +250,24 @@ SFT_FIELDS: dict[str, FieldSpec] = {
     "pad_token": (("str", "none"), None),
 }
 """``SFTConfig``'s fields (``GKDConfig`` extends it, as in TRL)."""
+POST_TRAINING_DEFAULTS: dict[str, FieldSpec] = {
+    "learning_rate": (("float",), 1e-06),
+    "bf16": (("bool", "none"), None),
+    "gradient_checkpointing": (("bool",), True),
+    "logging_steps": (("float",), 10),
+}
+"""The ``TrainingArguments`` defaults that TRL's DPO, KTO, GRPO, CPO, ORPO and distillation configs change
+alike."""
+REFERENCE_SYNC_FIELDS: dict[str, FieldSpec] = {
+    "sync_ref_model": (("bool",), False),
+    "ref_model_mixup_alpha": (("float",), 0.6),
+    "ref_model_sync_steps": (("int",), 512),
+}
+"""TR-DPO's reference synchronization, in ``DPOConfig``, ``KTOConfig`` and ``GRPOConfig``."""
 CONFIG_FIELDS: dict[str, dict[str, FieldSpec]] = {
     "sft": SFT_FIELDS,
     "dpo": {
-        "learning_rate": (("float",), 1e-06),
-        "bf16": (("bool", "none"), None),
-        "gradient_checkpointing": (("bool",), True),
-        "logging_steps": (("float",), 10),
+        **POST_TRAINING_DEFAULTS,
         "model_init_kwargs": (("dict", "str", "none"), None),
         "trust_remote_code": (("bool",), False),
         "router_aux_loss_coef": (("float", "none"), None),
@@ -278,16 +289,11 @@ CONFIG_FIELDS: dict[str, dict[str, FieldSpec]] = {
         "use_weighting": (("bool",), False),
         "discopop_tau": (("float",), 0.05),
         "activation_offloading": (("bool",), False),
-        "sync_ref_model": (("bool",), False),
-        "ref_model_mixup_alpha": (("float",), 0.6),
-        "ref_model_sync_steps": (("int",), 512),
+        **REFERENCE_SYNC_FIELDS,
         "pad_token": (("str", "none"), None),
     },
     "kto": {
-        "learning_rate": (("float",), 1e-06),
-        "bf16": (("bool", "none"), None),
-        "gradient_checkpointing": (("bool",), True),
-        "logging_steps": (("float",), 10),
+        **POST_TRAINING_DEFAULTS,
         "train_sampling_strategy": (("str",), "sequential"),
         "model_init_kwargs": (("dict", "str", "none"), None),
         "trust_remote_code": (("bool",), False),
@@ -303,15 +309,10 @@ CONFIG_FIELDS: dict[str, dict[str, FieldSpec]] = {
         "desirable_weight": (("float",), 1.0),
         "undesirable_weight": (("float",), 1.0),
         "activation_offloading": (("bool",), False),
-        "sync_ref_model": (("bool",), False),
-        "ref_model_mixup_alpha": (("float",), 0.6),
-        "ref_model_sync_steps": (("int",), 512),
+        **REFERENCE_SYNC_FIELDS,
     },
     "grpo": {
-        "learning_rate": (("float",), 1e-06),
-        "bf16": (("bool", "none"), None),
-        "gradient_checkpointing": (("bool",), True),
-        "logging_steps": (("float",), 10),
+        **POST_TRAINING_DEFAULTS,
         "remove_unused_columns": (("bool", "none"), False),
         "model_init_kwargs": (("dict", "str", "none"), None),
         "trust_remote_code": (("bool",), False),
@@ -339,9 +340,7 @@ CONFIG_FIELDS: dict[str, dict[str, FieldSpec]] = {
         "scale_rewards": (("str",), "group"),
         "loss_type": (("str",), "dapo"),
         "mask_truncated_completions": (("bool",), False),
-        "sync_ref_model": (("bool",), False),
-        "ref_model_mixup_alpha": (("float",), 0.6),
-        "ref_model_sync_steps": (("int",), 512),
+        **REFERENCE_SYNC_FIELDS,
         "top_entropy_quantile": (("float",), 1.0),
         "entropy_coef": (("float",), 0.0),
         "use_adaptive_entropy": (("bool",), False),
@@ -367,10 +366,7 @@ CONFIG_FIELDS: dict[str, dict[str, FieldSpec]] = {
         "vllm_importance_sampling_cap": (("float", "none"), None),
     },
     "cpo": {
-        "learning_rate": (("float",), 1e-06),
-        "bf16": (("bool", "none"), None),
-        "gradient_checkpointing": (("bool",), True),
-        "logging_steps": (("float",), 10),
+        **POST_TRAINING_DEFAULTS,
         "max_length": (("int", "none"), 1024),
         "max_completion_length": (("int", "none"), None),
         "beta": (("float",), 0.1),
@@ -387,10 +383,7 @@ CONFIG_FIELDS: dict[str, dict[str, FieldSpec]] = {
         "dataset_num_proc": (("int", "none"), None),
     },
     "orpo": {
-        "learning_rate": (("float",), 1e-06),
-        "bf16": (("bool", "none"), None),
-        "gradient_checkpointing": (("bool",), True),
-        "logging_steps": (("float",), 10),
+        **POST_TRAINING_DEFAULTS,
         "max_length": (("int", "none"), 1024),
         "max_completion_length": (("int", "none"), None),
         "beta": (("float",), 0.1),
@@ -414,10 +407,7 @@ CONFIG_FIELDS: dict[str, dict[str, FieldSpec]] = {
         "seq_kd": (("bool",), False),
     },
     "distillation": {
-        "learning_rate": (("float",), 1e-06),
-        "bf16": (("bool", "none"), None),
-        "gradient_checkpointing": (("bool",), True),
-        "logging_steps": (("float",), 10),
+        **POST_TRAINING_DEFAULTS,
         "remove_unused_columns": (("bool", "none"), False),
         "model_init_kwargs": (("dict", "str", "none"), None),
         "trust_remote_code": (("bool",), False),
