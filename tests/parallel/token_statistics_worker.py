@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from lit_losses.heads import token_stats
+from tests.heads.test_token_statistics import naive
 from tests.parallel.collision_worker import IGNORE, TEMPERATURE, D, V, vocab_parallel_heads
 from tests.parallel.launch import init_from_env
 
@@ -39,25 +40,11 @@ def problem() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return hidden, weight, bias, targets
 
 
-def expected(hidden, weight, bias, targets) -> dict[str, torch.Tensor]:
-    z = (hidden @ weight.T + bias) / TEMPERATURE
-    valid = targets != IGNORE
-    logp = torch.log_softmax(z, -1)
-    values = {
-        "entropy": -(logp.exp() * logp).sum(-1),
-        "log_sum_sq_probs": torch.logsumexp(2 * logp, -1),
-        "mean_logit": z.mean(-1),
-    }
-    out = {name: torch.where(valid, value, 0.0) for name, value in values.items()}
-    out["is_top1"] = valid & (z.argmax(-1) == targets)
-    return out
-
-
 def run(out_dir: str) -> None:
     rank, world = init_from_env()
     hidden, weight, bias, targets = problem()
     heads = vocab_parallel_heads(weight, bias, rank=rank, world=world)
-    reference = expected(hidden, weight, bias, targets)
+    reference = naive(hidden, weight, bias, targets, TEMPERATURE)  # the full logits; IGNORE is -100
     result: dict = {"errors": {}, "values": {}}
     for layout, head in heads.items():
         stats = token_stats(head, hidden, targets, ALL)
