@@ -110,6 +110,17 @@ def trl_args(config_class, folder: Path, records: list[dict], **options):
     )
 
 
+def preference_trainer(trainer_class, config_class, tok, folder: Path, records: list[dict], **options):
+    """TRL's ``trainer_class`` over ``records`` with a tiny policy and reference (different seeds)."""
+    return trainer_class(
+        model=tiny_llama(len(tok), seed=0),
+        ref_model=tiny_llama(len(tok), seed=1),
+        args=trl_args(config_class, folder, records, **options),
+        train_dataset=Dataset.from_list(records),
+        processing_class=tok,
+    )
+
+
 # ---- rows --------------------------------------------------------------------------------------
 def masked_row(ids: torch.Tensor, completion_mask: torch.Tensor) -> Row:
     """A row of TRL's (tokens, completion mask) as tokens and next-token labels."""
@@ -255,13 +266,7 @@ def test_preference_pairs_tokenize_as_trl_dpo_trainer(case, tmp_path, tokenizers
     tokenizer = tokenizers[which]
     tok = AutoTokenizer.from_pretrained(tokenizer)
     options = {"max_length": None} | options
-    trainer = DPOTrainer(
-        model=tiny_llama(len(tok), seed=0),
-        ref_model=tiny_llama(len(tok), seed=1),
-        args=trl_args(DPOConfig, tmp_path, records, **options),
-        train_dataset=Dataset.from_list(records),
-        processing_class=tok,
-    )
+    trainer = preference_trainer(DPOTrainer, DPOConfig, tok, tmp_path, records, **options)
     data = preference_module(write_jsonl(tmp_path, records), tokenizer, **options)
     expected = trl_pairs(trainer)
     assert sum(expected.values()) == len(records)  # TRL dropped no record
@@ -320,13 +325,7 @@ def test_unpaired_records_tokenize_as_trl_kto_trainer(case, tmp_path, tokenizers
     records, which, options = KTO_CASES[case]
     tokenizer = tokenizers[which]
     tok = AutoTokenizer.from_pretrained(tokenizer)
-    trainer = KTOTrainer(
-        model=tiny_llama(len(tok), seed=0),
-        ref_model=tiny_llama(len(tok), seed=1),
-        args=trl_args(KTOConfig, tmp_path, records, **options),
-        train_dataset=Dataset.from_list(records),
-        processing_class=tok,
-    )
+    trainer = preference_trainer(KTOTrainer, KTOConfig, tok, tmp_path, records, **options)
     data = preference_module(write_jsonl(tmp_path, records), tokenizer, **options)
     expected = trl_unpaired(trainer)
     assert sum(expected.values()) == len(records)
