@@ -6,12 +6,43 @@ none: where each goes (`TRL_OPTIONS`), and the hint that an unknown option of th
 The loss fields of a TRL trainer keep their TRL names under ``model.dpo``, ``model.kto``, ``model.cpo``,
 ``model.orpo``, ``model.grpo`` and ``model.distillation``; the fields below belong to the data, the
 optimizer, the model or the trainer instead. ``lit-losses from-trl`` writes a TRL config's values at these
-options.
+options. The values of the trainers' ``loss_type`` fields are the ``Literal`` types here (`DPOLossType`,
+`KTOLossType`, `CPOConfigLossType`, `TRLLossType`), which the losses' options and ``from-trl`` share
+without importing torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+DPOLossType = Literal[
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
+]
+"""TRL's ``DPOConfig.loss_type`` values."""
+
+KTOLossType = Literal["kto", "apo_zero_unpaired"]
+"""TRL's ``KTOConfig.loss_type`` values."""
+
+CPOConfigLossType = Literal["sigmoid", "hinge", "ipo", "simpo", "alphapo"]
+"""TRL's ``CPOConfig.loss_type`` (``alphapo``: ``simpo`` with ``cpo_alpha = 0``)."""
+
+TRLLossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+"""TRL's ``GRPOConfig.loss_type`` (also Liger-Kernel's ``LigerFusedLinearGRPOLoss``)."""
 
 NO_GENERATION = "has no counterpart: nothing is generated during training"
 """The hint of TRL's generation fields."""

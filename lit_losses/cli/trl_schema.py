@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from lit_losses.trl_loss_types import CPOConfigLossType, DPOLossType, KTOLossType, TRLLossType
+from lit_losses.trl_fields import CPOConfigLossType, DPOLossType, KTOLossType, TRLLossType
 
 TRLTrainer = Literal["sft", "dpo", "kto", "grpo", "cpo", "orpo", "gkd", "distillation"]
 """The TRL trainers whose configs convert: ``SFTConfig``, ``DPOConfig``, ``KTOConfig``, ``GRPOConfig``,

@@ -68,7 +68,7 @@ from lit_losses.objectives.preference_sequences import (
 from lit_losses.objectives.presets import GRPOPreset
 from lit_losses.objectives.ratios import ImportanceSamplingLevel
 from lit_losses.objectives.registry import BASE_LOSSES, BaseLoss, BaseLossArgError, register_base_loss
-from lit_losses.trl_loss_types import DPOLossType, KTOLossType, TRLLossType
+from lit_losses.trl_fields import DPOLossType, KTOLossType, TRLLossType
 
 if set(get_args(BaseLossName)) - set(BASE_LOSSES.names()):  # pragma: no cover - a maintenance error
     raise RuntimeError(f"BaseLossName lists {get_args(BaseLossName)}; registered: {BASE_LOSSES.names()}")

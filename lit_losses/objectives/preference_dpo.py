@@ -32,7 +32,7 @@ from lit_losses.errors import ConfigError
 from lit_losses.objectives.options import check_number
 from lit_losses.objectives.preference_checks import check_numbers
 from lit_losses.objectives.preference_sequences import nll_shares
-from lit_losses.trl_loss_types import DPOLossType
+from lit_losses.trl_fields import DPOLossType
 
 FDivergenceType = Literal["reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"]
 """TRL's ``DPOConfig.f_divergence_type`` (f-DPO): the scores ``f'(e^r)`` of the log-ratios ``r``."""

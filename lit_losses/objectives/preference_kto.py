@@ -21,7 +21,7 @@ from torch import Tensor
 from lit_losses.choices import check_choice
 from lit_losses.objectives.options import check_number
 from lit_losses.objectives.preference_checks import check_numbers
-from lit_losses.trl_loss_types import KTOLossType
+from lit_losses.trl_fields import KTOLossType
 
 
 class KTOLoss(NamedTuple):

@@ -51,7 +51,7 @@ from lit_losses.objectives.preference_kto import KTOLoss, kto_loss
 from lit_losses.objectives.preference_orpo import ORPOLoss, orpo_loss
 from lit_losses.objectives.preference_sequences import SequenceReduction, ld_sequence_logps, sequence_logps
 from lit_losses.registry import closest
-from lit_losses.trl_loss_types import CPOConfigLossType, DPOLossType, KTOLossType
+from lit_losses.trl_fields import CPOConfigLossType, DPOLossType, KTOLossType
 
 PreferenceTrainer = Literal["dpo", "kto", "cpo", "orpo"]
 """The TRL trainers whose losses the presets give, and the option names ``model.<trainer>``."""

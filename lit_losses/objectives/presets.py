@@ -40,7 +40,7 @@ from lit_losses.errors import ConfigError
 from lit_losses.objectives.correction import RolloutCorrectionOptions, check_given_fields
 from lit_losses.objectives.options import NumberBound, check_number, coerce_fields, first_set_option
 from lit_losses.objectives.ratios import ImportanceSamplingLevel
-from lit_losses.trl_loss_types import TRLLossType
+from lit_losses.trl_fields import TRLLossType
 
 LOSS_AGG: dict[str, AggMode] = {
     "grpo": "seq-mean-token-mean",
