@@ -111,11 +111,14 @@ def shift_labels(labels: Tensor, segments: Tensor | None = None, ignore_index: i
 
 
 def count_units(mask: Tensor, segment_ids: Tensor | None = None) -> tuple[int, int]:
-    """``(valid tokens, sequences with at least one valid token)`` of one micro-batch."""
+    """``(valid tokens, sequences with at least one valid token)`` of one micro-batch (read from the device
+    at once)."""
     mask = mask.bool()
-    ids = sequence_ids(mask, segment_ids)
-    per_seq = torch.bincount(ids[mask], minlength=1)
-    return int(mask.sum()), int((per_seq > 0).sum())
+    ids = sequence_ids(mask, segment_ids).flatten()
+    per_seq = torch.zeros(ids.numel(), dtype=torch.long, device=mask.device)
+    per_seq.index_add_(0, ids, mask.flatten().long())
+    tokens, sequences = torch.stack([per_seq.sum(), (per_seq > 0).sum()]).tolist()
+    return tokens, sequences
 
 
 def batch_mask(batch: Mapping[str, Any], key: str, ignore_index: int = -100) -> Tensor:

@@ -173,8 +173,7 @@ def mm_in(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
     """
     if a.dtype == dtype:
         return torch.mm(a, b)
-    recorded = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
-    if a.is_cuda and not recorded:  # the out_dtype product has no derivative (the kernels run without one)
+    if a.is_cuda and not _recorded(a, b):
         try:
             return torch.mm(a, b, out_dtype=dtype)
         except (TypeError, RuntimeError, NotImplementedError):  # PyTorch before 2.8, or a dtype cuBLAS lacks
@@ -182,17 +181,46 @@ def mm_in(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.mm(a, b).to(dtype)
 
 
-def _matmul_into(out: Tensor, a: Tensor, b: Tensor, accumulate: bool) -> None:
-    """``out (+)= a @ b`` computed in the operands' dtype and accumulated in ``out.dtype``."""
+def _recorded(a: Tensor, b: Tensor) -> bool:
+    """Whether autograd records a product of ``a`` and ``b`` (the ``out_dtype`` products have no
+    derivative: the kernels run them without one)."""
+    return torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+
+
+def _widening(a: Tensor, b: Tensor, dtype: torch.dtype) -> bool:
+    """Whether ``a @ b`` is a product of bf16/fp16 operands into fp32 (cuBLAS's ``out_dtype`` products)."""
+    return dtype == torch.float32 and a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
+
+
+def matmul_into(out: Tensor, a: Tensor, b: Tensor, accumulate: bool = False) -> Tensor:
+    """``out = a @ b``, or ``out += a @ b`` with ``accumulate``, the product accumulated in ``out.dtype``.
+
+    Operands in ``out``'s dtype take one matmul into ``out``. Narrower operands (bf16 into an fp32 ``out``)
+    take, on CUDA, one cuBLAS call that accumulates in fp32 and writes or adds into ``out``
+    (``torch.mm``/``torch.addmm`` with ``out_dtype``): no product-sized temporary and no extra pass over
+    ``out`` (for the ``V × D`` gradient accumulator of a token chunk, a temporary of its size). Elsewhere,
+    or on a PyTorch without ``out_dtype``, the product `mm_in` is copied or added.
+
+    Returns:
+        ``out``.
+
+    Example:
+        >>> out = torch.ones(2, 4)
+        >>> a, b = torch.ones(2, 3, dtype=torch.bfloat16), torch.ones(3, 4, dtype=torch.bfloat16)
+        >>> matmul_into(out, a, b, accumulate=True)[0, 0].item(), matmul_into(out, a, b)[0, 0].item()
+        (4.0, 3.0)
+    """
     if a.dtype == out.dtype and b.dtype == out.dtype:
-        if accumulate:
-            out.addmm_(a, b)
-        else:
-            torch.mm(a, b, out=out)
-    elif accumulate:
-        out.add_(mm_in(a, b, out.dtype))
-    else:
-        out.copy_(mm_in(a, b, out.dtype))
+        return out.addmm_(a, b) if accumulate else torch.mm(a, b, out=out)
+    if out.is_cuda and _widening(a, b, out.dtype) and not _recorded(a, b):
+        try:
+            if accumulate:
+                return torch.addmm(out, a, b, out_dtype=out.dtype, out=out)
+            return torch.mm(a, b, out_dtype=out.dtype, out=out)
+        except (TypeError, RuntimeError, NotImplementedError):  # PyTorch before 2.8, or a dtype cuBLAS lacks
+            pass
+    product = mm_in(a, b, out.dtype)
+    return out.add_(product) if accumulate else out.copy_(product)
 
 
 def accumulation_dtype(x: Tensor, accum_dtype: torch.dtype) -> torch.dtype:
@@ -261,7 +289,7 @@ def backprop_chunk(
     if grad_h is not None:
         torch.mm(dz_in, weight, out=grad_h)
     if grad_w is not None:
-        _matmul_into(grad_w, dz_in.t(), h, accumulate=True)
+        matmul_into(grad_w, dz_in.t(), h, accumulate=True)
     if grad_b is not None:
         grad_b += dz.sum(0)
 

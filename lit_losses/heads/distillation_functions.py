@@ -33,7 +33,7 @@ from lit_losses.heads.chunked_ops import (
     accumulation_dtype,
     gradients_in_param_dtypes,
     input_gradient_buffers,
-    mm_in,
+    matmul_into,
     save_gradients,
     scaled_gradients,
     softmax_,
@@ -50,15 +50,9 @@ def project_logit_grad(dz: Tensor, h: Tensor, weight: Tensor, grads: Grads) -> N
     grad_h, grad_w, grad_b = grads
     dz_in = dz if dz.dtype == h.dtype else dz.to(h.dtype)
     if grad_h is not None:
-        if grad_h.dtype == dz_in.dtype:
-            torch.mm(dz_in, weight, out=grad_h)
-        else:
-            grad_h.copy_(mm_in(dz_in, weight, grad_h.dtype))
+        matmul_into(grad_h, dz_in, weight)
     if grad_w is not None:
-        if grad_w.dtype == dz_in.dtype:
-            grad_w.addmm_(dz_in.t(), h)
-        else:
-            grad_w.add_(mm_in(dz_in.t(), h, grad_w.dtype))
+        matmul_into(grad_w, dz_in.t(), h, accumulate=True)
     if grad_b is not None:
         grad_b += dz.sum(0)
 

@@ -106,6 +106,31 @@ def check_head_inputs(
         )
     if targets.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"targets must be int64 or int32 token ids, got dtype {targets.dtype}")
+    if not _values_pass(hidden, targets, weight, ignore_index=ignore_index, check_finite=check_finite):
+        _refuse_values(hidden, targets, weight, ignore_index=ignore_index, check_finite=check_finite)
+
+
+def _values_pass(
+    hidden: Tensor, targets: Tensor, weight: Tensor, ignore_index: int, check_finite: bool
+) -> bool:
+    """Whether every value check of `check_head_inputs` passes, read from the device once (one host
+    synchronization on CUDA per head call, where a read per check would stall the queue each time). The
+    weight's part is its float32 sum being finite (`check_finite_weight`), folded in for a plain tensor on
+    the hidden states' device."""
+    with torch.no_grad():
+        ok = ~((targets != ignore_index) & ((targets < 0) | (targets >= weight.shape[0]))).any()
+        if check_finite:
+            ok &= torch.isfinite(hidden).all()
+            if type(weight) in (Tensor, torch.nn.Parameter) and weight.device == hidden.device:
+                ok &= torch.isfinite(weight.sum(dtype=torch.float32))
+        return bool(ok)
+
+
+def _refuse_values(
+    hidden: Tensor, targets: Tensor, weight: Tensor, ignore_index: int, check_finite: bool
+) -> None:
+    """Each value check of `check_head_inputs` on its own, raising for the first that fails (a weight whose
+    float32 sum merely overflows passes)."""
     V = weight.shape[0]
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= V))
     if bool(bad.any()):

@@ -37,7 +37,7 @@ from lit_losses.heads.chunked_ops import (
     WorkTensors,
     default_chunk_size,
     logits_product,
-    mm_in,
+    matmul_into,
     row_dot,
 )
 
@@ -304,15 +304,9 @@ def project_block(dz: Tensor, h: Tensor, w_blk: Tensor, span: tuple[int, int], g
     grad_h, grad_w, grad_b = grads
     dz_in = dz if dz.dtype == h.dtype else dz.to(h.dtype)
     if grad_h is not None:
-        if grad_h.dtype == h.dtype:
-            grad_h.addmm_(dz_in, w_blk)
-        else:
-            grad_h.add_(mm_in(dz_in, w_blk, grad_h.dtype))
+        matmul_into(grad_h, dz_in, w_blk, accumulate=True)
     v0, v1 = span
     if grad_w is not None:
-        if grad_w.dtype == h.dtype:
-            torch.mm(dz_in.t(), h, out=grad_w[v0:v1])
-        else:
-            grad_w[v0:v1] = mm_in(dz_in.t(), h, torch.promote_types(dz_in.dtype, torch.float32))
+        matmul_into(grad_w[v0:v1], dz_in.t(), h)
     if grad_b is not None:
         grad_b[v0:v1] = dz.sum(0)

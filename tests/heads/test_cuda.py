@@ -1,10 +1,13 @@
 """The head on CUDA (chunked, blocked, liger) against the naive reference; skipped without CUDA."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lit_losses.heads import FusedLMHead, entropy_kernels, liger
+from lit_losses.heads.chunked_ops import matmul_into
 from lit_losses.heads.liger import liger_available, liger_uniform_ce_sum
 
 pytestmark = [
@@ -206,3 +209,48 @@ def test_compiled_triton_kernels_on_cuda_bf16_against_float64(backend, compiled_
         assert g.dtype == torch.bfloat16
         scale = r.abs().max()
         torch.testing.assert_close(g.double() / scale, r / scale, rtol=0, atol=2e-2)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_matmul_into_takes_bf16_products_in_fp32_without_a_product_sized_temporary(accumulate):
+    """``out (+)= a @ b`` of bf16 operands into an fp32 ``out`` (the blocked head's ``∂/∂h``, the chunked
+    head's ``V × D`` accumulator): written in place, exact to fp32 accumulation against float64 (a product
+    rounded to bf16 would miss by ~1e-3 relative), and no fp32 temporary of the product's size."""
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(shape, generator=g).cuda().bfloat16() for shape in ((1024, 512), (512, 2048)))
+    out = torch.randn(1024, 2048, generator=g).cuda()
+    ref = (out.double() if accumulate else 0) + a.double() @ b.double()
+    matmul_into(torch.empty_like(out), a, b, accumulate=accumulate)  # cuBLAS's workspace, allocated once
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    got = matmul_into(out, a, b, accumulate=accumulate)
+    added = torch.cuda.max_memory_allocated() - before
+    assert got.data_ptr() == out.data_ptr()
+    assert added < out.numel() * out.element_size() // 4, added
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("per_token_weights", [False, True])
+def test_plain_ce_step_reads_the_device_at_most_a_few_times(per_token_weights):
+    """One plain cross-entropy forward + backward with its input checks synchronizes with the host at most
+    twice (the checks in one read, the valid tokens' index), plus two for per-token weights (their check,
+    their selection): each read stalls the queue in a training step."""
+    hidden, weight, _, targets = problem(n=512, d=64, v=5000, dtype=torch.bfloat16)
+    weights = torch.rand(targets.shape, device="cuda") if per_token_weights else 1.0 / 512
+    head = FusedLMHead(weight, backend="blocked")
+
+    def step():
+        head.weighted_ce(hidden, targets, weights).backward()
+
+    step()  # compiles the kernels, allocates cuBLAS's workspace
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) <= (4 if per_token_weights else 2), [str(w.message) for w in syncs]
