@@ -33,7 +33,7 @@ The ``blocked`` backend's passes over an ``[n, V_b]`` block of logits (`lit_loss
 are compiled the same way, under the same switches: `block_softmax_stats` reads the block once for its row
 maximum ``m`` and ``s = Σ e^{z − m}`` (and ``t = Σ e^{z − m} (z − m)`` for the entropy, both accumulated
 in float64), and `block_logit_grad_` writes ``e^{z − lse} ⊙ (a + b ⊙ (z − lse)) + g_ℓ e_y`` over it — or,
-for bf16 operands, `block_logit_grad_bf16` writes it once in the operand dtype, so that the cast for the
+for bf16 operands, `block_logit_grad_bf16_` writes it once in the operand dtype, so that the cast for the
 gradient matmuls is no pass of its own. Every compiled call is recorded as ``lit_losses::<kernel>`` in
 `torch.profiler` traces (how the passes are counted).
 """
@@ -105,11 +105,11 @@ def _block_grad_kernel_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tens
     z.copy_(_block_grad(z, lse, a, b=b, cols=cols, g_target=g_target))
 
 
-def _block_grad_bf16_kernel(
-    z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor
-) -> Tensor:
-    """`_block_grad_kernel_`'s gradient as a new bf16 tensor (the matmul operand), ``z`` untouched."""
-    return _block_grad(z, lse, a, b=b, cols=cols, g_target=g_target).to(torch.bfloat16)
+def _block_grad_bf16_kernel_(
+    out: Tensor, z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor
+) -> None:
+    """``out ← `_block_grad_kernel_`'s gradient`` in bf16 (the matmul operand), ``z`` untouched."""
+    out.copy_(_block_grad(z, lse, a, b=b, cols=cols, g_target=g_target))
 
 
 @functools.cache
@@ -248,15 +248,22 @@ def block_logit_grad_(
     return _run(_block_grad_kernel_, z, lse, a, b, cols, g_target)
 
 
-def block_logit_grad_bf16(
-    z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor
-) -> Tensor | None:
-    """`block_logit_grad_` written as a new bf16 tensor (the matmuls' operand dtype under bf16 operands), in
-    one read of ``z`` and one narrower write: the cast to the operand dtype costs no pass of its own. (fp16
-    operands take the eager passes: the head never multiplies in fp16, whose range the ~1/N-scaled
-    gradients underflow.)
+def block_logit_grad_bf16_(
+    out: Tensor, z: Tensor, lse: Tensor, a: Tensor, b: Tensor, cols: Tensor, g_target: Tensor
+) -> Tensor:
+    """`block_logit_grad_`'s gradient written into ``out``, a bf16 tensor (the matmuls' operand dtype under
+    bf16 operands), in one read of ``z`` and one narrower write: the cast to the operand dtype costs no pass
+    of its own, and ``out`` may be rows of a larger gradient whose logits are made a few rows at a time.
+    Where the compiled kernel does not run (`_run`), the same maths runs eagerly. (fp16 operands take the
+    eager passes: the head never multiplies in fp16, whose range the ~1/N-scaled gradients underflow.)
+
+    Args:
+        out: ``[n, V_b]`` bf16, overwritten.
+        z: ``[n, V_b]`` logits (not modified); the other arguments as in `block_logit_grad_`.
 
     Returns:
-        The ``[n, V_b]`` gradient in bf16, or ``None`` when the eager passes must compute it (`_run`).
+        ``out``.
     """
-    return _run(_block_grad_bf16_kernel, z, lse, a, b, cols, g_target)
+    if _run(_block_grad_bf16_kernel_, out, z, lse, a, b, cols, g_target) is None:
+        _block_grad_bf16_kernel_(out, z, lse, a, b, cols, g_target)
+    return out

@@ -17,7 +17,9 @@ in the weight's dtype) and ``∂/∂b_b = Σ_t ∂/∂z``.
 The weight and bias are read in their own dtype and each block is cast to the operand dtype (the hidden
 states') as it is used, so a bf16 weight costs neither an fp32 copy of itself nor an fp32 ``V × D``
 gradient accumulator: the head's memory above its inputs is the weight's gradient, one block of logits
-(with the block's cast weight and its gradient) and ``O(n · D)`` state. The price is one more ``N·D·V``
+(with the block's cast weight and its gradient) and ``O(n · D)`` state. For bf16 operands the backward
+writes each block's logit gradient straight in bf16 from fp32 logits recomputed a quarter of the tokens
+at a time (`cast_logit_grad`): 3 bytes per logit of the block instead of 6. The price is one more ``N·D·V``
 matmul on the plain cross-entropy (four against the token-chunked fast path's three, which computes every
 gradient in forward but accumulates the weight's gradient over chunks); the per-token outputs take four
 either way.
@@ -38,7 +40,9 @@ from lit_losses.heads.chunked_ops import (
     default_chunk_size,
     logits_product,
     matmul_into,
+    mm_in,
     row_dot,
+    token_chunks,
 )
 
 
@@ -272,20 +276,64 @@ def _backprop_block(
     compiled ``kernel``, written in the operand dtype or over the logits, or by the eager passes), projected
     onto ``grads``. ``coefficients``: ``(lse, a, b, g_ℓ)`` per token (``b`` ``None`` without the entropy)."""
     lse, a, b, g_lp = coefficients
-    z, w_blk = block_logits(h, weight, bias, span=span, scratch=scratch)
     inside, cols = _targets_in(targets, span)
     g_target = torch.where(inside, g_lp, 0)
     b_or_zeros = b if b is not None or kernel is None else torch.zeros_like(a)
-    dz = None
     if kernel == "cast":
-        dz = entropy_kernels.block_logit_grad_bf16(z, lse, a, b=b_or_zeros, cols=cols, g_target=g_target)
-    elif kernel == "in_place":
+        w_blk = weight[span[0] : span[1]].to(h.dtype)
+        bias_blk = None if bias is None else bias[span[0] : span[1]]
+        dz = cast_logit_grad(h, w_blk, bias_blk, coefficients=(lse, a, b_or_zeros, cols, g_target))
+        project_block(dz, h, w_blk, span=span, grads=grads)
+        return
+    z, w_blk = block_logits(h, weight, bias, span=span, scratch=scratch)
+    dz = None
+    if kernel == "in_place":
         dz = entropy_kernels.block_logit_grad_(z, lse, a, b=b_or_zeros, cols=cols, g_target=g_target)
     if dz is None:
         dz = _eager_logit_grad_(z, lse, a, b=b, scratch=scratch)
         dz.scatter_add_(1, cols, g_target[:, None])
-    del z  # on the "cast" path the gradient is a new bf16 tensor: the fp32 logits go before the matmuls
     project_block(dz, h, w_blk, span=span, grads=grads)
+
+
+#: The backward of a block whose logit gradient is written straight in bf16 (`cast_logit_grad`) recomputes
+#: its fp32 logits in this many slices of its tokens: beside the ``[n, V_b]`` bf16 gradient the matmuls
+#: need whole, the fp32 logits then take a quarter of the block (3 bytes per logit instead of 6).
+CAST_SLICES = 4
+
+
+def cast_logit_grad(
+    h: Tensor,
+    w_blk: Tensor,
+    bias_blk: Tensor | None,
+    coefficients: tuple[Tensor, Tensor, Tensor, Tensor, Tensor],
+) -> Tensor:
+    """One block's logit gradient ``p ⊙ (a + b ⊙ log p) + g_ℓ e_y`` in bf16 (the matmuls' operand dtype),
+    written by `entropy_kernels.block_logit_grad_bf16_` from fp32 logits made `CAST_SLICES` slices of the
+    tokens at a time (each slice a multiple of 8 rows, so that every slice starts 16-byte aligned).
+
+    Args:
+        h: ``[n, D]`` bf16 hidden states.
+        w_blk: ``[V_b, D]`` bf16 weight block; ``bias_blk``: its ``[V_b]`` bias or ``None``.
+        coefficients: ``(lse, a, b, cols, g_target)`` per token (``b`` zeros without the entropy).
+
+    Returns:
+        The ``[n, V_b]`` bf16 gradient.
+    """
+    lse, a, b, cols, g_target = coefficients
+    n = h.shape[0]
+    dz = torch.empty((n, w_blk.shape[0]), dtype=torch.bfloat16, device=h.device)
+    rows = -(-n // CAST_SLICES)
+    rows += -rows % 8
+    for r0, r1 in token_chunks(n, rows):
+        z = mm_in(h[r0:r1], w_blk.t(), lse.dtype)
+        if bias_blk is not None:
+            z.add_(bias_blk.to(z.dtype))
+        rows_of = slice(r0, r1)
+        entropy_kernels.block_logit_grad_bf16_(
+            dz[rows_of], z, lse[rows_of], a[rows_of], b[rows_of], cols[rows_of], g_target[rows_of]
+        )
+        del z  # one slice's logits at a time
+    return dz
 
 
 def _eager_logit_grad_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor | None, scratch: BlockScratch) -> Tensor:

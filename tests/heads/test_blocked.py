@@ -14,7 +14,9 @@ from lit_losses.heads import (
     linear_logprobs,
     register_backend,
     select_backend,
+    vocab_blocks,
 )
+from lit_losses.heads.chunked_ops import mm_in
 from lit_losses.heads.naive import naive_head
 from lit_losses.heads.vocab_blocks import BLOCK_ALIGN, blocked_backward, blocked_forward, vocab_block_size
 
@@ -326,7 +328,7 @@ def test_bf16_operands_take_the_gradient_in_bf16_from_the_kernel_as_from_the_eag
         )
 
     fused = grads()
-    assert "_block_grad_bf16_kernel" in compiled_kernels
+    assert "_block_grad_bf16_kernel_" in compiled_kernels
     monkeypatch.setenv(entropy_kernels.ENV_SWITCH, "0")
     eager = grads()
     h64, w64 = (x.double().requires_grad_() for x in (h, w))
@@ -363,3 +365,39 @@ def test_auto_plain_ce_on_cuda_takes_blocked_for_a_narrow_weight_before_an_auto_
         "chunked",
     )
     assert wide.fused and narrow.fused
+
+
+def test_bf16_backward_makes_its_fp32_logits_a_slice_of_the_tokens_at_a_time(compiled_kernels, monkeypatch):
+    """The bf16 gradient of a block is written whole, its fp32 logits recomputed `CAST_SLICES` slices of the
+    tokens at a time (a quarter of the block's fp32 bytes live at once): the gradients equal those of the
+    block made in one slice."""
+    monkeypatch.setattr(entropy_kernels, "COMPILE_MIN_LOGITS", 1)
+    g = torch.Generator().manual_seed(5)
+    n, d, v, block = 77, 8, 700, 128
+    h = torch.randn(n, d, generator=g).bfloat16()
+    w = (torch.randn(v, d, generator=g) * 0.4).bfloat16()
+    bias = torch.randn(v, generator=g) * 0.1  # not trained: added to the logits, no bias gradient
+    y = torch.randint(0, v, (n,), generator=g)
+    up = (torch.randn(n, generator=g), torch.randn(n, generator=g), torch.randn(n, generator=g))
+    _lp, lse, ent = blocked_forward(h, w, bias, y, with_entropy=True, block=block, acc=torch.float32)
+    made = []
+
+    def recorded_mm_in(a, b, dtype):
+        made.append(a.shape[0])
+        return mm_in(a, b, dtype)
+
+    def grads():
+        made.clear()
+        return blocked_backward(
+            h, w, bias, targets=y, stats=(lse, ent), upstream=up, block=block, needs=(True, True, False)
+        )
+
+    monkeypatch.setattr(vocab_blocks, "mm_in", recorded_mm_in)
+    sliced = grads()
+    assert "_block_grad_bf16_kernel_" in compiled_kernels
+    assert max(made) == 24 and sum(made) == n * -(-v // block), made  # ceil(77 / 4) = 20, rounded up to 8
+    monkeypatch.setattr(vocab_blocks, "CAST_SLICES", 1)
+    whole = grads()
+    assert max(made) == n
+    for got, ref in zip(sliced[:2], whole[:2], strict=True):
+        torch.testing.assert_close(got.float(), ref.float(), rtol=1e-2, atol=1e-5)
