@@ -44,7 +44,7 @@ step() { # name, seconds, command...: runs when STEPS names it
     shift 2
     case " $steps " in *" $name "*) ;; *) return ;; esac
     local t0=$SECONDS
-    timeout "$seconds" "$@" >"$out/$name.log" 2>&1
+    timeout "$seconds" "$@" >>"$out/$name.log" 2>&1
     echo "$name: exit $? in $((SECONDS - t0)) s" | tee -a "$out/steps.txt"
 }
 
@@ -68,6 +68,15 @@ step head_profile 40 python3 benchmarks/head_profile.py --device cuda --dtype bf
 train=(python3 benchmarks/train_step.py --device cuda --steps 4 --warmup 2 --variant-timeout 100 --logs "$out/logs")
 step train_step 400 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --json "$out/train_step.json"
 step train_step_fsdp 400 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --fsdp --json "$out/train_step_fsdp.json"
+# The blocked head's block width against the whole step (the SFT step with Liger-Kernel's decoder kernels,
+# HF + Liger-Kernel in the first run): --chunk-size sets it, V_b = chunk · V / (n + 2 D) rounded down to
+# 128 rows (1024: 10624 rows at 8192 tokens and D = 2048; 256: 2560; 128: 1280). Named only.
+for c in 1024 512 256 128; do
+    variants=(lit_sft_liger)
+    [ "$c" = 1024 ] && variants+=(hf_liger)
+    step train_step_widths 150 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --chunk-size "$c" \
+        --variants "${variants[@]}" --json "$out/train_step_chunk$c.json"
+done
 step per_token_time 150 python3 benchmarks/fused_head.py --device cuda --dtype float32 --shapes "$shape" --repeats 3 \
     --variants matmul3 chunked blocked chunked_entropy blocked_entropy
 step per_token_memory 60 python3 benchmarks/head_memory.py --device cuda --backends chunked blocked --dtypes float32 \
