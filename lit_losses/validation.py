@@ -143,11 +143,27 @@ def check_token_batch(batch: dict[str, Any], vocab_size: int) -> None:
             raise ValueError(f"batch['position_ids'] holds {int(other.min())}; positions must be >= 0")
 
 
+def finite_sum(weight: Tensor) -> Tensor:
+    """The sum of ``weight``'s entries as one scalar, non-finite when an entry is NaN/Inf (or when the sum
+    overflows): one reduction and no temporary of the weight's size. On CUDA it accumulates into float32,
+    reading bf16/fp16 as they are; elsewhere it is taken in the weight's dtype (a float32 sum of a bf16
+    weight on CPU first casts the whole weight: twice its bytes, measured), whose float32 accumulation and
+    bf16's float32 range keep it finite for any bf16 weight of finite entries.
+
+    Example:
+        >>> finite_sum(torch.ones(3, 2, dtype=torch.bfloat16)).item()
+        6.0
+    """
+    with torch.no_grad():
+        return weight.sum(dtype=torch.float32) if weight.is_cuda else weight.sum()
+
+
 def check_finite_weight(weight: Tensor, where: str = "the output weight") -> None:
     """Refuse a non-finite output projection (NaN/Inf would flow into every log-probability).
 
-    The good path costs one float32 sum of ``weight`` (a NaN or Inf entry makes it non-finite); only then
-    is the element-wise check run, so that a sum that merely overflows is not mistaken for a bad weight.
+    The good path costs one sum of ``weight`` (`finite_sum`: a NaN or Inf entry makes it non-finite); only
+    then is the element-wise check run, so that a sum that merely overflows is not mistaken for a bad
+    weight.
 
     Example:
         >>> check_finite_weight(torch.tensor([[float("nan")]]))
@@ -157,9 +173,7 @@ def check_finite_weight(weight: Tensor, where: str = "the output weight") -> Non
     """
     if weight.is_meta:  # a shape-only stand-in (e.g. the vocabulary-parallel head's layout check)
         return
-    with torch.no_grad():  # one scalar reduction (NaN/Inf propagate), no [V, D] temporary on the good path
-        total = weight.sum(dtype=torch.float32)
-    if not bool(torch.isfinite(total)) and not bool(torch.isfinite(weight).all()):
+    if not bool(torch.isfinite(finite_sum(weight))) and not bool(torch.isfinite(weight).all()):
         n_bad = int((~torch.isfinite(weight)).sum())
         raise ValueError(
             f"{where} (shape {tuple(weight.shape)}) contains {n_bad} non-finite value(s) (NaN/Inf)"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lit_losses.validation import check_finite_weight
+from lit_losses.validation import check_finite_weight, finite_sum
 
 #: The per-token outputs a head can give.
 HEAD_OUTPUTS = ("logprobs", "lse", "entropy")
@@ -115,14 +115,15 @@ def _values_pass(
 ) -> bool:
     """Whether every value check of `check_head_inputs` passes, read from the device once (one host
     synchronization on CUDA per head call, where a read per check would stall the queue each time). The
-    weight's part is its float32 sum being finite (`check_finite_weight`), folded in for a plain tensor on
-    the hidden states' device."""
+    finiteness checks are sums being finite (`finite_sum`: no temporary of the tensor's size; a sum that
+    overflows sends the call to `_refuse_values`, which checks element by element), the weight's folded in
+    for a plain tensor on the hidden states' device."""
     with torch.no_grad():
         ok = ~((targets != ignore_index) & ((targets < 0) | (targets >= weight.shape[0]))).any()
         if check_finite:
-            ok &= torch.isfinite(hidden).all()
+            ok &= torch.isfinite(finite_sum(hidden))
             if type(weight) in (Tensor, torch.nn.Parameter) and weight.device == hidden.device:
-                ok &= torch.isfinite(weight.sum(dtype=torch.float32))
+                ok &= torch.isfinite(finite_sum(weight))
         return bool(ok)
 
 
@@ -130,7 +131,7 @@ def _refuse_values(
     hidden: Tensor, targets: Tensor, weight: Tensor, ignore_index: int, check_finite: bool
 ) -> None:
     """Each value check of `check_head_inputs` on its own, raising for the first that fails (a weight whose
-    float32 sum merely overflows passes)."""
+    sum merely overflows passes)."""
     V = weight.shape[0]
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= V))
     if bool(bad.any()):

@@ -2,13 +2,22 @@
 autocast or not, in forward and backward; a clear error for dtypes that cannot be reconciled; a frozen
 output weight costs no gradient buffer."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lit_losses.heads import HEAD_BACKENDS, FusedLMHead
+from lit_losses.heads.output import check_head_inputs
 from lit_losses.heads.precision import compute_dtype
+
+ROOT = Path(__file__).resolve().parents[2]
 
 IGNORE = -100
 LOCAL = [n for n in HEAD_BACKENDS.names() if not HEAD_BACKENDS[n].cuda_only and HEAD_BACKENDS[n].available()]
@@ -218,3 +227,56 @@ def test_auto_matmul_precision_is_full_precision_on_cpu():
     assert not torch.equal(values["low"].logprobs, values["full"].logprobs)
     with pytest.raises(ValueError, match="matmul_precision 'half' is not one of"):
         FusedLMHead(weight, matmul_precision="half")
+
+
+CHECK_A_BF16_WEIGHT = """
+import json, sys
+import torch
+sys.path.insert(0, "benchmarks")
+from resident import reset_peak_rss, status_kib
+from lit_losses.heads.output import check_head_inputs
+from lit_losses.validation import check_finite_weight
+weight = torch.randn(4096, 4096).bfloat16()  # 32 MiB
+hidden, targets = torch.randn(8, 4096).bfloat16(), torch.zeros(8, dtype=torch.long)
+checks = {
+    "weight": lambda: check_finite_weight(weight),
+    "head": lambda: check_head_inputs(hidden, targets, weight, None, ignore_index=-100, check_finite=True),
+}
+added = {}
+for name, check in checks.items():
+    reset_peak_rss()
+    base = status_kib("VmRSS")
+    check()
+    added[name] = (status_kib("VmHWM") - base) / 1024
+print(json.dumps(added))
+"""
+
+
+def test_the_finiteness_check_of_a_bf16_weight_on_cpu_makes_no_copy_of_it():
+    """The head's input checks sum a bf16 weight on CPU in its own dtype: a float32 sum would first cast the
+    whole weight (twice its bytes) at every call. Measured as the peak resident set of a subprocess."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", CHECK_A_BF16_WEIGHT],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    added = json.loads(out.stdout.strip().splitlines()[-1])
+    assert max(added.values()) < 8, added  # MiB, against the weight's 32
+
+
+def test_inputs_whose_sums_overflow_but_whose_entries_are_finite_pass_the_checks():
+    """The finiteness checks read sums first; a sum that overflows (fp16: above 65504) is no bad value: the
+    element-wise check then passes the call, and a real NaN is still refused by name."""
+    hidden = torch.full((64, 8), 60000.0, dtype=torch.float16)
+    weight = torch.full((100, 8), 60000.0, dtype=torch.float16)
+    targets = torch.zeros(64, dtype=torch.long)
+    assert not torch.isfinite(hidden.sum()) and not torch.isfinite(weight.sum())
+    check_head_inputs(hidden, targets, weight, None, ignore_index=-100, check_finite=True)
+    hidden[3, 2] = float("nan")
+    with pytest.raises(ValueError, match="hidden states contain 1 non-finite value"):
+        check_head_inputs(hidden, targets, weight, None, ignore_index=-100, check_finite=True)
