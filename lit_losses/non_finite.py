@@ -28,6 +28,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lit_losses.errors import ConfigError
+from lit_losses.validation import all_finite
 
 NON_FINITE_KEY = "train/non_finite_step"
 """Logged once per optimizer step: 1 when the step was skipped for non-finite gradients, else 0."""
@@ -46,20 +47,16 @@ def non_finite_steps_handled(trainer: Any) -> bool:
 def gradients_finite(parameters: Iterable[torch.nn.Parameter]) -> bool:
     """Whether every gradient among ``parameters`` is finite (this process's shard of a sharded one).
 
+    Read by `all_finite` (the gradients' sums first, in one read from the device).
+
     Example:
         >>> p = torch.nn.Parameter(torch.ones(2))
         >>> p.grad = torch.tensor([1.0, float("nan")])
         >>> gradients_finite([p]), gradients_finite([torch.nn.Parameter(torch.ones(1))])
         (False, True)
     """
-    flags = []
-    for p in parameters:
-        grad = p.grad
-        if grad is None:
-            continue
-        grad = grad.to_local() if hasattr(grad, "to_local") else grad
-        flags.append(torch.isfinite(grad).all())
-    return bool(torch.stack(flags).all()) if flags else True
+    grads = (p.grad for p in parameters if p.grad is not None)
+    return all_finite([g.to_local() if hasattr(g, "to_local") else g for g in grads])
 
 
 def check_hidden_states(hidden: torch.Tensor, where: str) -> None:
@@ -68,7 +65,7 @@ def check_hidden_states(hidden: torch.Tensor, where: str) -> None:
     Raises:
         NonFiniteStepError: how many values are NaN/Inf, ``where`` (e.g. the training step), the options.
     """
-    if not bool(torch.isfinite(hidden).all()):
+    if not all_finite([hidden]):
         bad = int((~torch.isfinite(hidden)).sum())
         raise NonFiniteStepError(
             f"{where}: the hidden states contain {bad} non-finite value(s) (NaN/Inf) before the output head; "

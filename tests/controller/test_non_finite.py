@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from lit_losses import GlobalStatsLoader, TinyLM, TrainingController
-from lit_losses.non_finite import NonFiniteStepError
+from lit_losses.non_finite import NonFiniteStepError, check_hidden_states, gradients_finite
+from lit_losses.validation import finite_sum
 from tests.controller.helpers import REPO, pattern_batches
 from tests.controller.test_recovery import StepLosses
 from tests.helpers import quiet_trainer
@@ -127,3 +128,20 @@ def test_the_callbacks_are_read_once_per_fit_and_again_at_the_next_fit(monkeypat
     with pytest.raises(NonFiniteStepError, match="train batch at step 1: the hidden states contain"):
         second.fit(net, GlobalStatsLoader(data, batch_size=None))
     assert reads == [first, second]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradients_whose_sums_overflow_are_finite_and_one_nan_among_many_is_not(dtype):
+    """The gradients are read as sums first: a sum that overflows is checked entry by entry (finite), and a
+    single NaN or Inf among two tensors makes the step non-finite; the hidden states' check alike."""
+    params = [torch.nn.Parameter(torch.zeros(4, dtype=dtype)) for _ in range(2)]
+    params[0].grad = torch.full((4,), 3e38, dtype=dtype)  # finite entries, the sum overflows
+    params[1].grad = torch.ones(4, dtype=dtype)
+    assert not torch.isfinite(finite_sum(params[0].grad))
+    assert gradients_finite(params)
+    check_hidden_states(params[0].grad[None], where="train batch at step 0")
+    for bad in (float("nan"), float("-inf")):
+        params[1].grad[2] = bad
+        assert not gradients_finite(params)
+        with pytest.raises(NonFiniteStepError, match="contain 1 non-finite value"):
+            check_hidden_states(params[1].grad[None], where="train batch at step 0")
