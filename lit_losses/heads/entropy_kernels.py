@@ -265,5 +265,5 @@ def block_logit_grad_bf16_(
         ``out``.
     """
     if _run(_block_grad_bf16_kernel_, out, z, lse, a, b, cols, g_target) is None:
-        _block_grad_bf16_kernel_(out, z, lse, a, b, cols, g_target)
+        _block_grad_bf16_kernel_(out, z, lse, a=a, b=b, cols=cols, g_target=g_target)
     return out

@@ -330,7 +330,13 @@ def cast_logit_grad(
             z.add_(bias_blk.to(z.dtype))
         rows_of = slice(r0, r1)
         entropy_kernels.block_logit_grad_bf16_(
-            dz[rows_of], z, lse[rows_of], a[rows_of], b[rows_of], cols[rows_of], g_target[rows_of]
+            dz[rows_of],
+            z,
+            lse[rows_of],
+            a=a[rows_of],
+            b=b[rows_of],
+            cols=cols[rows_of],
+            g_target=g_target[rows_of],
         )
         del z  # one slice's logits at a time
     return dz
