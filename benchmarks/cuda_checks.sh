@@ -39,12 +39,12 @@ bench=(python3 benchmarks/fused_head.py --device cuda --dtype bfloat16 --shapes 
     git log -1 --format='commit %h %s' 2>/dev/null
 } >"$out/env.txt" 2>&1
 
-step() { # name, seconds, command...: runs when STEPS names it
+step() { # name, seconds, command...: runs when STEPS names it (its log: $LOG.log, else name.log)
     local name=$1 seconds=$2
     shift 2
     case " $steps " in *" $name "*) ;; *) return ;; esac
     local t0=$SECONDS
-    timeout "$seconds" "$@" >>"$out/$name.log" 2>&1
+    timeout "$seconds" "$@" >"$out/${LOG:-$name}.log" 2>&1
     echo "$name: exit $? in $((SECONDS - t0)) s" | tee -a "$out/steps.txt"
 }
 
@@ -74,7 +74,7 @@ step train_step_fsdp 400 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --fsd
 for c in 1024 512 256 128; do
     variants=(lit_sft_liger)
     [ "$c" = 1024 ] && variants+=(hf_liger)
-    step train_step_widths 150 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --chunk-size "$c" \
+    LOG=train_step_chunk$c step train_step_widths 150 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --chunk-size "$c" \
         --variants "${variants[@]}" --json "$out/train_step_chunk$c.json"
 done
 step per_token_time 150 python3 benchmarks/fused_head.py --device cuda --dtype float32 --shapes "$shape" --repeats 3 \

@@ -148,8 +148,8 @@ def finite_sum(tensor: Tensor) -> Tensor:
     """The sum of ``tensor``'s entries as one scalar, non-finite when an entry is NaN/Inf (or when the sum
     overflows): one reduction and no temporary of the tensor's size. On CUDA it accumulates into float32,
     reading bf16/fp16 as they are; elsewhere it is taken in the tensor's dtype (a float32 sum of a bf16
-    tensor on CPU first casts the whole tensor: twice its bytes, measured), whose float32 accumulation and
-    bf16's float32 range keep it finite for any bf16 tensor of finite entries.
+    tensor on CPU first casts the whole tensor: twice its bytes, measured), accumulated in float32 and
+    rounded to that dtype, so that it overflows only past the dtype's range (bf16: float32's; fp16: 65504).
 
     Example:
         >>> finite_sum(torch.ones(3, 2, dtype=torch.bfloat16)).item()
@@ -171,7 +171,8 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     """
     if not tensors:
         return True
-    sums = torch.stack([finite_sum(t).float().to(tensors[0].device) for t in tensors])
+    real = [torch.view_as_real(t) if t.is_complex() else t for t in tensors]
+    sums = torch.stack([finite_sum(t).float().to(tensors[0].device) for t in real])
     if bool(torch.isfinite(sums).all()):
         return True
     return all(bool(torch.isfinite(t).all()) for t in tensors)

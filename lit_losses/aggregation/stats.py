@@ -111,8 +111,8 @@ def shift_labels(labels: Tensor, segments: Tensor | None = None, ignore_index: i
 
 
 def count_units(mask: Tensor, segment_ids: Tensor | None = None) -> tuple[int, int]:
-    """``(valid tokens, sequences with at least one valid token)`` of one micro-batch (read from the device
-    at once)."""
+    """``(valid tokens, sequences with at least one valid token)`` of one micro-batch (both counts read from
+    the device at once)."""
     mask = mask.bool()
     ids = sequence_ids(mask, segment_ids).flatten()
     per_seq = torch.zeros(ids.numel(), dtype=torch.long, device=mask.device)

@@ -377,12 +377,15 @@ def check_backend_runs(requested: str, device: torch.device | str, where: str = 
 
 def valid_tokens(hidden: Tensor, targets: Tensor, ignore_index: int) -> tuple[Tensor, Tensor, Tensor]:
     """``(valid, h, y)``: the mask ``targets != ignore_index`` and the valid rows ``h [n, D]``, ``y [n]``
-    (int64), compacted in row-major order (gathered by one index: one host synchronization on CUDA, and a
-    backward that scatters without another)."""
+    (int64), compacted in row-major order (gathered by one index where ``hidden``'s rows are one view: one
+    host synchronization on CUDA, and a backward that scatters without another)."""
     valid = targets != ignore_index
+    try:
+        rows = hidden.view(-1, hidden.shape[-1])
+    except RuntimeError:  # rows that no view lines up (a slice of a longer sequence): a mask reads them
+        return valid, hidden[valid], targets[valid].long()
     index = valid.flatten().nonzero().squeeze(1)
-    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
-    return valid, h, targets.flatten().index_select(0, index).long()
+    return valid, rows.index_select(0, index), targets.flatten().index_select(0, index).long()
 
 
 def scatter_valid(values: Mapping[str, Tensor], outputs: Sequence[str], valid: Tensor) -> HeadOutput:

@@ -173,12 +173,31 @@ def mm_in(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
     """
     if a.dtype == dtype:
         return torch.mm(a, b)
-    if a.is_cuda and not _recorded(a, b):
-        try:
-            return torch.mm(a, b, out_dtype=dtype)
-        except (TypeError, RuntimeError, NotImplementedError):  # PyTorch before 2.8, or a dtype cuBLAS lacks
-            pass
+    if a.is_cuda and _widening(a, b, dtype) and not _recorded(a, b):
+        product = _out_dtype_product("mm", lambda: torch.mm(a, b, out_dtype=dtype))
+        if product is not None:
+            return product
     return torch.mm(a, b).to(dtype)
+
+
+#: The ``out_dtype`` products that raised in this process, not tried again: ``mm`` before PyTorch 2.8,
+#: ``addmm`` into an fp32 ``out`` of bf16/fp16 operands before 2.10 (it wanted ``out``'s dtype to be the
+#: operands'), or a dtype cuBLAS lacks.
+_NO_OUT_DTYPE: set[str] = set()
+
+
+def _out_dtype_product(name: str, call: Callable[[], Tensor]) -> Tensor | None:
+    """``call()``, or ``None`` once the ``out_dtype`` product ``name`` has raised (it is then not tried
+    again; running out of memory is raised as it is)."""
+    if name in _NO_OUT_DTYPE:
+        return None
+    try:
+        return call()
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except (TypeError, RuntimeError, NotImplementedError):
+        _NO_OUT_DTYPE.add(name)
+        return None
 
 
 def _recorded(a: Tensor, b: Tensor) -> bool:
@@ -198,8 +217,9 @@ def matmul_into(out: Tensor, a: Tensor, b: Tensor, accumulate: bool = False) -> 
     Operands in ``out``'s dtype take one matmul into ``out``. Narrower operands (bf16 into an fp32 ``out``)
     take, on CUDA, one cuBLAS call that accumulates in fp32 and writes or adds into ``out``
     (``torch.mm``/``torch.addmm`` with ``out_dtype``): no product-sized temporary and no extra pass over
-    ``out`` (for the ``V × D`` gradient accumulator of a token chunk, a temporary of its size). Elsewhere,
-    or on a PyTorch without ``out_dtype``, the product `mm_in` is copied or added.
+    ``out`` (for the ``V × D`` gradient accumulator of a token chunk, a temporary of its size; the adding
+    call needs PyTorch 2.10). Elsewhere, or on a PyTorch without them, the product `mm_in` is copied or
+    added.
 
     Returns:
         ``out``.
@@ -213,12 +233,12 @@ def matmul_into(out: Tensor, a: Tensor, b: Tensor, accumulate: bool = False) -> 
     if a.dtype == out.dtype and b.dtype == out.dtype:
         return out.addmm_(a, b) if accumulate else torch.mm(a, b, out=out)
     if out.is_cuda and _widening(a, b, out.dtype) and not _recorded(a, b):
-        try:
-            if accumulate:
-                return torch.addmm(out, a, b, out_dtype=out.dtype, out=out)
-            return torch.mm(a, b, out_dtype=out.dtype, out=out)
-        except (TypeError, RuntimeError, NotImplementedError):  # PyTorch before 2.8, or a dtype cuBLAS lacks
-            pass
+        if accumulate:
+            done = _out_dtype_product("addmm", lambda: torch.addmm(out, a, b, out_dtype=out.dtype, out=out))
+        else:
+            done = _out_dtype_product("mm_out", lambda: torch.mm(a, b, out_dtype=out.dtype, out=out))
+        if done is not None:
+            return done
     product = mm_in(a, b, out.dtype)
     return out.add_(product) if accumulate else out.copy_(product)
 

@@ -108,6 +108,14 @@ def check_head_inputs(
         raise ValueError(f"targets must be int64 or int32 token ids, got dtype {targets.dtype}")
     if not _values_pass(hidden, targets, weight, ignore_index=ignore_index, check_finite=check_finite):
         _refuse_values(hidden, targets, weight, ignore_index=ignore_index, check_finite=check_finite)
+    elif check_finite and not _folds_weight(weight, hidden):
+        check_finite_weight(weight)
+
+
+def _folds_weight(weight: Tensor, hidden: Tensor) -> bool:
+    """Whether `_values_pass` reads the weight's finiteness with the other checks: a plain tensor on the
+    hidden states' device (a subclass such as a DTensor, or a weight elsewhere, is checked on its own)."""
+    return type(weight) in (Tensor, torch.nn.Parameter) and weight.device == hidden.device
 
 
 def _values_pass(
@@ -117,12 +125,12 @@ def _values_pass(
     synchronization on CUDA per head call, where a read per check would stall the queue each time). The
     finiteness checks are sums being finite (`finite_sum`: no temporary of the tensor's size; a sum that
     overflows sends the call to `_refuse_values`, which checks element by element), the weight's folded in
-    for a plain tensor on the hidden states' device."""
+    where `_folds_weight`."""
     with torch.no_grad():
         ok = ~((targets != ignore_index) & ((targets < 0) | (targets >= weight.shape[0]))).any()
         if check_finite:
             ok &= torch.isfinite(finite_sum(hidden))
-            if type(weight) in (Tensor, torch.nn.Parameter) and weight.device == hidden.device:
+            if _folds_weight(weight, hidden):
                 ok &= torch.isfinite(finite_sum(weight))
         return bool(ok)
 

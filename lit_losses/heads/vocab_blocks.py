@@ -17,9 +17,10 @@ in the weight's dtype) and ``∂/∂b_b = Σ_t ∂/∂z``.
 The weight and bias are read in their own dtype and each block is cast to the operand dtype (the hidden
 states') as it is used, so a bf16 weight costs neither an fp32 copy of itself nor an fp32 ``V × D``
 gradient accumulator: the head's memory above its inputs is the weight's gradient, one block of logits
-(with the block's cast weight and its gradient) and ``O(n · D)`` state. For bf16 operands the backward
-writes each block's logit gradient straight in bf16 from fp32 logits recomputed a quarter of the tokens
-at a time (`cast_logit_grad`): 3 bytes per logit of the block instead of 6. The price is one more ``N·D·V``
+(with the block's cast weight and its gradient) and ``O(n · D)`` state. For bf16 operands, where the
+compiled kernels run and no bias gradient is asked, the backward writes each block's logit gradient
+straight in bf16 from fp32 logits recomputed a quarter of the tokens at a time (`cast_logit_grad`): 3 bytes
+per logit of the block instead of 6. The price is one more ``N·D·V``
 matmul on the plain cross-entropy (four against the token-chunked fast path's three, which computes every
 gradient in forward but accumulates the weight's gradient over chunks); the per-token outputs take four
 either way.

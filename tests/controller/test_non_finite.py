@@ -145,3 +145,11 @@ def test_gradients_whose_sums_overflow_are_finite_and_one_nan_among_many_is_not(
         assert not gradients_finite(params)
         with pytest.raises(NonFiniteStepError, match="contain 1 non-finite value"):
             check_hidden_states(params[1].grad[None], where="train batch at step 0")
+
+
+def test_a_nan_in_the_imaginary_part_of_a_complex_gradient_is_not_finite():
+    param = torch.nn.Parameter(torch.zeros(3, dtype=torch.complex64))
+    param.grad = torch.tensor([1, complex(0, float("nan")), 0], dtype=torch.complex64)
+    assert not gradients_finite([param])
+    param.grad = torch.tensor([1, 2j, 0], dtype=torch.complex64)
+    assert gradients_finite([param])

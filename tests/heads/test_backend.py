@@ -26,7 +26,7 @@ from lit_losses.heads import (
     linear_logprobs,
     linear_pointwise_loss,
 )
-from lit_losses.heads.backend import select_backend
+from lit_losses.heads.backend import select_backend, valid_tokens
 from lit_losses.heads.naive import naive_per_token
 from lit_losses.heads.output import HEAD_OUTPUTS
 
@@ -315,3 +315,24 @@ def test_backend_descriptions_are_checked():
         HeadBackend(name="x", outputs=("logprobs",), per_token=naive_per_token, auto_ce=True)
     with pytest.raises(TypeError, match="must be a HeadBackend"):
         HEAD_BACKENDS.register("x", naive_per_token)
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_valid_tokens_are_the_masked_rows_in_row_major_order(contiguous):
+    """One index gathers the valid rows of a tensor whose rows are one view; a slice of longer rows (no
+    such view) is read through the mask: both give the rows ``hidden[targets != ignore_index]``, and
+    gradients flow back to exactly those rows."""
+    g = torch.Generator().manual_seed(0)
+    full = torch.randn(3, 7, 5, generator=g, requires_grad=True)
+    hidden = full if contiguous else full[:, :-1]
+    targets = torch.randint(0, 9, hidden.shape[:-1], generator=g)
+    targets[targets > 6] = -100
+    valid, h, y = valid_tokens(hidden, targets, -100)
+    assert torch.equal(valid, targets != -100) and y.dtype == torch.long
+    torch.testing.assert_close(h, hidden[valid], rtol=0, atol=0)
+    assert torch.equal(y, targets[valid])
+    (h * torch.arange(h.shape[0])[:, None]).sum().backward()
+    expected = torch.zeros_like(hidden)
+    expected[valid] = torch.arange(h.shape[0], dtype=expected.dtype)[:, None].expand(-1, 5)
+    got = full.grad if contiguous else full.grad[:, :-1]
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -16,6 +16,7 @@ pytestmark = [
 ]
 
 ALL = ("logprobs", "lse", "entropy")
+TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def problem(n=300, d=64, v=5000, dtype=torch.float32, bias=False, seed=0):
@@ -215,7 +216,8 @@ def test_compiled_triton_kernels_on_cuda_bf16_against_float64(backend, compiled_
 def test_matmul_into_takes_bf16_products_in_fp32_without_a_product_sized_temporary(accumulate):
     """``out (+)= a @ b`` of bf16 operands into an fp32 ``out`` (the blocked head's ``∂/∂h``, the chunked
     head's ``V × D`` accumulator): written in place, exact to fp32 accumulation against float64 (a product
-    rounded to bf16 would miss by ~1e-3 relative), and no fp32 temporary of the product's size."""
+    rounded to bf16 would miss by ~1e-3 relative), and no fp32 temporary of the product's size (the adding
+    call from PyTorch 2.10 on: before, the product is added, to the same values)."""
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(shape, generator=g).cuda().bfloat16() for shape in ((1024, 512), (512, 2048)))
     out = torch.randn(1024, 2048, generator=g).cuda()
@@ -227,7 +229,8 @@ def test_matmul_into_takes_bf16_products_in_fp32_without_a_product_sized_tempora
     got = matmul_into(out, a, b, accumulate=accumulate)
     added = torch.cuda.max_memory_allocated() - before
     assert got.data_ptr() == out.data_ptr()
-    assert added < out.numel() * out.element_size() // 4, added
+    if not accumulate or TORCH_VERSION >= (2, 10):
+        assert added < out.numel() * out.element_size() // 4, added
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-4)
 
 

@@ -280,3 +280,25 @@ def test_inputs_whose_sums_overflow_but_whose_entries_are_finite_pass_the_checks
     hidden[3, 2] = float("nan")
     with pytest.raises(ValueError, match="hidden states contain 1 non-finite value"):
         check_head_inputs(hidden, targets, weight, None, ignore_index=-100, check_finite=True)
+
+
+class WrappedWeight(torch.Tensor):
+    """A tensor subclass standing for a wrapped weight (a DTensor, a quantized tensor)."""
+
+
+def test_a_nan_in_a_weight_of_a_tensor_subclass_is_refused_too():
+    """Only a plain weight's finiteness is read together with the other checks; any other (a subclass such
+    as a DTensor) is still checked, on its own."""
+    weight = torch.randn(50, 8)
+    weight[7, 1] = float("nan")
+    hidden, targets = torch.randn(4, 8), torch.zeros(4, dtype=torch.long)
+    for w in (
+        weight,
+        weight.as_subclass(WrappedWeight),
+        torch.nn.Parameter(weight).as_subclass(WrappedWeight),
+    ):
+        with pytest.raises(ValueError, match=r"output weight \(shape \(50, 8\)\) contains 1 non-finite"):
+            check_head_inputs(hidden, targets, w, None, ignore_index=-100, check_finite=True)
+    check_head_inputs(
+        hidden, targets, weight.as_subclass(WrappedWeight), None, ignore_index=-100, check_finite=False
+    )
