@@ -339,6 +339,8 @@ class HFCausalLM(RegularizedLM):
         return str(getattr(causal_lm_of(self.model).config, "_attn_implementation", None) or "eager")
 
     def forward_hidden(self, batch: dict[str, Tensor]) -> Tensor:
+        if self.hparams.get("use_liger_kernel"):  # a trainer refuses it at setup; plain Python calls here
+            check_liger_device(batch["input_ids"].device)
         if batch_segment_ids(batch) is not None:
             if self._packing_problem is None:
                 self._packing_problem = self.probe_packing()

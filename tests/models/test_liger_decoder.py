@@ -154,6 +154,14 @@ def test_a_cpu_run_is_refused_before_any_batch():
     assert trainer.global_step == 0
 
 
+def test_a_forward_on_cpu_outside_a_trainer_is_refused_by_name_not_by_triton():
+    """Called from plain Python (no trainer's setup to refuse the device), the first forward of CPU tensors
+    names the option rather than failing inside a Triton kernel."""
+    model = HFCausalLM(config=hf_config("llama"), use_liger_kernel=True)
+    with pytest.raises(ConfigError, match=r"use_liger_kernel: Liger-Kernel's kernels run on CUDA only.* cpu"):
+        model.compute_loss(batches(n=1)[0])
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_the_patched_model_gives_the_plain_model_loss_and_gradients():
