@@ -54,6 +54,7 @@ from lit_losses.heads.backend import (
 )
 from lit_losses.heads.output import HEAD_OUTPUTS, HeadOutput, check_head_inputs, normalize_outputs
 from lit_losses.heads.precision import MatmulPrecision, compute_dtype, in_compute_dtype
+from lit_losses.validation import all_finite
 
 #: The head backends a configuration can name (``auto`` picks among the registered ones).
 Backend = Literal["auto", "chunked", "blocked", "naive", "torch", "liger", "liger_scaled", "cce"]
@@ -433,7 +434,7 @@ def check_token_weights(token_weights: Tensor | float, targets: Tensor, check_fi
             f"token_weights shape {tuple(token_weights.shape)} differs from the targets' shape "
             f"{tuple(targets.shape)} (one weight per position, or one float for all)"
         )
-    if check_finite and not bool(torch.isfinite(token_weights).all()):
+    if check_finite and not all_finite([token_weights]):
         bad = ~torch.isfinite(token_weights)
         first = tuple(int(i) for i in bad.nonzero()[0])
         raise ValueError(

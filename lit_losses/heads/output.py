@@ -118,6 +118,11 @@ def _folds_weight(weight: Tensor, hidden: Tensor) -> bool:
     return type(weight) in (Tensor, torch.nn.Parameter) and weight.device == hidden.device
 
 
+def _out_of_range(targets: Tensor, vocab_size: int, ignore_index: int) -> Tensor:
+    """Where a target is neither ``ignore_index`` nor a token id in ``[0, vocab_size)``."""
+    return (targets != ignore_index) & ((targets < 0) | (targets >= vocab_size))
+
+
 def _values_pass(
     hidden: Tensor, targets: Tensor, weight: Tensor, ignore_index: int, check_finite: bool
 ) -> bool:
@@ -127,7 +132,7 @@ def _values_pass(
     overflows sends the call to `_refuse_values`, which checks element by element), the weight's folded in
     where `_folds_weight`."""
     with torch.no_grad():
-        ok = ~((targets != ignore_index) & ((targets < 0) | (targets >= weight.shape[0]))).any()
+        ok = ~_out_of_range(targets, weight.shape[0], ignore_index).any()
         if check_finite:
             ok &= torch.isfinite(finite_sum(hidden))
             if _folds_weight(weight, hidden):
@@ -141,7 +146,7 @@ def _refuse_values(
     """Each value check of `check_head_inputs` on its own, raising for the first that fails (a weight whose
     sum merely overflows passes)."""
     V = weight.shape[0]
-    bad = (targets != ignore_index) & ((targets < 0) | (targets >= V))
+    bad = _out_of_range(targets, V, ignore_index)
     if bool(bad.any()):
         value = int(targets[bad].flatten()[0])
         raise ValueError(
