@@ -22,8 +22,9 @@ Variants, each in its own process:
                    the fused linear cross-entropy; Triton kernels: CUDA only, the row says why it is absent)
 
 The package's step is the core of a `lit-losses fit` step (``compute_loss`` then backward), without
-Lightning's loop. Every variant's loss at the first step is the same cross-entropy for the SFT variants
-(``hf`` shifts the labels inside, the package reads next-token labels): the table shows it.
+Lightning's loop; the token counts are attached to the batch beforehand, as `GlobalStatsLoader` does.
+Every variant's loss at the first step is the same cross-entropy for the SFT variants (``hf`` shifts the
+labels inside, the package reads next-token labels): the table shows it.
 
 ``--fsdp``: FSDP2 over one process (gloo on CPU, NCCL on CUDA): the package through its own
 `lit_losses.parallel.parallelize` (the decoder layers as units, the root holding the embeddings and the
@@ -32,6 +33,7 @@ output projection), the ``hf`` variants with ``fully_shard`` on the same units d
     python benchmarks/train_step.py --device cuda                   # 1B, seq 2048, bf16, one GPU
     python benchmarks/train_step.py --device cuda --fsdp
     python benchmarks/train_step.py --device cpu --tiny --dtype float32 --steps 2 --warmup 1
+    python benchmarks/train_step.py --device cuda --variants lit_sft_liger hf_liger --profile profiles
 """
 
 from __future__ import annotations
@@ -148,6 +150,7 @@ def build(variant: str, args: argparse.Namespace, mesh: Any) -> tuple[Any, Any]:
         return hf, hf_loss
 
     from lit_losses import HFCausalLM
+    from lit_losses.aggregation import GLOBAL_STATS_KEY, GlobalStats
     from lit_losses.parallel import ParallelConfig, parallelize
 
     options: dict[str, Any] = {
@@ -159,16 +162,21 @@ def build(variant: str, args: argparse.Namespace, mesh: Any) -> tuple[Any, Any]:
     if mesh is not None:
         parallelize(model, mesh, ParallelConfig())
     keys = ("input_ids", "labels") if variant != "lit_grpo" else None
+    counted: dict[str, Any] = {}
 
     def lit_loss(batch: dict[str, Any]) -> Any:
-        return model.compute_loss(batch if keys is None else {k: batch[k] for k in keys}).total
+        batch = dict(batch if keys is None else {k: batch[k] for k in keys})
+        if not counted:  # the counts that `GlobalStatsLoader` attaches in `fit`, before the forward
+            counted[GLOBAL_STATS_KEY] = GlobalStats.local_only(batch, model.mask_keys(), model.ignore_index)
+        return model.compute_loss({**batch, **counted}).total
 
     return model, lit_loss
 
 
 def run_one(variant: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Build, warm up and time one variant in this process."""
+    """Build, warm up and time one variant in this process (then profile a step with ``--profile``)."""
     import torch
+    from torch.profiler import record_function
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -183,10 +191,13 @@ def run_one(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     def step() -> tuple[float, float]:
         sync()
         start = time.perf_counter()
-        loss = loss_fn(batch)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        with record_function("loss (forward)"):
+            loss = loss_fn(batch)
+        with record_function("backward"):
+            loss.backward()
+        with record_function("optimizer"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         sync()
         return time.perf_counter() - start, float(loss.detach())
 
@@ -199,6 +210,8 @@ def run_one(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         reset_peak_rss()
     times = [step()[0] for _ in range(args.steps)]
     peak = torch.cuda.max_memory_allocated() if cuda else status_kib("VmHWM") * 1024
+    if args.profile:
+        profile_step(step, path=profile_path(args, variant), cuda=cuda)
     if mesh is not None:
         torch.distributed.destroy_process_group()
     median = statistics.median(times)
@@ -211,6 +224,28 @@ def run_one(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         "peak_gib": peak / 2**30,
         "params": sum(p.numel() for p in model.parameters()),
     }
+
+
+def profile_path(args: argparse.Namespace, variant: str) -> str:
+    """``<--profile>/<variant>[_chunk<c>].txt``."""
+    chunk = f"_chunk{args.chunk_size}" if args.chunk_size else ""
+    return os.path.join(args.profile, f"{variant}{chunk}.txt")
+
+
+def profile_step(step: Any, path: str, cuda: bool) -> None:
+    """One more step under `torch.profiler` (after the timed ones): its operators and kernels by their own
+    time on the device (CUDA) or the CPU, the step's phases (``loss (forward)``, ``backward``,
+    ``optimizer``) among them, written to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as prof:
+        seconds, _ = step()
+    sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"# one profiled step: {seconds:.4f} s\n")
+        f.write(prof.key_averages().table(sort_by=sort_by, row_limit=40, max_name_column_width=70))
 
 
 def run_variant(variant: str, argv: list[str], timeout: float | None, logs: str | None) -> dict[str, Any]:
@@ -294,6 +329,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", help="also write the rows to this JSON file (after each variant)")
     parser.add_argument("--variant-timeout", type=float, help="seconds before a variant's process is stopped")
     parser.add_argument("--logs", help="a folder for each variant's stderr (<variant>.log)")
+    parser.add_argument(
+        "--profile",
+        help="a folder for one more profiled step per variant (<variant>[_chunk<c>].txt: ops by time)",
+    )
     parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # internal: one variant here
     args = parser.parse_args(argv)
     if args.warmup < 1:

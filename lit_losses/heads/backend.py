@@ -377,15 +377,29 @@ def check_backend_runs(requested: str, device: torch.device | str, where: str = 
 
 def valid_tokens(hidden: Tensor, targets: Tensor, ignore_index: int) -> tuple[Tensor, Tensor, Tensor]:
     """``(valid, h, y)``: the mask ``targets != ignore_index`` and the valid rows ``h [n, D]``, ``y [n]``
-    (int64), compacted in row-major order (gathered by one index where ``hidden``'s rows are one view: one
-    host synchronization on CUDA, and a backward that scatters without another)."""
+    (int64), compacted in row-major order (`compact_valid`)."""
     valid = targets != ignore_index
-    try:
-        rows = hidden.view(-1, hidden.shape[-1])
-    except RuntimeError:  # rows that no view lines up (a slice of a longer sequence): a mask reads them
-        return valid, hidden[valid], targets[valid].long()
-    index = valid.flatten().nonzero().squeeze(1)
-    return valid, rows.index_select(0, index), targets.flatten().index_select(0, index).long()
+    h, y = compact_valid(valid, hidden, targets)
+    return valid, h, y.long()
+
+
+def compact_valid(valid: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """Each tensor's entries at the ``valid`` positions (``[*valid.shape, ...]`` → ``[n, ...]``), in row-major
+    order: gathered by one index shared by all where each tensor's positions are one view (one host
+    synchronization on CUDA, and a backward that scatters without another); by the mask otherwise (a slice
+    of a longer sequence, whose positions no view lines up)."""
+    index = None
+    compacted = []
+    for tensor in tensors:
+        try:
+            flat = tensor.view(valid.numel(), *tensor.shape[valid.dim() :])
+        except RuntimeError:
+            compacted.append(tensor[valid])
+            continue
+        if index is None:
+            index = valid.flatten().nonzero().squeeze(1)
+        compacted.append(flat.index_select(0, index))
+    return tuple(compacted)
 
 
 def scatter_valid(values: Mapping[str, Tensor], outputs: Sequence[str], valid: Tensor) -> HeadOutput:

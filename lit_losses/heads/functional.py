@@ -48,13 +48,19 @@ from lit_losses.heads.backend import (
     ChunkLoss,
     HeadBackend,
     HeadConfig,
+    compact_valid,
     select_backend,
     valid_tokens,
     weight_vector,
 )
-from lit_losses.heads.output import HEAD_OUTPUTS, HeadOutput, check_head_inputs, normalize_outputs
+from lit_losses.heads.output import (
+    HEAD_OUTPUTS,
+    HeadOutput,
+    check_finite_token_weights,
+    check_head_inputs,
+    normalize_outputs,
+)
 from lit_losses.heads.precision import MatmulPrecision, compute_dtype, in_compute_dtype
-from lit_losses.validation import all_finite
 
 #: The head backends a configuration can name (``auto`` picks among the registered ones).
 Backend = Literal["auto", "chunked", "blocked", "naive", "torch", "liger", "liger_scaled", "cce"]
@@ -178,8 +184,9 @@ class HeadSettings:
         with in_compute_dtype(head, h, keep_weight=backend.casts_weight_blocks) as (cast, h_cast):
             yield cast, h_cast
 
-    def check_inputs(self, hidden: Tensor, targets: Tensor) -> None:
-        """`check_head_inputs` of one call's ``hidden`` and ``targets`` against this weight and bias."""
+    def check_inputs(self, hidden: Tensor, targets: Tensor, token_weights: Tensor | None = None) -> None:
+        """`check_head_inputs` of one call's ``hidden``, ``targets`` (and ``token_weights``) against this
+        weight and bias."""
         check_head_inputs(
             hidden,
             targets,
@@ -187,6 +194,7 @@ class HeadSettings:
             bias=self.bias,
             ignore_index=self.ignore_index,
             check_finite=self.check_finite,
+            token_weights=token_weights,
         )
 
     def logprobs(self, hidden: Tensor, targets: Tensor, outputs: str | Sequence[str]) -> HeadOutput:
@@ -210,11 +218,17 @@ class HeadSettings:
         the backend's fused path or its per-token ``logprobs``."""
         if reduction not in get_args(Reduction):
             raise ValueError(f"reduction {reduction!r} is not one of {get_args(Reduction)}")
-        self.check_inputs(hidden, targets)
-        check_token_weights(token_weights, targets, check_finite=self.check_finite)
-        valid, h, y = valid_tokens(hidden, targets, self.ignore_index)
         uniform = not isinstance(token_weights, Tensor)
-        w = token_weights if uniform else token_weights[valid]
+        # a tensor's values are checked with the head's inputs, in their one read
+        check_token_weights(token_weights, targets, check_finite=self.check_finite and uniform)
+        self.check_inputs(hidden, targets, token_weights=None if uniform else token_weights)
+        valid = targets != self.ignore_index
+        if uniform:
+            h, y = compact_valid(valid, hidden, targets)
+            w = token_weights
+        else:
+            h, y, w = compact_valid(valid, hidden, targets, token_weights)
+        y = y.long()
         if reduction == "mean":
             w = w / max(int(h.shape[0]), 1)
         # CUDA-only kernels (Liger) compute in fp32 at best: float64 stays on the exact chunked path
@@ -434,12 +448,8 @@ def check_token_weights(token_weights: Tensor | float, targets: Tensor, check_fi
             f"token_weights shape {tuple(token_weights.shape)} differs from the targets' shape "
             f"{tuple(targets.shape)} (one weight per position, or one float for all)"
         )
-    if check_finite and not all_finite([token_weights]):
-        bad = ~torch.isfinite(token_weights)
-        first = tuple(int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"token_weights hold {int(bad.sum())} non-finite value(s) (NaN/Inf), e.g. at position {first}"
-        )
+    if check_finite:
+        check_finite_token_weights(token_weights)
 
 
 def linear_pointwise_loss(

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lit_losses.validation import check_finite_weight, finite_sum
+from lit_losses.validation import all_finite, check_finite_weight, finite_sum
 
 #: The per-token outputs a head can give.
 HEAD_OUTPUTS = ("logprobs", "lse", "entropy")
@@ -71,6 +71,7 @@ def check_head_inputs(
     bias: Tensor | None,
     ignore_index: int,
     check_finite: bool,
+    token_weights: Tensor | None = None,
 ) -> None:
     """Raise a clear error for inputs that would otherwise fail deep inside a kernel (or silently).
 
@@ -80,7 +81,12 @@ def check_head_inputs(
         weight: ``[V, D]`` output projection.
         bias: ``[V]`` or ``None``.
         ignore_index: target value of positions without a label.
-        check_finite: also require finite hidden states (one reduction over ``hidden``).
+        check_finite: also require finite hidden states, weight and ``token_weights``.
+        token_weights: per-token weights shaped like ``targets`` (their shape checked by the caller), or
+            ``None``.
+
+    The value checks (targets in range, finiteness) are read from the device at once: one host
+    synchronization on CUDA.
 
     Raises:
         ValueError: mismatched shapes, a bad target dtype or value, or non-finite hidden states; the
@@ -106,16 +112,43 @@ def check_head_inputs(
         )
     if targets.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"targets must be int64 or int32 token ids, got dtype {targets.dtype}")
-    if not _values_pass(hidden, targets, weight, ignore_index=ignore_index, check_finite=check_finite):
-        _refuse_values(hidden, targets, weight, ignore_index=ignore_index, check_finite=check_finite)
-    elif check_finite and not _folds_weight(weight, hidden):
-        check_finite_weight(weight)
+    values = _Values(
+        hidden,
+        targets,
+        weight,
+        ignore_index=ignore_index,
+        check_finite=check_finite,
+        token_weights=token_weights,
+    )
+    if not values.pass_at_once():
+        values.refuse()
+        return
+    for tensor, check in ((weight, check_finite_weight), (token_weights, check_finite_token_weights)):
+        if check_finite and tensor is not None and not _folds(tensor, hidden):
+            check(tensor)
 
 
-def _folds_weight(weight: Tensor, hidden: Tensor) -> bool:
-    """Whether `_values_pass` reads the weight's finiteness with the other checks: a plain tensor on the
-    hidden states' device (a subclass such as a DTensor, or a weight elsewhere, is checked on its own)."""
-    return type(weight) in (Tensor, torch.nn.Parameter) and weight.device == hidden.device
+def check_finite_token_weights(token_weights: Tensor) -> None:
+    """Refuse per-token weights holding NaN/Inf, naming how many and the first position.
+
+    Example:
+        >>> check_finite_token_weights(torch.tensor([1.0, float("nan")]))
+        Traceback (most recent call last):
+        ...
+        ValueError: token_weights hold 1 non-finite value(s) (NaN/Inf), e.g. at position (1,)
+    """
+    if not all_finite([token_weights]):
+        bad = ~torch.isfinite(token_weights)
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"token_weights hold {int(bad.sum())} non-finite value(s) (NaN/Inf), e.g. at position {first}"
+        )
+
+
+def _folds(tensor: Tensor, hidden: Tensor) -> bool:
+    """Whether `_Values.pass_at_once` reads ``tensor``'s finiteness with the other checks: a plain tensor on
+    the hidden states' device (a subclass such as a DTensor, or a tensor elsewhere, is checked on its own)."""
+    return type(tensor) in (Tensor, torch.nn.Parameter) and tensor.device == hidden.device
 
 
 def _out_of_range(targets: Tensor, vocab_size: int, ignore_index: int) -> Tensor:
@@ -123,42 +156,54 @@ def _out_of_range(targets: Tensor, vocab_size: int, ignore_index: int) -> Tensor
     return (targets != ignore_index) & ((targets < 0) | (targets >= vocab_size))
 
 
-def _values_pass(
-    hidden: Tensor, targets: Tensor, weight: Tensor, ignore_index: int, check_finite: bool
-) -> bool:
-    """Whether every value check of `check_head_inputs` passes, read from the device once (one host
-    synchronization on CUDA per head call, where a read per check would stall the queue each time). The
-    finiteness checks are sums being finite (`finite_sum`: no temporary of the tensor's size; a sum that
-    overflows sends the call to `_refuse_values`, which checks element by element), the weight's folded in
-    where `_folds_weight`."""
-    with torch.no_grad():
-        ok = ~_out_of_range(targets, weight.shape[0], ignore_index).any()
-        if check_finite:
-            ok &= torch.isfinite(finite_sum(hidden))
-            if _folds_weight(weight, hidden):
-                ok &= torch.isfinite(finite_sum(weight))
-        return bool(ok)
+@dataclass
+class _Values:
+    """The value checks of one `check_head_inputs` call: targets in range and, with ``check_finite``, finite
+    hidden states, weight and token weights."""
 
+    hidden: Tensor
+    targets: Tensor
+    weight: Tensor
+    ignore_index: int
+    check_finite: bool
+    token_weights: Tensor | None
 
-def _refuse_values(
-    hidden: Tensor, targets: Tensor, weight: Tensor, ignore_index: int, check_finite: bool
-) -> None:
-    """Each value check of `check_head_inputs` on its own, raising for the first that fails (a weight whose
-    sum merely overflows passes)."""
-    V = weight.shape[0]
-    bad = _out_of_range(targets, V, ignore_index)
-    if bool(bad.any()):
-        value = int(targets[bad].flatten()[0])
-        raise ValueError(
-            f"target {value} is out of range for vocabulary size V={V} "
-            f"(valid: 0..{V - 1}, or ignore_index={ignore_index})"
-        )
-    if check_finite:
-        check_finite_weight(weight)
-    if check_finite and not bool(torch.isfinite(hidden).all()):
-        n_bad = int((~torch.isfinite(hidden)).sum())
-        raise ValueError(
-            f"hidden states contain {n_bad} non-finite value(s) (NaN/Inf) before the output head; "
-            "pass check_finite=False to skip this check (model.init_args.check_finite=false from the CLI; a "
-            "TrainingController skips such steps and lets its rules act)"
-        )
+    def pass_at_once(self) -> bool:
+        """Whether every check passes, read from the device once (one host synchronization on CUDA per
+        head call, where a read per check would stall the queue each time). The finiteness checks are sums
+        being finite (`finite_sum`: no temporary of the tensor's size; a sum that overflows sends the call
+        to `refuse`, which checks element by element); the weight's and token weights' only where they
+        `_folds`."""
+        with torch.no_grad():
+            ok = ~_out_of_range(self.targets, self.weight.shape[0], self.ignore_index).any()
+            if self.check_finite:
+                folded = (
+                    t for t in (self.weight, self.token_weights) if t is not None and _folds(t, self.hidden)
+                )
+                for tensor in (self.hidden, *folded):
+                    ok &= torch.isfinite(finite_sum(tensor))
+            return bool(ok)
+
+    def refuse(self) -> None:
+        """Each check on its own, raising for the first that fails (a weight or token weights whose sum
+        merely overflows pass)."""
+        V = self.weight.shape[0]
+        bad = _out_of_range(self.targets, V, self.ignore_index)
+        if bool(bad.any()):
+            value = int(self.targets[bad].flatten()[0])
+            raise ValueError(
+                f"target {value} is out of range for vocabulary size V={V} "
+                f"(valid: 0..{V - 1}, or ignore_index={self.ignore_index})"
+            )
+        if not self.check_finite:
+            return
+        check_finite_weight(self.weight)
+        if not bool(torch.isfinite(self.hidden).all()):
+            n_bad = int((~torch.isfinite(self.hidden)).sum())
+            raise ValueError(
+                f"hidden states contain {n_bad} non-finite value(s) (NaN/Inf) before the output head; "
+                "pass check_finite=False to skip this check (model.init_args.check_finite=false from the "
+                "CLI; a TrainingController skips such steps and lets its rules act)"
+            )
+        if self.token_weights is not None:
+            check_finite_token_weights(self.token_weights)

@@ -79,7 +79,7 @@ class ShardedSettings(HeadSettings):
         """``V``, the whole vocabulary (not this rank's rows)."""
         return self.shard.vocab_size
 
-    def check_inputs(self, hidden: Tensor, targets: Tensor) -> None:
+    def check_inputs(self, hidden: Tensor, targets: Tensor, token_weights: Tensor | None = None) -> None:
         """`check_head_inputs` against the global ``[V, D]`` shape (meta tensors: no data)."""
         shape = (self.shard.vocab_size, self.weight.shape[-1])
         meta_w = torch.empty(shape, device="meta")
@@ -91,6 +91,7 @@ class ShardedSettings(HeadSettings):
             bias=meta_b,
             ignore_index=self.ignore_index,
             check_finite=self.check_finite,
+            token_weights=token_weights,
         )
 
     def local_rows(self, hidden: Tensor) -> tuple[ShardedHeadConfig, Tensor]:

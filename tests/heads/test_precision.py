@@ -302,3 +302,27 @@ def test_a_nan_in_a_weight_of_a_tensor_subclass_is_refused_too():
     check_head_inputs(
         hidden, targets, weight.as_subclass(WrappedWeight), None, ignore_index=-100, check_finite=False
     )
+
+
+@pytest.mark.parametrize("subclass", [False, True], ids=["plain", "tensor_subclass"])
+def test_per_token_weights_are_checked_with_the_head_inputs(subclass):
+    """Per-token weights of a weighted cross-entropy are read with the head's other checks: a NaN among them
+    is refused by position (a plain tensor in the one read, any other on its own), a sum that merely
+    overflows passes, and the loss equals the float64 weighted sum over the valid tokens."""
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(3, 5, 8), torch.randn(40, 8)
+    targets = torch.randint(0, 40, (3, 5))
+    targets[1, 2:] = -100
+    big = torch.full((3, 5), 60000.0, dtype=torch.float16)
+    assert not torch.isfinite(big.sum())
+    weights = big.float() if not subclass else big.float().as_subclass(WrappedWeight)
+    got = FusedLMHead(weight, backend="blocked").weighted_ce(hidden, targets, weights)
+    logp = torch.log_softmax(hidden.double() @ weight.double().T, -1)
+    valid = targets != -100
+    want = -(big.double()[valid] * logp[valid].gather(1, targets[valid][:, None])[:, 0]).sum()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=0)
+    weights = big.float().clone()
+    weights[2, 4] = float("nan")
+    weights = weights if not subclass else weights.as_subclass(WrappedWeight)
+    with pytest.raises(ValueError, match=r"token_weights hold 1 non-finite value\(s\).*position \(2, 4\)"):
+        FusedLMHead(weight, backend="blocked").weighted_ce(hidden, targets, weights)

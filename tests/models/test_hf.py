@@ -1,8 +1,11 @@
 """`HFCausalLM` against the wrapped model's own ``labels=`` loss: values, log-probabilities, every parameter
 gradient (fp32 and float64), both label conventions, and the refusals."""
 
+import traceback
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("transformers")
 
@@ -181,3 +184,42 @@ def test_logit_softcapping_is_refused():
     )
     with pytest.raises(ConfigError, match=r"not linear.*config sets final_logit_softcapping"):
         HFCausalLM(config=config)
+
+
+class HostReads(TorchDispatchMode):
+    """The ops that wait for the device on CUDA (a value read to the host, an output sized by values), each
+    with the package function that made it."""
+
+    READS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "repeat_interleave"})
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.split("::")[-1]
+        by_mask = name == "index" and any(getattr(i, "dtype", None) == torch.bool for i in args[1])
+        if name in self.READS or by_mask:
+            caller = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename][-1]
+            inside = "/lit_losses/" in caller.filename
+            self.reads.append(f"{name} in {caller.name}" if inside else f"{name} outside the package")
+        return func(*args, **(kwargs or {}))
+
+
+def test_an_sft_step_reads_the_device_three_times_in_the_package():
+    """The loss of a plain SFT micro-batch and its backward read the device three times in the package
+    (the hidden states' check, the head's input checks with the token weights', the valid tokens' index):
+    each read after the forward stalls a CUDA queue. (The token counts come with the batch in ``fit``,
+    from `GlobalStatsLoader`; counted here, they are one ``tolist`` more, which this mode does not see.)"""
+    model = make("llama", dtype=torch.bfloat16, head_backend="blocked")
+    batch = batch_of()
+    batch["labels"] = next_token(batch["labels"])
+    model.compute_loss(batch).total.backward()  # first call: one-time checks
+    with HostReads() as log:
+        model.compute_loss(batch).total.backward()
+    ours = [r for r in log.reads if not r.endswith("outside the package")]
+    assert ours == [
+        "_local_scalar_dense in all_finite",  # check_hidden_states
+        "_local_scalar_dense in pass_at_once",
+        "nonzero in compact_valid",
+    ]
