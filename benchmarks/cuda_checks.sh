@@ -70,14 +70,19 @@ step train_step 400 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --json "$o
 step train_step_fsdp 400 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --fsdp --json "$out/train_step_fsdp.json"
 # The blocked head's block width against the whole step (the SFT step with Liger-Kernel's decoder kernels,
 # HF + Liger-Kernel in the first run): --chunk-size sets it, V_b = chunk · V / (n + 2 D) rounded down to
-# 128 rows (1024: 10624 rows at 8192 tokens and D = 2048; 256: 2560; 128: 1280). Named only. Each variant
-# profiles one more step after the timed ones: $out/profiles/<variant>_chunk<c>.txt, kernels by device time.
-for c in 1024 512 256 128; do
-    variants=(lit_sft_liger)
-    [ "$c" = 1024 ] && variants+=(hf_liger)
-    LOG=train_step_chunk$c step train_step_widths 150 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" --chunk-size "$c" \
-        --variants "${variants[@]}" --json "$out/train_step_chunk$c.json" --logs "$out/logs/chunk$c" \
-        --profile "$out/profiles"
+# 128 rows (1024: 10624 rows at 8192 tokens and D = 2048; 256: 2560; 128: 1280), with the head's fp32
+# logits (auto) and its bf16 ones (low_logits: 2 bytes per logit of a block instead of 3, and about 14 bytes
+# of traffic per logit and step instead of 22). Named only. Each variant profiles one more step after the
+# timed ones ($out/profiles/lit_sft_liger_chunk<c>[_low_logits].txt and hf_liger.txt: kernels by device
+# time). WIDTHS and PRECISIONS choose fewer runs (about 40 s each on an H100).
+for c in ${WIDTHS:-1024 512 256 128}; do
+    for p in ${PRECISIONS:-auto low_logits}; do
+        variants=(lit_sft_liger)
+        [ "$c$p" = 1024auto ] && variants+=(hf_liger)
+        LOG=train_step_chunk${c}_$p step train_step_widths 150 env PYTHONPATH="$PYTHONPATH:$liger" "${train[@]}" \
+            --chunk-size "$c" --head-matmul-precision "$p" --variants "${variants[@]}" \
+            --json "$out/train_step_chunk${c}_$p.json" --logs "$out/logs/chunk${c}_$p" --profile "$out/profiles"
+    done
 done
 step per_token_time 150 python3 benchmarks/fused_head.py --device cuda --dtype float32 --shapes "$shape" --repeats 3 \
     --variants matmul3 chunked blocked chunked_entropy blocked_entropy

@@ -158,7 +158,13 @@ def build(variant: str, args: argparse.Namespace, mesh: Any) -> tuple[Any, Any]:
         "lit_sft_reg": {"regularizers": REGULARIZERS},
         "lit_grpo": {"grpo": GRPO},
     }.get(variant, {})
-    model = HFCausalLM(model=hf, head_backend="auto", head_chunk_size=args.chunk_size, **options)
+    model = HFCausalLM(
+        model=hf,
+        head_backend="auto",
+        head_chunk_size=args.chunk_size,
+        head_matmul_precision=args.head_matmul_precision,
+        **options,
+    )
     if mesh is not None:
         parallelize(model, mesh, ParallelConfig())
     keys = ("input_ids", "labels") if variant != "lit_grpo" else None
@@ -227,9 +233,12 @@ def run_one(variant: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def profile_path(args: argparse.Namespace, variant: str) -> str:
-    """``<--profile>/<variant>[_chunk<c>].txt``."""
-    chunk = f"_chunk{args.chunk_size}" if args.chunk_size else ""
-    return os.path.join(args.profile, f"{variant}{chunk}.txt")
+    """``<--profile>/<variant>[_chunk<c>][_<head matmul precision>].txt`` (the options of the package's
+    variants)."""
+    ours = variant.startswith("lit")
+    chunk = f"_chunk{args.chunk_size}" if args.chunk_size and ours else ""
+    precision = "" if args.head_matmul_precision == "auto" or not ours else f"_{args.head_matmul_precision}"
+    return os.path.join(args.profile, f"{variant}{chunk}{precision}.txt")
 
 
 def profile_step(step: Any, path: str, cuda: bool) -> None:
@@ -323,6 +332,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 over one process")
     parser.add_argument(
         "--chunk-size", type=int, help="the package's head_chunk_size (default: from a memory budget)"
+    )
+    parser.add_argument(
+        "--head-matmul-precision",
+        default="auto",
+        choices=["auto", "full", "low", "low_logits"],
+        help="the package's head_matmul_precision (low_logits: bf16 logits, as HF's and Liger-Kernel's)",
     )
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)

@@ -25,7 +25,7 @@ from lit_losses.checkpoint.resume import restore_checkpoint_state
 from lit_losses.checkpoint.topology import record_topology
 from lit_losses.choices import check_choice
 from lit_losses.errors import ConfigError
-from lit_losses.heads import Backend, FusedLMHead, check_backend_runs, head_for
+from lit_losses.heads import Backend, FusedLMHead, MatmulPrecision, check_backend_runs, head_for
 from lit_losses.hparams import plain_data
 from lit_losses.loss.context import LossContext, LossOutput, Stage
 from lit_losses.loss.custom import CustomLossMixin
@@ -81,6 +81,10 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
     Args:
         head_backend: output-head backend.
         head_chunk_size: tokens per chunk of the fused head (default: from a memory budget).
+        head_matmul_precision: the fused head's matmul operands and logits (`lit_losses.heads.precision`):
+            ``auto`` (bf16 operands with fp32 logits on CUDA when bf16 is in play, the compute dtype
+            elsewhere), ``full``, ``low``, or ``low_logits`` (the logits rounded to bf16 as a bf16
+            ``nn.Linear`` writes them for Hugging Face's own loss: half the head's bytes per logit).
         loss_agg: aggregation mode of the base loss.
         optimizer: AdamW and learning-rate schedule settings.
         ignore_index: label value of positions without a target.
@@ -158,6 +162,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         ref_model: FrozenSource | None = None,
         distillation: DistillationConfig | None = None,
         token_metrics: bool = False,
+        head_matmul_precision: MatmulPrecision = "auto",
     ) -> None:
         super().__init__()
         self.frozen_sources: dict[str, tuple[FrozenSource, str]] = {}
@@ -165,6 +170,9 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
         self.head_backend = check_choice(head_backend, Backend, "model.head_backend")
         self.save_hyperparameters()
         self.head_chunk_size = chunk_size_option(head_chunk_size)
+        self.head_matmul_precision = check_choice(
+            head_matmul_precision, MatmulPrecision, "model.head_matmul_precision"
+        )
         self.ignore_index = ignore_index
         self.check_finite = check_finite
         self.optimizer_config = OptimizerConfig.coerce(optimizer)
@@ -224,6 +232,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             chunk_size=self.head_chunk_size,
             ignore_index=self.ignore_index,
             check_finite=self._checks_hidden_states(),
+            matmul_precision=self.head_matmul_precision,
         )
 
     def _checks_hidden_states(self) -> bool:
@@ -319,6 +328,7 @@ class RegularizedLM(CustomLossMixin, ModelParallelMixin, L.LightningModule):
             backend=self.head_backend,
             chunk_size=self.head_chunk_size,
             ignore_index=self.ignore_index,
+            matmul_precision=self.head_matmul_precision,
         )
 
     def policy_logprobs(self, batch: dict[str, Any], labels: Tensor) -> Tensor:

@@ -35,6 +35,7 @@ from lit_losses.regularizers import RegularizerSpec
 RUN_OPTIONS = (
     "head_backend",
     "head_chunk_size",
+    "head_matmul_precision",
     "loss_agg",
     "optimizer",
     "ignore_index",
@@ -70,6 +71,7 @@ ADDED_OPTION_DEFAULTS = {
     "ref_model": None,
     "distillation": None,
     "token_metrics": False,
+    "head_matmul_precision": "auto",
 }
 
 ARCHITECTURE_HINT = (

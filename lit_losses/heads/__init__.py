@@ -33,6 +33,7 @@ from lit_losses.heads.functional import (
 )
 from lit_losses.heads.fused_head import FusedLMHead
 from lit_losses.heads.output import HEAD_OUTPUTS, HeadOutput
+from lit_losses.heads.precision import MatmulPrecision
 from lit_losses.heads.token_statistics import TOKEN_STATISTICS, TokenStatistic, TokenStats, token_stats
 from lit_losses.heads.topk import topk_distillation
 from lit_losses.heads.vocab_parallel import VocabParallelHead, head_for
@@ -49,6 +50,7 @@ __all__ = [
     "FusedLMHead",
     "HeadBackend",
     "HeadOutput",
+    "MatmulPrecision",
     "TokenStatistic",
     "TokenStats",
     "VocabParallelHead",

@@ -253,6 +253,7 @@ def select_backend(
     uniform: bool = True,
     on_cuda: bool = False,
     narrow_weight: bool = False,
+    low_logits: bool = False,
 ) -> Route:
     """The backend (and path) that computes one head call — the only place a backend is chosen.
 
@@ -299,6 +300,8 @@ def select_backend(
         on_cuda: the hidden states are on a CUDA device (``weighted_ce``).
         narrow_weight: the weight's dtype is narrower than the compute dtype (``weighted_ce``,
             ``pointwise``; see above).
+        low_logits: the head's ``matmul_precision`` is ``low_logits``: ``auto`` takes ``blocked``, the
+            backend that writes bf16 logits, for every task (as for a narrow weight).
 
     Returns:
         The `Route`.
@@ -322,10 +325,9 @@ def select_backend(
         backend = _per_token_backend(requested)
         _check_outputs(backend, outputs)
         return Route(backend, fused=False)
+    lean = narrow_weight or low_logits
     if task == "weighted_ce":
-        backend = (
-            _auto_ce_backend(uniform, on_cuda, narrow_weight) if requested == "auto" else _backend(requested)
-        )
+        backend = _auto_ce_backend(uniform, on_cuda, lean) if requested == "auto" else _backend(requested)
         if backend.fused_ce is None:
             return Route(backend, fused=False)
         if not backend.takes_weights(uniform):
@@ -335,7 +337,7 @@ def select_backend(
             )
         return Route(backend, fused=True)
     if task == "pointwise":
-        backend = _backend(requested, narrow_weight)
+        backend = _backend(requested, lean)
         if backend.fused_pointwise is not None:
             return Route(backend, fused=True)
         if backend.outputs:

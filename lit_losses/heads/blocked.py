@@ -27,7 +27,7 @@ from torch import Tensor
 from lit_losses.heads.backend import HeadBackend, HeadConfig, register_backend, scatter_valid, valid_tokens
 from lit_losses.heads.chunked_ops import accumulation_dtype, default_chunk_size, recomputed_grads
 from lit_losses.heads.functions import PerTokenFunction
-from lit_losses.heads.precision import autocast_off
+from lit_losses.heads.precision import autocast_off, logits_dtype
 from lit_losses.heads.vocab_blocks import blocked_backward, blocked_forward, vocab_block_size
 
 if TYPE_CHECKING:
@@ -45,8 +45,11 @@ class BlockedLogProbs(PerTokenFunction):
     empty tensor unless ``with_entropy``. A double backward (``create_graph=True``) recomputes the
     gradients with differentiable operations, token chunk by token chunk (exact to every order).
 
-    ``apply(hidden, weight, bias, targets, with_entropy, block, accum_dtype)`` (its context:
-    `PerTokenFunction`)
+    ``apply(hidden, weight, bias, targets, with_entropy, block, accum_dtype, logits_dtype)`` (its context:
+    `PerTokenFunction`): ``logits_dtype`` is the dtype each block of logits is written in, the
+    accumulation dtype or, for ``matmul_precision="low_logits"``, ``hidden``'s (the softmax statistics
+    are computed in the accumulation dtype either way; a double backward differentiates the unrounded
+    logits).
 
     Returns:
         ``(logprobs, lse, entropy)``, each ``[n]`` in ``promote(hidden, accum_dtype)``.
@@ -61,10 +64,18 @@ class BlockedLogProbs(PerTokenFunction):
         with_entropy: bool,
         block: int,
         accum_dtype: torch.dtype,
+        logits_dtype: torch.dtype | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         acc = accumulation_dtype(hidden, accum_dtype)
         logprobs, lse, entropy = blocked_forward(
-            hidden, weight, bias, targets=targets, with_entropy=with_entropy, block=block, acc=acc
+            hidden,
+            weight,
+            bias,
+            targets=targets,
+            with_entropy=with_entropy,
+            block=block,
+            acc=acc,
+            logits_dtype=logits_dtype,
         )
         return logprobs, lse, hidden.new_empty(0, dtype=acc) if entropy is None else entropy
 
@@ -77,7 +88,7 @@ class BlockedLogProbs(PerTokenFunction):
             if torch.is_grad_enabled():  # create_graph=True: a differentiable recompute (exact 2nd order)
                 chunk = default_chunk_size(hidden.shape[0], weight.shape[0], device=hidden.device)
                 grads = recomputed_grads(ctx, (g_lp, g_lse, g_ent), chunk_size=chunk)
-                return *grads, None, None, None, None
+                return *grads, None, None, None, None, None
             zeros = lse.new_zeros(lse.shape)
             upstream = (
                 zeros if g_lp is None else g_lp.to(lse.dtype),
@@ -93,16 +104,19 @@ class BlockedLogProbs(PerTokenFunction):
                 upstream=upstream,
                 block=ctx.size,
                 needs=needs,
+                logits_dtype=ctx.logits_dtype,
             )
         grad_h = None if grad_h is None else grad_h.to(hidden.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None
 
 
 def _log_probs(head: HeadConfig, h: Tensor, y: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor]:
     block = vocab_block_size(
         h.shape[0], head.vocab_size, h.shape[-1], chunk_size=head.chunk_size, device=h.device
     )
-    return BlockedLogProbs.apply(h, head.weight, head.bias, y, with_entropy, block, head.accum_dtype)
+    acc = accumulation_dtype(h, head.accum_dtype)
+    logits = logits_dtype(h.dtype, acc, getattr(head, "matmul_precision", "full"))
+    return BlockedLogProbs.apply(h, head.weight, head.bias, y, with_entropy, block, head.accum_dtype, logits)
 
 
 def blocked_per_token(

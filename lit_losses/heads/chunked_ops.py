@@ -110,12 +110,13 @@ class WorkTensors:
         self.device = device
         self._tensors: dict[str, Tensor] = {}
 
-    def reused(self, name: str, shape: tuple[int, ...]) -> Tensor:
+    def reused(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> Tensor:
         """Work tensor ``name``: the one allocated before when its first dimension holds ``shape[0]``,
-        else a new ``shape`` tensor (kept for the next requests)."""
+        else a new ``shape`` tensor (kept for the next requests), in ``dtype`` (default: the passes')."""
+        dtype = dtype or self.dtype
         t = self._tensors.get(name)
-        if t is None or t.shape[0] < shape[0]:
-            t = self._tensors[name] = torch.empty(shape, dtype=self.dtype, device=self.device)
+        if t is None or t.shape[0] < shape[0] or t.dtype != dtype:
+            t = self._tensors[name] = torch.empty(shape, dtype=dtype, device=self.device)
         return t
 
 

@@ -78,14 +78,21 @@ def _entropy_grad_kernel_(log_p: Tensor, a: Tensor, b: Tensor) -> None:
     log_p.copy_(log_p.exp() * (a[:, None] + b[:, None] * log_p))
 
 
+def _widened(z: Tensor) -> Tensor:
+    """``z`` in float32 when it is bf16/fp16 (read as such inside a kernel: no pass of its own)."""
+    return z.float() if z.dtype in (torch.bfloat16, torch.float16) else z
+
+
 def _block_lse_kernel(z: Tensor) -> tuple[Tensor, Tensor]:
     """``(m, Σ_v e^{z_v − m})`` per row, ``m`` the row maximum, the sum accumulated in float64."""
+    z = _widened(z)
     m = z.amax(1)
     return m, (z - m[:, None]).exp().sum(1, dtype=torch.float64).to(z.dtype)
 
 
 def _block_entropy_stats_kernel(z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(m, Σ_v e^{z_v − m}, Σ_v e^{z_v − m} (z_v − m))`` per row, sums accumulated in float64."""
+    z = _widened(z)
     m = z.amax(1)
     x = z - m[:, None]
     e = x.exp()
@@ -223,7 +230,8 @@ def block_softmax_stats(z: Tensor, with_entropy: bool) -> tuple[Tensor, ...] | N
 
     Returns:
         ``(m, s)`` or ``(m, s, t)`` per row (``m`` the row maximum, ``s = Σ_v e^{z_v − m}``), in ``z``'s
-        dtype, or ``None`` when the eager passes must compute them (`_run`).
+        dtype or float32 for bf16/fp16 logits, or ``None`` when the eager passes must compute them
+        (`_run`).
     """
     return _run(_block_entropy_stats_kernel if with_entropy else _block_lse_kernel, z)
 
@@ -235,7 +243,8 @@ def block_logit_grad_(
     one read-write of ``z``.
 
     Args:
-        z: ``[n, V_b]`` logits, overwritten by the result.
+        z: ``[n, V_b]`` logits, overwritten by the result (computed in ``lse``'s dtype: bf16 logits take
+            their gradient rounded to bf16).
         lse: ``[n]`` log-sum-exp of each row's full vocabulary.
         a: ``[n]``, ``g_lse − g_ℓ − g_H · H``.
         b: ``[n]``, ``−g_H`` (zeros without the entropy).

@@ -239,6 +239,7 @@ class HeadSettings:
             uniform=uniform,
             on_cuda=cuda_kernel,
             narrow_weight=self.narrow_weight(h),
+            low_logits=self.matmul_precision == "low_logits",
         )
         if route.fused:
             with self.computing(h, route.backend) as (head, h):
@@ -262,7 +263,11 @@ class HeadSettings:
         default = HEAD_OUTPUTS if with_entropy else ("logprobs", "lse")
         outputs = ("logprobs", *(o for o in normalize_outputs(needs or default) if o != "logprobs"))
         route = select_backend(
-            self.backend, "pointwise", outputs=outputs, narrow_weight=self.narrow_weight(h)
+            self.backend,
+            "pointwise",
+            outputs=outputs,
+            narrow_weight=self.narrow_weight(h),
+            low_logits=self.matmul_precision == "low_logits",
         )
         if route.fused:
             with self.computing(h, route.backend) as (head, h):
@@ -315,7 +320,8 @@ def linear_logprobs(
         ignore_index: target value of positions without a label.
         accum_dtype: the least precise dtype of logits, statistics and gradients (`heads.precision`).
         check_finite: raise when ``weight`` or ``hidden`` holds NaN/Inf (one reduction each).
-        matmul_precision: matmul operands in the compute dtype (``full``), in bf16 when in play (``low``),
+        matmul_precision: matmul operands in the compute dtype (``full``), in bf16 when in play (``low``;
+            ``low_logits``: the ``blocked`` backend's logits in bf16 too, `lit_losses.heads.precision`),
             or ``low`` on CUDA and ``full`` elsewhere (``auto``).
         temperature: ``T``: every output is that of the logits ``z / T`` (gradients included, also with
             respect to nothing else: ``T`` is a constant), for sampling-temperature-aware RL objectives.

@@ -62,16 +62,17 @@ class PerTokenFunction(torch.autograd.Function):
     size, accum_dtype) → (logprobs, lse, entropy)`` (`ChunkedLogProbs`, and the ``blocked`` backend's
     `lit_losses.heads.blocked.BlockedLogProbs`): it saves ``(hidden, weight, bias, targets, lse, entropy)``
     (the first four are what `recomputed_grads` reads), keeps ``with_entropy``, ``size`` (tokens per chunk,
-    or vocabulary rows per block) and ``accum_dtype``, and marks an entropy not asked for
-    non-differentiable."""
+    or vocabulary rows per block), ``accum_dtype`` and a further ``logits_dtype`` argument if given (else
+    ``None``), and marks an entropy not asked for non-differentiable."""
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        hidden, weight, bias, targets, with_entropy, size, accum_dtype = inputs
+        hidden, weight, bias, targets, with_entropy, size, accum_dtype, *logits_dtype = inputs
         ctx.save_for_backward(hidden, weight, bias, targets, output[1], output[2])
         ctx.with_entropy = with_entropy
         ctx.size = size
         ctx.accum_dtype = accum_dtype
+        ctx.logits_dtype = logits_dtype[0] if logits_dtype else None
         if not with_entropy:
             ctx.mark_non_differentiable(output[2])
 

@@ -59,7 +59,8 @@ class FusedLMHead:
             outputs: ``promote(hidden, weight, bias, accum_dtype)``, autocast off (`heads.precision`).
         check_finite: raise when hidden states contain NaN/Inf (costs one reduction over ``hidden``).
         matmul_precision: matmul operands in the compute dtype (``full``), in bf16 when in play (``low``,
-            tensor cores), or ``low`` on CUDA and ``full`` elsewhere (``auto``); see `operand_dtype`.
+            tensor cores; ``low_logits``: the ``blocked`` backend's logits in bf16 too, half the bytes per
+            logit), or ``low`` on CUDA and ``full`` elsewhere (``auto``); see `lit_losses.heads.precision`.
         temperature: ``T > 0``: every output and loss is that of the logits ``z / T`` (e.g. the sampling
             temperature of an RL rollout), with exact gradients (`linear_logprobs`).
 

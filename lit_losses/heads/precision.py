@@ -20,6 +20,14 @@ The *operands* of the three matmuls (logits, gradient of hidden, gradient of wei
   ``F.linear_cross_entropy`` do, on tensor cores. fp16 is never used for operands: the fused paths form
   the logit gradient in forward, already scaled by the token weights (about 1/N) and later by a
   GradScaler's factor, which fp16's range cannot hold; fp16 in play, fp32 or float64 inputs: ``full``.
+- ``low_logits``: ``low``, and the ``blocked`` backend writes its logits in bf16 too, rounded as a bf16
+  ``nn.Linear`` writes them for Hugging Face's own loss (and as Liger-Kernel's kernel computes them); their
+  softmax statistics, log-probabilities and gradients are still computed in the compute dtype from the
+  rounded values, and the logit gradient is rounded to bf16 for the matmuls as with ``low``. Half the bytes
+  per logit (memory traffic, and a block's memory) against fp32 logits, for a rounding of each logit of
+  about ``2⁻⁹ |z|``. ``auto`` then takes ``blocked`` for every call (`select_backend`); another backend
+  named computes as with ``low``. On CPU ``low`` rounds the logits to bf16 already (the product of bf16
+  operands is bf16 there).
 - ``auto`` (default): ``low`` on CUDA, ``full`` elsewhere (a CPU computes fp32 matmuls faster than bf16 ones).
 
 Tensors are cast before a backend sees them (autograd casts the gradients back to each input's dtype).
@@ -30,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -41,9 +49,12 @@ if TYPE_CHECKING:
 #: The dtypes a head computes in (quantized or float8 tensors must be dequantized first).
 FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-#: Operands of the head's matmuls: the compute dtype (``full``), the low precision in play (``low``), or
-#: ``low`` on CUDA and ``full`` elsewhere (``auto``); see the module docstring.
-MatmulPrecision = Literal["auto", "full", "low"]
+#: Operands of the head's matmuls: the compute dtype (``full``), the low precision in play (``low``; with
+#: the logits in it too: ``low_logits``), or ``low`` on CUDA and ``full`` elsewhere (``auto``); see the
+#: module docstring.
+MatmulPrecision = Literal["auto", "full", "low", "low_logits"]
+"""The precision of the head's matmuls by name: their operands (``full``, ``low``, ``auto``) and, with
+``low_logits``, the logits the ``blocked`` backend writes (the module docstring)."""
 
 
 def compute_dtype(
@@ -104,7 +115,7 @@ def operand_dtype(
         hidden: ``[..., D]`` hidden states.
         weight: ``[V, D]`` output projection.
         dtype: the compute dtype (`compute_dtype`).
-        matmul_precision: ``auto``, ``full`` or ``low``.
+        matmul_precision: ``auto``, ``full``, ``low`` or ``low_logits`` (operands as ``low``).
 
     Returns:
         ``dtype``, or bf16 when it is in play (autocast's dtype, ``hidden``'s or ``weight``'s) and ``dtype``
@@ -123,8 +134,10 @@ def operand_dtype(
         >>> operand_dtype(h.half(), w, torch.float32, "low")  # fp16 operands: never (its range)
         torch.float32
     """
-    if matmul_precision not in ("auto", "full", "low"):
-        raise ValueError(f"matmul_precision must be one of ('auto', 'full', 'low'), got {matmul_precision!r}")
+    if matmul_precision not in get_args(MatmulPrecision):
+        raise ValueError(
+            f"matmul_precision must be one of {get_args(MatmulPrecision)}, got {matmul_precision!r}"
+        )
     device = hidden.device.type
     if matmul_precision == "full" or (matmul_precision == "auto" and device != "cuda"):
         return dtype
@@ -134,6 +147,18 @@ def operand_dtype(
     if torch.is_autocast_enabled(device):
         candidates.insert(0, torch.get_autocast_dtype(device))
     return torch.bfloat16 if torch.bfloat16 in candidates else dtype
+
+
+def logits_dtype(operands: torch.dtype, accumulation: torch.dtype, matmul_precision: str) -> torch.dtype:
+    """The dtype the ``blocked`` backend writes its logits in: the operands' with ``low_logits`` (bf16
+    logits of bf16 operands), else the accumulation dtype (the compute dtype).
+
+    Example:
+        >>> bf16, fp32 = torch.bfloat16, torch.float32
+        >>> logits_dtype(bf16, fp32, "low_logits"), logits_dtype(bf16, fp32, "low")
+        (torch.bfloat16, torch.float32)
+    """
+    return operands if matmul_precision == "low_logits" else accumulation
 
 
 @dataclass(frozen=True)

@@ -49,16 +49,20 @@ from lit_losses.heads.chunked_ops import (
 
 class BlockScratch(WorkTensors):
     """``[n, V_b]`` work tensors of one pass over the vocabulary blocks (`WorkTensors`), allocated at the
-    first (widest) block, each block a contiguous view of the first ``n · V_b`` elements."""
+    first (widest) block, each block a contiguous view of the first ``n · V_b`` elements; the logits in
+    ``logits_dtype`` (default: the passes' dtype; the operands' for ``matmul_precision="low_logits"``)."""
 
-    def __init__(self, n_tokens: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, n_tokens: int, dtype: torch.dtype, device: torch.device, logits_dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__(dtype, device)
         self.n_tokens = n_tokens
+        self.logits_dtype = logits_dtype or dtype
 
-    def take(self, name: str, columns: int) -> Tensor:
-        """Work tensor ``name`` as a contiguous ``[n, columns]`` tensor."""
+    def take(self, name: str, columns: int, dtype: torch.dtype | None = None) -> Tensor:
+        """Work tensor ``name`` as a contiguous ``[n, columns]`` tensor in ``dtype`` (or the passes')."""
         size = self.n_tokens * columns
-        return self.reused(name, (size,))[:size].view(self.n_tokens, columns)
+        return self.reused(name, (size,), dtype=dtype)[:size].view(self.n_tokens, columns)
 
 
 #: A block of at least this many vocabulary rows has a multiple of it. Its ``[n, V_b]`` logits are a matmul's
@@ -101,11 +105,15 @@ def vocab_block_size(n_tokens: int, vocab_size: int, hidden_size: int, chunk_siz
 def block_logits(
     h: Tensor, weight: Tensor, bias: Tensor | None, span: tuple[int, int], scratch: BlockScratch
 ) -> tuple[Tensor, Tensor]:
-    """``(z, W_b)``: the logits ``h W_bᵀ + b_b`` of vocabulary rows ``span`` in the scratch's dtype, and the
-    weight block in ``h``'s (operand) dtype (where the logits are written: `logits_product`)."""
+    """``(z, W_b)``: the logits ``h W_bᵀ + b_b`` of vocabulary rows ``span`` in the scratch's logits dtype,
+    and the weight block in ``h``'s (operand) dtype (where the logits are written: `logits_product`)."""
     v0, v1 = span
     w_blk = weight[v0:v1].to(h.dtype)
-    z = logits_product(h, w_blk.t(), scratch.dtype, out=functools.partial(scratch.take, "logits", v1 - v0))
+    dtype = scratch.logits_dtype
+    out = functools.partial(scratch.take, "logits", v1 - v0, dtype)
+    if bias is not None and dtype == h.dtype:  # rounded once, bias included, as nn.Linear's addmm does
+        return torch.addmm(bias[v0:v1].to(dtype), h, w_blk.t(), out=out()), w_blk
+    z = logits_product(h, w_blk.t(), dtype, out=out)
     if bias is not None:
         z.add_(bias[v0:v1].to(z.dtype))
     return z, w_blk
@@ -159,7 +167,9 @@ class OnlineSoftmax:
         self.t = None if t_b is None else t_old + t_b
 
     def _eager_stats(self, z: Tensor, scratch: BlockScratch) -> tuple[Tensor, Tensor, Tensor | None]:
-        """``(m, s, t)`` of one block relative to its own row maximum (``z`` overwritten)."""
+        """``(m, s, t)`` of one block relative to its own row maximum (``z`` overwritten; bf16 logits are
+        first copied into the statistics' dtype)."""
+        z = z.to(self.s.dtype)
         m_b = z.amax(1)
         z.sub_(m_b[:, None])
         if not self.with_entropy:
@@ -176,13 +186,21 @@ class OnlineSoftmax:
 
 
 def blocked_forward(
-    h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, with_entropy: bool, block: int, acc
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    with_entropy: bool,
+    block: int,
+    acc: torch.dtype,
+    logits_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(logprobs, lse, entropy)`` of tokens ``h [n, D]`` over vocabulary blocks of ``block`` rows
-    (``entropy`` ``None`` unless ``with_entropy``), in ``acc``."""
+    (``entropy`` ``None`` unless ``with_entropy``), in ``acc``, from logits written in ``logits_dtype``
+    (default ``acc``)."""
     n, vocab = h.shape[0], weight.shape[0]
     state = OnlineSoftmax(n, acc, h.device, with_entropy=with_entropy)
-    scratch = BlockScratch(n, acc, h.device)
+    scratch = BlockScratch(n, acc, h.device, logits_dtype=logits_dtype)
     compiled = entropy_kernels.use_compiled_entropy_kernels(h.device, n, min(block, vocab))
     for v0 in range(0, vocab, block):
         span = (v0, min(v0 + block, vocab))
@@ -216,6 +234,7 @@ def blocked_backward(
     upstream: tuple[Tensor, Tensor, Tensor | None],
     block: int,
     needs: tuple[bool, bool, bool],
+    logits_dtype: torch.dtype | None = None,
 ) -> Grads:
     """``(∂/∂h, ∂/∂W, ∂/∂b)`` of ``Σ_t g_ℓ,t ℓ_t + g_lse,t lse_t + g_H,t H_t`` over vocabulary blocks.
 
@@ -228,6 +247,8 @@ def blocked_backward(
         upstream: ``(g_ℓ, g_lse, g_H)``, each ``[n]`` in the compute dtype (``g_H`` may be ``None``).
         block: vocabulary rows per block.
         needs: which of the three gradients to compute.
+        logits_dtype: the dtype the forward wrote the logits in (default: the compute dtype); bf16 logits
+            are recomputed in bf16 and overwritten by their gradient.
 
     Returns:
         ``∂/∂h`` in the compute dtype, ``∂/∂W`` and ``∂/∂b`` in the weight's and bias's dtypes (``None``
@@ -242,10 +263,12 @@ def blocked_backward(
     coef = g_lse - g_lp
     a = coef if g_ent is None else coef - g_ent * entropy
     b = None if g_ent is None else -g_ent
-    scratch = BlockScratch(n, acc, h.device)
+    scratch = BlockScratch(n, acc, h.device, logits_dtype=logits_dtype)
     compiled = entropy_kernels.use_compiled_entropy_kernels(h.device, n, min(block, vocab))
-    # bf16 operands take the gradient straight in bf16, unless the bias needs its fp32 column sums
-    cast_in_kernel = compiled and h.dtype == torch.bfloat16 and acc != torch.bfloat16 and grad_b is None
+    # bf16 operands take the gradient straight in bf16 from fp32 logits, unless the bias needs its fp32
+    # column sums (bf16 logits take it in place)
+    wide_logits = scratch.logits_dtype == acc and acc != torch.bfloat16
+    cast_in_kernel = compiled and h.dtype == torch.bfloat16 and wide_logits and grad_b is None
     for v0 in range(0, vocab, block):
         # one call per block: its logits and their gradient are freed before the next block's are made
         _backprop_block(
@@ -344,9 +367,9 @@ def cast_logit_grad(
 
 
 def _eager_logit_grad_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor | None, scratch: BlockScratch) -> Tensor:
-    """``p ⊙ (a + b ⊙ log p)`` over ``z`` with ``log p = z − lse`` (``b`` ``None``: ``p ⊙ a``); the target
-    term is added by the caller."""
-    log_p = z.sub_(lse[:, None])
+    """``p ⊙ (a + b ⊙ log p)`` over ``z`` with ``log p = z − lse`` (``b`` ``None``: ``p ⊙ a``), in ``lse``'s
+    dtype (bf16 logits are copied into it first); the target term is added by the caller."""
+    log_p = z.to(lse.dtype).sub_(lse[:, None])
     if b is None:
         return log_p.exp_().mul_(a[:, None])
     p = torch.exp(log_p, out=scratch.take("probs", z.shape[1]))
@@ -364,4 +387,4 @@ def project_block(dz: Tensor, h: Tensor, w_blk: Tensor, span: tuple[int, int], g
     if grad_w is not None:
         matmul_into(grad_w[v0:v1], dz_in.t(), h)
     if grad_b is not None:
-        grad_b[v0:v1] = dz.sum(0)
+        grad_b[v0:v1] = dz.sum(0, dtype=torch.promote_types(dz.dtype, torch.float32))

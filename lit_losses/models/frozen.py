@@ -61,7 +61,7 @@ from torch import Tensor, nn
 
 from lit_losses.aggregation.stats import batch_segment_ids
 from lit_losses.errors import ConfigError
-from lit_losses.heads import Backend, head_for
+from lit_losses.heads import Backend, MatmulPrecision, head_for
 from lit_losses.models.hf_batch import body_inputs, packing_leak, packing_tolerance
 from lit_losses.models.hf_load import causal_lm_of, check_plain_head, load_causal_lm, refused_as
 from lit_losses.models.pretrained import is_hub_id, local_pretrained
@@ -237,13 +237,22 @@ class FrozenModel:
         backend: Backend = "auto",
         chunk_size: int | None = None,
         ignore_index: int = -100,
+        matmul_precision: MatmulPrecision = "auto",
     ) -> Tensor:
         """``log p(labels)`` ``[B, T]`` under the frozen model, 0 where ``labels == ignore_index``, through
-        the fused head (`head_for`: no logits); no gradient."""
+        the fused head (`head_for`: no logits; the policy's head options, so that a reference equal to the
+        policy gives its log-probabilities exactly); no gradient."""
         with self.active():
             hidden = self.runner.hidden_states(batch)
             weight, bias = self.runner.output_projection()
-            head = head_for(weight, bias, backend=backend, chunk_size=chunk_size, ignore_index=ignore_index)
+            head = head_for(
+                weight,
+                bias,
+                backend=backend,
+                chunk_size=chunk_size,
+                ignore_index=ignore_index,
+                matmul_precision=matmul_precision,
+            )
             return head(hidden, labels, ("logprobs",)).logprobs
 
 

@@ -257,3 +257,29 @@ def test_plain_ce_step_reads_the_device_at_most_a_few_times(per_token_weights):
             torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
     assert len(syncs) <= 2, [str(w.message) for w in syncs]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_low_logits_on_cuda_is_the_loss_of_a_bf16_linear_and_halves_the_blocks(bias, monkeypatch):
+    """``matmul_precision="low_logits"`` on CUDA: the plain cross-entropy is that of the logits a bf16
+    ``nn.Linear`` writes (cuBLAS's rounding, the bias included), in fp32 from there; its peak memory above
+    the inputs is below ``low``'s (bf16 blocks, the gradient written over them)."""
+    monkeypatch.setattr(entropy_kernels, "COMPILE_MIN_LOGITS", 1)
+    hidden, weight, b, targets = problem(n=2048, d=256, v=32000, dtype=torch.bfloat16, bias=bias)
+    valid = targets != -100
+    logits = F.linear(hidden.detach(), weight.detach(), None if b is None else b.detach()).float()
+    want = F.cross_entropy(logits[valid], targets[valid], reduction="sum")
+    peaks = {}
+    for precision in ("low", "low_logits"):
+        head = FusedLMHead(weight, b, backend="blocked", matmul_precision=precision, chunk_size=256)
+        head.weighted_ce(hidden, targets, 1.0).backward()  # compiles the kernels
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        loss = head.weighted_ce(hidden, targets, 1.0)
+        loss.backward()
+        torch.cuda.synchronize()
+        peaks[precision] = torch.cuda.max_memory_allocated() - base
+        if precision == "low_logits":
+            torch.testing.assert_close(loss.double(), want.double(), rtol=2e-6, atol=0)
+    assert peaks["low_logits"] < peaks["low"], peaks

@@ -345,3 +345,22 @@ def test_an_initial_policy_that_cannot_be_rebuilt_is_one_line_before_training():
     model.hparams.pop("width", None)
     with pytest.raises(ConfigError, match=r"'initial_policy': Unrebuildable cannot be rebuilt from its"):
         model.reference_model()  # what setup("fit") builds, before training
+
+
+def test_the_reference_computes_with_the_policys_head_precision():
+    """A bf16 policy with ``head_matmul_precision="low_logits"`` and its initial copy as reference: the
+    reference's log-probabilities come from the same bf16-rounded logits, so the first margins are 0
+    exactly (a reference computed with fp32 operands would differ by the rounding)."""
+    from lit_losses import HFCausalLM
+    from tests.models.hf_models import hf_config
+
+    torch.manual_seed(0)
+    model = HFCausalLM(
+        config=hf_config("llama", vocab_size=VOCAB),
+        dpo={"beta": 0.1},
+        ref_model="initial_policy",
+        head_matmul_precision="low_logits",
+    ).to(torch.bfloat16)
+    out = model.compute_loss(whole_batch())
+    assert float(out.metrics["rewards/margins"]) == 0.0
+    torch.testing.assert_close(out.total.float(), torch.tensor(2.0).log(), rtol=0, atol=1e-6)

@@ -223,3 +223,20 @@ def test_an_sft_step_reads_the_device_three_times_in_the_package():
         "_local_scalar_dense in pass_at_once",
         "nonzero in compact_valid",
     ]
+
+
+@pytest.mark.parametrize("model_type", ["llama", "phi", "gpt2"])  # plain, an output bias, tied
+def test_low_logits_gives_the_bf16_models_own_loss(model_type):
+    """``head_matmul_precision="low_logits"``: the bf16 model's loss is its own bf16 ``labels=`` loss (whose
+    logits a bf16 ``lm_head`` rounds), to fp32 rounding, where the default fp32 logits differ by ~1e-5;
+    every gradient agrees to bf16's rounding."""
+    model = make(
+        model_type, dtype=torch.bfloat16, label_format="input_aligned", head_matmul_precision="low_logits"
+    )
+    batch = batch_of()
+    want, want_grads = own_loss_and_grads(model, batch)
+    got, grads = our_loss_and_grads(model, batch)
+    torch.testing.assert_close(got.double(), want.double(), rtol=1e-6, atol=0)
+    assert_grads_close(
+        {n: g.double() for n, g in grads.items()}, {n: g.double() for n, g in want_grads.items()}, rtol=3e-2
+    )
