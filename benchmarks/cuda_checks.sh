@@ -49,7 +49,7 @@ step() { # name, seconds, command...: runs when STEPS names it (its log: $LOG.lo
 }
 
 step block_gemm 40 python3 benchmarks/block_gemm.py
-step fused_head 150 env PYTHONPATH="$PYTHONPATH:$liger" "${bench[@]}" --variants naive naive_entropy matmul3 blocked_ce blocked_entropy chunked_ce \
+step fused_head 150 env PYTHONPATH="$PYTHONPATH:$liger" "${bench[@]}" --variants naive naive_entropy matmul3 blocked_ce blocked_ce_low_logits blocked_entropy chunked_ce \
     liger_native cce_native
 step tests 170 python3 -m pytest -m cuda -q -rs -p no:cacheprovider --timeout 150 -n 4 \
     tests/heads tests/parallel/test_cuda.py tests/models/test_hf_precision.py tests/test_distributed.py

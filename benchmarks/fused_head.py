@@ -11,6 +11,7 @@ Variants (per-token = a random upstream gradient on every requested output):
   blocked_entropy       the same, logprobs + entropy
   blocked_ce            the blocked backend's plain CE (weighted_ce: 4 matmuls, the weight's gradient
                         written once)
+  blocked_ce_low_logits the same with matmul_precision="low_logits" (bf16 logits, as HF's and Liger's)
   matmul3               the bare 3 matmuls of any exact head: logits, grad of hidden, grad of weight
   liger_ce              backend liger: Liger-Kernel's fused linear cross-entropy, plain CE (CUDA)
   liger_native          Liger-Kernel's LigerFusedLinearCrossEntropyLoss called directly (the peer, CUDA)
@@ -75,11 +76,13 @@ def _ours_per_token(backend, outputs):
     return run
 
 
-def _ours_ce(backend):
+def _ours_ce(backend, matmul_precision="auto"):
     def run(hidden, weight, targets, upstream, chunk):
         from lit_losses.heads import FusedLMHead
 
-        head = FusedLMHead(weight, backend=backend, chunk_size=chunk, check_finite=False)
+        head = FusedLMHead(
+            weight, backend=backend, chunk_size=chunk, check_finite=False, matmul_precision=matmul_precision
+        )
         head.weighted_ce(hidden, targets, 1.0 / hidden.shape[0]).backward()
 
     return run
@@ -117,6 +120,7 @@ RUNS = {
     "blocked": _ours_per_token("blocked", LP),
     "blocked_entropy": _ours_per_token("blocked", LP_ENT),
     "blocked_ce": _ours_ce("blocked"),
+    "blocked_ce_low_logits": _ours_ce("blocked", matmul_precision="low_logits"),
     "matmul3": _matmul3,
     "liger_ce": _ours_ce("liger"),
     "liger_native": _liger_native,

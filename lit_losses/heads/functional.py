@@ -219,9 +219,9 @@ class HeadSettings:
         if reduction not in get_args(Reduction):
             raise ValueError(f"reduction {reduction!r} is not one of {get_args(Reduction)}")
         uniform = not isinstance(token_weights, Tensor)
-        # a tensor's values are checked with the head's inputs, in their one read
-        check_token_weights(token_weights, targets, check_finite=self.check_finite and uniform)
+        # a tensor's values are checked with the head's inputs, in their one read; then its shape
         self.check_inputs(hidden, targets, token_weights=None if uniform else token_weights)
+        check_token_weights(token_weights, targets, check_finite=self.check_finite and uniform)
         valid = targets != self.ignore_index
         if uniform:
             h, y = compact_valid(valid, hidden, targets)

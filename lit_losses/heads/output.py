@@ -89,8 +89,8 @@ def check_head_inputs(
     synchronization on CUDA.
 
     Raises:
-        ValueError: mismatched shapes, a bad target dtype or value, or non-finite hidden states; the
-            message names the offending shapes or value.
+        ValueError: mismatched shapes, a bad target dtype or value, or non-finite hidden states, weight or
+            token weights; the message names the offending shapes or value.
     """
     if hidden.dim() == 0 or hidden.shape[-1] == 0:
         raise ValueError(

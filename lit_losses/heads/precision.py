@@ -25,9 +25,10 @@ The *operands* of the three matmuls (logits, gradient of hidden, gradient of wei
   softmax statistics, log-probabilities and gradients are still computed in the compute dtype from the
   rounded values, and the logit gradient is rounded to bf16 for the matmuls as with ``low``. Half the bytes
   per logit (memory traffic, and a block's memory) against fp32 logits, for a rounding of each logit of
-  about ``2⁻⁹ |z|``. ``auto`` then takes ``blocked`` for every call (`select_backend`); another backend
-  named computes as with ``low``. On CPU ``low`` rounds the logits to bf16 already (the product of bf16
-  operands is bf16 there).
+  about ``2⁻⁹ |z|``; the eager passes (without the compiled kernels) compute in an fp32 copy of each
+  block. ``auto`` then takes ``blocked`` for every call of `FusedLMHead` (`select_backend`); another
+  backend named, distillation and top-k compute as with ``low``. On CPU ``low`` rounds the logits to bf16
+  already (the product of bf16 operands is bf16 there).
 - ``auto`` (default): ``low`` on CUDA, ``full`` elsewhere (a CPU computes fp32 matmuls faster than bf16 ones).
 
 Tensors are cast before a backend sees them (autograd casts the gradients back to each input's dtype).

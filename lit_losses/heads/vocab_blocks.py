@@ -20,10 +20,12 @@ gradient accumulator: the head's memory above its inputs is the weight's gradien
 (with the block's cast weight and its gradient) and ``O(n · D)`` state. For bf16 operands, where the
 compiled kernels run and no bias gradient is asked, the backward writes each block's logit gradient
 straight in bf16 from fp32 logits recomputed a quarter of the tokens at a time (`cast_logit_grad`): 3 bytes
-per logit of the block instead of 6. The price is one more ``N·D·V``
-matmul on the plain cross-entropy (four against the token-chunked fast path's three, which computes every
-gradient in forward but accumulates the weight's gradient over chunks); the per-token outputs take four
-either way.
+per logit of the block instead of 6. The price is one more ``N·D·V`` matmul on the plain cross-entropy
+(four against the token-chunked fast path's three, which computes every gradient in forward but
+accumulates the weight's gradient over chunks); the per-token outputs take four either way. With
+``matmul_precision="low_logits"`` the logits themselves are written in bf16 (rounded as a bf16
+``nn.Linear`` writes them), their statistics and gradient computed in fp32 from there by the compiled
+kernels and the gradient written over them: 2 bytes per logit.
 """
 
 from __future__ import annotations
@@ -153,6 +155,8 @@ class OnlineSoftmax:
         inside, cols = _targets_in(targets, span)
         self.z_target = torch.where(inside, z.gather(1, cols)[:, 0], self.z_target)
         stats = entropy_kernels.block_softmax_stats(z, self.with_entropy) if compiled else None
+        if stats is not None:  # fp32 from bf16 logits; the state's dtype (a bf16 accumulation's too)
+            stats = tuple(stat.to(self.s.dtype) for stat in stats)
         m_b, s_b, t_b = (*stats, None)[:3] if stats is not None else self._eager_stats(z, scratch)
         if self.m is None:
             self.m = m_b
@@ -168,8 +172,8 @@ class OnlineSoftmax:
 
     def _eager_stats(self, z: Tensor, scratch: BlockScratch) -> tuple[Tensor, Tensor, Tensor | None]:
         """``(m, s, t)`` of one block relative to its own row maximum (``z`` overwritten; bf16 logits are
-        first copied into the statistics' dtype)."""
-        z = z.to(self.s.dtype)
+        first copied into a work tensor of the statistics' dtype)."""
+        z = widened(z, self.s.dtype, scratch)
         m_b = z.amax(1)
         z.sub_(m_b[:, None])
         if not self.with_entropy:
@@ -316,6 +320,8 @@ def _backprop_block(
     if dz is None:
         dz = _eager_logit_grad_(z, lse, a, b=b, scratch=scratch)
         dz.scatter_add_(1, cols, g_target[:, None])
+        if dz.dtype != z.dtype:  # bf16 logits: their gradient written over them, rounded once (as compiled)
+            dz = z.copy_(dz)
     project_block(dz, h, w_blk, span=span, grads=grads)
 
 
@@ -368,12 +374,20 @@ def cast_logit_grad(
 
 def _eager_logit_grad_(z: Tensor, lse: Tensor, a: Tensor, b: Tensor | None, scratch: BlockScratch) -> Tensor:
     """``p ⊙ (a + b ⊙ log p)`` over ``z`` with ``log p = z − lse`` (``b`` ``None``: ``p ⊙ a``), in ``lse``'s
-    dtype (bf16 logits are copied into it first); the target term is added by the caller."""
-    log_p = z.to(lse.dtype).sub_(lse[:, None])
+    dtype (bf16 logits are copied into a work tensor of it first); the target term is added by the caller."""
+    log_p = widened(z, lse.dtype, scratch).sub_(lse[:, None])
     if b is None:
         return log_p.exp_().mul_(a[:, None])
     p = torch.exp(log_p, out=scratch.take("probs", z.shape[1]))
     return torch.addcmul(a[:, None], log_p, b[:, None], out=log_p).mul_(p)
+
+
+def widened(z: Tensor, dtype: torch.dtype, scratch: BlockScratch) -> Tensor:
+    """``z`` itself when it is in ``dtype``, else its copy in the scratch's ``"wide"`` work tensor (the eager
+    passes over bf16 logits compute in the statistics' dtype)."""
+    if z.dtype == dtype:
+        return z
+    return scratch.take("wide", z.shape[1], dtype).copy_(z)
 
 
 def project_block(dz: Tensor, h: Tensor, w_blk: Tensor, span: tuple[int, int], grads: Grads) -> None:

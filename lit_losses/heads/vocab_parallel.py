@@ -344,7 +344,8 @@ def head_for(weight: Tensor, bias: Tensor | None = None, backend: str = "auto", 
         **kwargs: the other `FusedLMHead` arguments (``chunk_size``, ``ignore_index``, ``check_finite``, …).
 
     Raises:
-        ValueError: a sharded weight with another backend (which would need the full weight).
+        ValueError: a sharded weight with another backend (which would need the full weight), or with a
+            ``matmul_precision`` other than ``auto``.
 
     Example:
         >>> import torch
@@ -358,5 +359,11 @@ def head_for(weight: Tensor, bias: Tensor | None = None, backend: str = "auto", 
         raise ValueError(
             f"head backend {backend!r} cannot compute with an output projection sharded along the vocabulary "
             f"(tensor parallel, placements {tuple(weight.placements)}); use one of {SHARDED_BACKENDS}"
+        )
+    precision = kwargs.pop("matmul_precision", "auto")
+    if precision != "auto":
+        raise ValueError(
+            f"matmul_precision={precision!r} is not applied by the vocabulary-parallel head (tensor "
+            "parallel: its operands stay in each rank's rows' dtype); use 'auto'"
         )
     return VocabParallelHead(weight, bias, **kwargs)

@@ -11,9 +11,10 @@ from torch import Tensor
 
 from lit_losses.aggregation import LABELS_KEY, AggMode, GlobalStats, count_masks, sum_counts
 from lit_losses.aggregation.stats import counts_to_tensor, tensor_to_counts
+from lit_losses.choices import check_choice
 from lit_losses.distributed import all_reduce
 from lit_losses.errors import ConfigError
-from lit_losses.heads import head_for
+from lit_losses.heads import MatmulPrecision, head_for
 from lit_losses.loss.objective import Objective
 from lit_losses.regularizers import RegularizerSet, RegularizerSpec
 from lit_losses.validation import checked_projection
@@ -54,6 +55,7 @@ class PipelineLoss:
         base_loss_weight: weight of the base loss.
         loss_agg_norm: the constant ``C`` of ``seq-mean-token-sum-norm`` (``(1/S) Σ_s Σ_{t∈s} L_t / C``),
             required when ``loss_agg`` or a regularizer's ``agg`` is that mode.
+        head_matmul_precision: the head's ``matmul_precision`` (`lit_losses.heads.precision`).
 
     Raises:
         ConfigError: bad options (``loss_agg_norm`` missing where that mode needs it, …).
@@ -86,6 +88,7 @@ class PipelineLoss:
         process_group: Any = None,
         base_loss_weight: float = 1.0,
         loss_agg_norm: float | None = None,
+        head_matmul_precision: MatmulPrecision = "auto",
     ) -> None:
         if n_microbatches < 1:
             raise ConfigError(f"PipelineLoss: n_microbatches must be >= 1, got {n_microbatches}")
@@ -103,6 +106,9 @@ class PipelineLoss:
             )
         self.head_backend = head_backend
         self.head_chunk_size = head_chunk_size
+        self.head_matmul_precision = check_choice(
+            head_matmul_precision, MatmulPrecision, "PipelineLoss head_matmul_precision"
+        )
         self.ignore_index = ignore_index
         self.process_group = process_group
         replicas = dist.get_world_size(process_group) if process_group is not None else 1
@@ -142,6 +148,7 @@ class PipelineLoss:
             chunk_size=self.head_chunk_size,
             ignore_index=self.ignore_index,
             check_finite=False,
+            matmul_precision=self.head_matmul_precision,
         )
         return self.objective(head, output, batch, stats, max(self.step, 0), "train").total * self.loss_scale
 

@@ -1,6 +1,8 @@
 """``matmul_precision="low_logits"``: the ``blocked`` backend writes each block of logits in bf16, rounded as
 a bf16 ``nn.Linear`` writes them, and computes the softmax statistics and gradients of those rounded
-logits in fp32 (against a float64 computation from the same rounded logits); ``auto`` takes ``blocked``."""
+logits in fp32 (against a float64 computation from the same rounded logits); ``auto`` takes ``blocked``.
+On CPU ``low`` rounds a bf16 product too (without a bias: the same values), so the dtype test is what
+tells the two apart here; tests/heads/test_cuda.py checks the values on CUDA."""
 
 import pytest
 import torch
@@ -100,3 +102,26 @@ def test_auto_writes_every_block_of_logits_in_bf16(task, weight_dtype, kernels, 
     head_loss(hidden, weight, None, targets, task, precision="low").backward()
     if weight_dtype == torch.bfloat16 or task != "weighted_ce":  # else ``chunked``: no blocks
         assert set(written) == {torch.float32} and written
+
+
+@pytest.mark.parametrize("task", ["weighted_ce", "per_token_entropy"])
+def test_the_eager_passes_round_the_gradient_as_the_compiled_kernels(task, monkeypatch):
+    """Without the compiled kernels (``LIT_LOSSES_COMPILE_KERNELS=0``) the bf16 logits' gradient is still
+    computed in fp32 and rounded to bf16 once, over the logits: the bias gradient, a sum of that rounded
+    gradient, is the compiled kernels' to fp32 rounding."""
+    results = {}
+    for name in ("compiled", "eager"):
+        with monkeypatch.context() as m:
+            if name == "compiled":
+                m.setattr(entropy_kernels, "COMPILE_MIN_LOGITS", 1)
+            else:
+                m.setenv(entropy_kernels.ENV_SWITCH, "0")
+            hidden, weight, b, targets = problem(bias=True)
+            loss = head_loss(hidden, weight, b, targets, task)
+            loss.backward()
+            results[name] = [loss.detach(), hidden.grad, weight.grad, b.grad]
+    # the passes' fp32 statistics differ in rounding (float64 sums in the kernels): a bf16 gradient entry
+    # may round the other way, one bf16 step; the unrounded gradient's bias sum differed by 4e-3 of its max
+    for got, want, atol in zip(results["eager"], results["compiled"], (1e-6, 5e-3, 5e-3, 5e-4), strict=True):
+        scale = want.abs().max().double()
+        torch.testing.assert_close(got.double() / scale, want.double() / scale, rtol=0, atol=atol)

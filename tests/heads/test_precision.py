@@ -306,23 +306,41 @@ def test_a_nan_in_a_weight_of_a_tensor_subclass_is_refused_too():
 
 @pytest.mark.parametrize("subclass", [False, True], ids=["plain", "tensor_subclass"])
 def test_per_token_weights_are_checked_with_the_head_inputs(subclass):
-    """Per-token weights of a weighted cross-entropy are read with the head's other checks: a NaN among them
-    is refused by position (a plain tensor in the one read, any other on its own), a sum that merely
-    overflows passes, and the loss equals the float64 weighted sum over the valid tokens."""
+    """Per-token weights of a weighted cross-entropy are read with the head's other checks: the loss equals
+    the float64 weighted sum over the valid tokens, weights whose sum merely overflows pass, and a NaN among
+    them is refused by position (a plain tensor in the one read, any other on its own)."""
     torch.manual_seed(0)
     hidden, weight = torch.randn(3, 5, 8), torch.randn(40, 8)
     targets = torch.randint(0, 40, (3, 5))
     targets[1, 2:] = -100
-    big = torch.full((3, 5), 60000.0, dtype=torch.float16)
-    assert not torch.isfinite(big.sum())
-    weights = big.float() if not subclass else big.float().as_subclass(WrappedWeight)
-    got = FusedLMHead(weight, backend="blocked").weighted_ce(hidden, targets, weights)
+    weights = torch.rand(3, 5) * 10
+    wrap = (lambda t: t.as_subclass(WrappedWeight)) if subclass else (lambda t: t)
+    got = FusedLMHead(weight, backend="blocked").weighted_ce(hidden, targets, wrap(weights))
     logp = torch.log_softmax(hidden.double() @ weight.double().T, -1)
     valid = targets != -100
-    want = -(big.double()[valid] * logp[valid].gather(1, targets[valid][:, None])[:, 0]).sum()
+    want = -(weights.double()[valid] * logp[valid].gather(1, targets[valid][:, None])[:, 0]).sum()
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=0)
-    weights = big.float().clone()
+    huge = torch.full((3, 5), 3e38)
+    assert not torch.isfinite(huge.sum())
+    check_head_inputs(
+        hidden, targets, weight, None, ignore_index=-100, check_finite=True, token_weights=wrap(huge)
+    )
     weights[2, 4] = float("nan")
-    weights = weights if not subclass else weights.as_subclass(WrappedWeight)
     with pytest.raises(ValueError, match=r"token_weights hold 1 non-finite value\(s\).*position \(2, 4\)"):
-        FusedLMHead(weight, backend="blocked").weighted_ce(hidden, targets, weights)
+        FusedLMHead(weight, backend="blocked").weighted_ce(hidden, targets, wrap(weights))
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "eager"])
+def test_a_bf16_accumulation_gives_bf16_outputs_on_either_pass(compiled, monkeypatch):
+    """``accum_dtype=torch.bfloat16`` with bf16 inputs: the ``blocked`` outputs are bf16 whether the
+    compiled kernels (which compute a bf16 block's statistics in fp32) or the eager passes run."""
+    from lit_losses.heads import entropy_kernels
+
+    if compiled:
+        monkeypatch.setattr(entropy_kernels, "COMPILE_MIN_LOGITS", 1)
+    else:
+        monkeypatch.setenv(entropy_kernels.ENV_SWITCH, "0")
+    hidden, weight, _, targets = problem(torch.bfloat16, torch.bfloat16, bias=False)
+    head = FusedLMHead(weight, backend="blocked", accum_dtype=torch.bfloat16, chunk_size=16)
+    out = head(hidden, targets, ("logprobs", "lse", "entropy"))
+    assert {out.logprobs.dtype, out.lse.dtype, out.entropy.dtype} == {torch.bfloat16}
