@@ -124,8 +124,8 @@ def shard_hf(model: Any, mesh: Any) -> None:
     fully_shard(model, mesh=dp, reshard_after_forward=False)
 
 
-def build(variant: str, args: argparse.Namespace, mesh: Any) -> tuple[Any, Any]:
-    """``(module whose parameters train, loss_fn(batch) -> loss)`` of one variant."""
+def build(variant: str, args: argparse.Namespace, mesh: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
+    """``(module whose parameters train, loss_fn() -> loss)`` of one variant on ``batch``."""
     import torch
     import transformers
 
@@ -143,7 +143,7 @@ def build(variant: str, args: argparse.Namespace, mesh: Any) -> tuple[Any, Any]:
         if mesh is not None:
             shard_hf(hf, mesh)
 
-        def hf_loss(batch: dict[str, Any]) -> Any:
+        def hf_loss() -> Any:
             ids = batch["input_ids"]
             return hf(input_ids=ids, labels=ids, use_cache=False).loss
 
@@ -167,14 +167,13 @@ def build(variant: str, args: argparse.Namespace, mesh: Any) -> tuple[Any, Any]:
     )
     if mesh is not None:
         parallelize(model, mesh, ParallelConfig())
-    keys = ("input_ids", "labels") if variant != "lit_grpo" else None
-    counted: dict[str, Any] = {}
+    keys = ("input_ids", "labels") if variant != "lit_grpo" else tuple(batch)
+    ours = {k: batch[k] for k in keys}
+    # the counts that `GlobalStatsLoader` attaches in `fit`, before the forward
+    ours[GLOBAL_STATS_KEY] = GlobalStats.local_only(ours, model.mask_keys(), model.ignore_index)
 
-    def lit_loss(batch: dict[str, Any]) -> Any:
-        batch = dict(batch if keys is None else {k: batch[k] for k in keys})
-        if not counted:  # the counts that `GlobalStatsLoader` attaches in `fit`, before the forward
-            counted[GLOBAL_STATS_KEY] = GlobalStats.local_only(batch, model.mask_keys(), model.ignore_index)
-        return model.compute_loss({**batch, **counted}).total
+    def lit_loss() -> Any:
+        return model.compute_loss(dict(ours)).total  # a fresh dict per step, as a loader gives
 
     return model, lit_loss
 
@@ -188,17 +187,16 @@ def run_one(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     cuda = args.device.startswith("cuda")
     mesh = init_single_process_group(args.device) if args.fsdp else None
-    model, loss_fn = build(variant, args, mesh)
+    model, loss_fn = build(variant, args, mesh, batch=make_batch(args, args.device))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
-    batch = make_batch(args, args.device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     def step() -> tuple[float, float]:
         sync()
         start = time.perf_counter()
         with record_function("loss (forward)"):
-            loss = loss_fn(batch)
+            loss = loss_fn()
         with record_function("backward"):
             loss.backward()
         with record_function("optimizer"):

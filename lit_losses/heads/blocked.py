@@ -27,7 +27,7 @@ from torch import Tensor
 from lit_losses.heads.backend import HeadBackend, HeadConfig, register_backend, scatter_valid, valid_tokens
 from lit_losses.heads.chunked_ops import accumulation_dtype, default_chunk_size, recomputed_grads
 from lit_losses.heads.functions import PerTokenFunction
-from lit_losses.heads.precision import autocast_off, logits_dtype
+from lit_losses.heads.precision import autocast_off
 from lit_losses.heads.vocab_blocks import blocked_backward, blocked_forward, vocab_block_size
 
 if TYPE_CHECKING:
@@ -46,8 +46,8 @@ class BlockedLogProbs(PerTokenFunction):
     gradients with differentiable operations, token chunk by token chunk (exact to every order).
 
     ``apply(hidden, weight, bias, targets, with_entropy, block, accum_dtype, logits_dtype)`` (its context:
-    `PerTokenFunction`): ``logits_dtype`` is the dtype each block of logits is written in, the
-    accumulation dtype or, for ``matmul_precision="low_logits"``, ``hidden``'s (the softmax statistics
+    `PerTokenFunction`): ``logits_dtype`` is the dtype each block of logits is written in, ``None`` for
+    the accumulation dtype or, for ``matmul_precision="low_logits"``, ``hidden``'s (the softmax statistics
     are computed in the accumulation dtype either way; a double backward differentiates the unrounded
     logits).
 
@@ -114,8 +114,8 @@ def _log_probs(head: HeadConfig, h: Tensor, y: Tensor, with_entropy: bool) -> tu
     block = vocab_block_size(
         h.shape[0], head.vocab_size, h.shape[-1], chunk_size=head.chunk_size, device=h.device
     )
-    acc = accumulation_dtype(h, head.accum_dtype)
-    logits = logits_dtype(h.dtype, acc, getattr(head, "matmul_precision", "full"))
+    # bf16 logits for low_logits (h holds the operands); None: the accumulation dtype's
+    logits = h.dtype if getattr(head, "matmul_precision", "full") == "low_logits" else None
     return BlockedLogProbs.apply(h, head.weight, head.bias, y, with_entropy, block, head.accum_dtype, logits)
 
 

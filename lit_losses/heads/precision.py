@@ -150,18 +150,6 @@ def operand_dtype(
     return torch.bfloat16 if torch.bfloat16 in candidates else dtype
 
 
-def logits_dtype(operands: torch.dtype, accumulation: torch.dtype, matmul_precision: str) -> torch.dtype:
-    """The dtype the ``blocked`` backend writes its logits in: the operands' with ``low_logits`` (bf16
-    logits of bf16 operands), else the accumulation dtype (the compute dtype).
-
-    Example:
-        >>> bf16, fp32 = torch.bfloat16, torch.float32
-        >>> logits_dtype(bf16, fp32, "low_logits"), logits_dtype(bf16, fp32, "low")
-        (torch.bfloat16, torch.float32)
-    """
-    return operands if matmul_precision == "low_logits" else accumulation
-
-
 @dataclass(frozen=True)
 class CastHead:
     """A head's settings with its weight and bias in the operand dtype (what a backend is given)."""
